@@ -1,0 +1,1 @@
+"""Entry points: one module per job, runnable as ``python -m jobs.<name>`` or ``python jobs/<name>.py``."""

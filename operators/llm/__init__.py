@@ -1,0 +1,1 @@
+"""The LLM layer shared by every language step (captions, QA, judging)."""

@@ -1,0 +1,89 @@
+"""Session-wide test equipment: one local S3-compatible server (moto, server mode) and one local Ray.
+
+The S3 server is started before Ray so that Ray's workers inherit its endpoint from the environment,
+exactly as they would inherit a real deployment's settings.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.llm_fixtures"]
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A moto S3 server on 127.0.0.1; sets AWS_* so boto3, pyarrow and GDAL all talk to it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update({
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+        })
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint):
+    import boto3
+    return boto3.client("s3", endpoint_url=s3_endpoint)
+
+
+@pytest.fixture()
+def s3_bucket(s3_client, request):
+    """A fresh bucket per test, named after the test."""
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    name = f"{name}-{int(time.time() * 1000) % 100000}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def ray_session(s3_endpoint):
+    """One local Ray for the whole session (2 CPUs), started after the S3 endpoint exists."""
+    import ray
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ctx = ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+                   log_to_driver=False, configure_logging=False)
+    import ray.data
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ctx
+    ray.shutdown()
