@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.llm_fixtures"]
-
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
