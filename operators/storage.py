@@ -20,16 +20,29 @@ def is_s3(uri: str) -> bool:
     return str(uri).startswith("s3://")
 
 
-def _s3_filesystem() -> pafs.S3FileSystem:
-    # pyarrow honours AWS_ENDPOINT_URL by itself; region must be set or it probes AWS for it.
-    kwargs = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        parsed = urlparse(endpoint)
-        kwargs["endpoint_override"] = parsed.netloc or parsed.path
-        kwargs["scheme"] = parsed.scheme or "https"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return pafs.S3FileSystem(region=region, **kwargs)
+_S3_CLIENTS: dict = {}
+
+
+def s3_client():
+    """A boto3 S3 client per process and endpoint (boto3 honours AWS_ENDPOINT_URL by itself).
+
+    boto3 rather than pyarrow's S3 layer for objects: single PUTs are atomic and work the same on
+    AWS and S3-compatible servers, where pyarrow's always-multipart writes do not always.
+    """
+    import boto3
+    from botocore.config import Config
+
+    key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    if key not in _S3_CLIENTS:
+        _S3_CLIENTS[key] = boto3.client(
+            "s3", config=Config(retries={"max_attempts": 8, "mode": "adaptive"},
+                                max_pool_connections=32))
+    return _S3_CLIENTS[key]
+
+
+def _bucket_key(path: str) -> tuple[str, str]:
+    bucket, _, key = path.partition("/")
+    return bucket, key
 
 
 @dataclass(frozen=True)
@@ -44,7 +57,8 @@ class Store:
     # -- addressing -------------------------------------------------------------------------
     @property
     def fs(self) -> pafs.FileSystem:
-        return _s3_filesystem() if is_s3(self.root) else pafs.LocalFileSystem()
+        """pyarrow filesystem for local roots (S3 goes through :func:`s3_client`)."""
+        return pafs.LocalFileSystem()
 
     @property
     def _base(self) -> str:
@@ -67,11 +81,35 @@ class Store:
 
     # -- operations -------------------------------------------------------------------------
     def exists(self, rel: str) -> bool:
-        info = self.fs.get_file_info(self.path(rel))
-        return info.type != pafs.FileType.NotFound
+        if is_s3(self.root):
+            from botocore.exceptions import ClientError
+            bucket, key = _bucket_key(self.path(rel))
+            try:
+                s3_client().head_object(Bucket=bucket, Key=key)
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+        return os.path.exists(self.path(rel))
+
+    def size(self, rel: str = "") -> int:
+        if is_s3(self.root):
+            bucket, key = _bucket_key(self.path(rel))
+            return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+        return os.path.getsize(self.path(rel))
 
     def read_bytes(self, rel: str = "") -> bytes:
-        with self.fs.open_input_stream(self.path(rel)) as f:
+        if is_s3(self.root):
+            from botocore.exceptions import ClientError
+            bucket, key = _bucket_key(self.path(rel))
+            try:
+                return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                    raise FileNotFoundError(f"no such object: {self.uri(rel)}") from None
+                raise
+        with open(self.path(rel), "rb") as f:
             return f.read()
 
     def write_bytes(self, rel: str, data: bytes) -> str:
@@ -80,11 +118,10 @@ class Store:
         S3 puts are atomic already; on a local disk we write a temporary file and rename it, so a
         crash never leaves a truncated PNG or Parquet shard that a resumed run would trust.
         """
-        fs = self.fs
         target = self.path(rel)
         if is_s3(self.root):
-            with fs.open_output_stream(target) as f:
-                f.write(data)
+            bucket, key = _bucket_key(target)
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data)
         else:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
@@ -94,25 +131,35 @@ class Store:
         return self.uri(rel)
 
     def delete(self, rel: str) -> None:
+        if is_s3(self.root):
+            bucket, key = _bucket_key(self.path(rel))
+            s3_client().delete_object(Bucket=bucket, Key=key)
+            return
         try:
-            self.fs.delete_file(self.path(rel))
-        except (FileNotFoundError, OSError):
+            os.remove(self.path(rel))
+        except FileNotFoundError:
             pass
 
     def list(self, rel: str = "", suffixes: tuple[str, ...] = (), recursive: bool = True) -> list[str]:
-        """Relative paths of files under ``rel`` (sorted). Folder-marker objects are skipped."""
+        """Relative paths of files under ``rel`` (sorted). Folder markers and temp files skipped."""
         base = self.path(rel)
-        selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
+        names: list[str] = []
+        if is_s3(self.root):
+            bucket, prefix = _bucket_key(base)
+            prefix = prefix.rstrip("/") + "/" if prefix else ""
+            kwargs = {} if recursive else {"Delimiter": "/"}
+            for page in s3_client().get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=prefix, **kwargs):
+                names += [f"{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        else:
+            selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
+            names = [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
         out = []
-        for info in self.fs.get_file_info(selector):
-            if info.type != pafs.FileType.File:
+        for name in names:
+            leaf = posixpath.basename(name)
+            if name.endswith("/") or not leaf or leaf.startswith(".") or "_$folder$" in leaf or ".tmp-" in leaf:
                 continue
-            name = info.path
-            if name.endswith("/") or posixpath.basename(name).startswith((".", "_$folder$")):
-                continue
-            if ".tmp-" in posixpath.basename(name):
-                continue
-            if suffixes and not name.lower().endswith(tuple(s.lower() for s in suffixes)):
+            if suffixes and not name.lower().endswith(tuple(x.lower() for x in suffixes)):
                 continue
             out.append(posixpath.relpath(name, self._base))
         return sorted(out)
