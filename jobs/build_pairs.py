@@ -213,7 +213,7 @@ def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float
         for r in meta.select(["status", "reject_reason"]).to_pylist():
             status[r["status"]] = status.get(r["status"], 0) + 1
             if r["reject_reason"]:
-                key = r["reject_reason"].split(":")[0]
+                key = r["reject_reason"].split("(")[0].split(":")[0].strip()
                 reasons[key] = reasons.get(key, 0) + 1
     lists = {s: len([l for l in out.read_bytes(f"list/{s}.txt").decode().splitlines() if l])
              for s in SPLITS if out.exists(f"list/{s}.txt")}

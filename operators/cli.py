@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import types
 import typing
 from typing import Any
 
 
 def _field_type(tp: Any) -> Any:
     origin = typing.get_origin(tp)
-    if origin is typing.Union or str(origin) == "types.UnionType":
+    if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _field_type(args[0]) if args else str
     return tp

@@ -71,7 +71,9 @@ def describe_region(shares: np.ndarray, car: float, components: int,
         return "no change"
     if car >= cfg.widespread_car:
         return "most of the image"
-    order = np.argsort(shares.ravel())[::-1]
+    flat = shares.ravel()
+    # Largest share first; (near-)equal shares in reading order, so descriptions are stable.
+    order = sorted(range(9), key=lambda i: (-round(float(flat[i]), 3), i))
     top = order[0]
     if shares.ravel()[top] >= cfg.main_share:
         return f"{GRID_NAMES[top // 3][top % 3]} area of the image"

@@ -83,8 +83,10 @@ class RegistrationConfig:
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
     tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")
-    search_margin_px: int = _opt(128, "post tile reaches this far beyond the pre tile: must cover "
-                                      "the geocoding error between dates")
+    search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
+                                      "must cover the geocoding error between dates (<= tile_size)")
+    keep_features: bool = _opt(False, "keep per-tile SIFT features under _work/features after "
+                                      "their pair's matches are complete")
     crop_read_margin_px: int = _opt(8, "extra post pixels read around the warped crop footprint")
 
     def __post_init__(self):
@@ -94,6 +96,8 @@ class RegistrationConfig:
             raise ValueError(f"resampling must be one of {tuple(_INTERP)}")
         if self.crop_size <= 0 or self.tile_size <= 0:
             raise ValueError("crop_size and tile_size must be positive")
+        if not 0 <= self.search_margin_px <= self.tile_size:
+            raise ValueError("search_margin_px must be within [0, tile_size]")
 
     @classmethod
     def field_help(cls) -> dict[str, str]:

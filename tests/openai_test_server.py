@@ -11,7 +11,8 @@ Faults are injected at runtime through ``POST /control/faults`` (or ``--faults '
 
     {"latency_ms": 50, "reject_json_schema": false, "retry_after_s": 1, "timeout_s": 30,
      "faults": [{"kind": "429"|"500"|"timeout"|"malformed"|"wrong_count", "rate": 0.2,
-                 "match": "<substring of the X-Changeforge-Item header, optional>"}]}
+                 "match": "<substring of the X-Changeforge-Item header, optional>",
+                 "match_text": "<substring of the prompt text, optional>"}]}
 
 Whether a fault fires is a deterministic draw from (request hash, how often that exact request was
 seen, fault kind), so a retried request can succeed and two runs of a test behave the same.
@@ -56,11 +57,12 @@ class ServerState:
         self.ok_by_key: Counter = Counter()
         self.timestamps: list[float] = []
         self.items_by_key: dict[str, str] = {}
+        self.times_by_key: dict[str, list[float]] = defaultdict(list)
 
     def stats(self) -> dict:
         return {"total": self.total, "by_status": dict(self.by_status), "seen_by_key": dict(self.seen_by_key),
                 "ok_by_key": dict(self.ok_by_key), "timestamps": self.timestamps,
-                "items_by_key": self.items_by_key}
+                "items_by_key": self.items_by_key, "times_by_key": self.times_by_key}
 
 
 # -- request reading -----------------------------------------------------------------------------
@@ -145,10 +147,12 @@ class ReplyMaker:
         return f"{path.rsplit('.', 1)[-1]}: " + " ".join(picked) + "."
 
 
-def _fault_for(state: ServerState, key: str, seen: int, item: str) -> str | None:
+def _fault_for(state: ServerState, key: str, seen: int, item: str, text: str) -> str | None:
     for fault in state.config.get("faults", []):
-        match = fault.get("match")
+        match, match_text = fault.get("match"), fault.get("match_text")
         if match and match not in item:
+            continue
+        if match_text and match_text not in text:
             continue
         rate = float(fault.get("rate", 1.0))
         if (_digest(key, seen, fault["kind"]) % 10_000) < rate * 10_000:
@@ -179,6 +183,7 @@ async def chat_completions(request: web.Request) -> web.Response:
     state.seen_by_key[key] += 1
     item = request.headers.get("X-Changeforge-Item", "")
     state.items_by_key[key] = item
+    state.times_by_key[key].append(state.timestamps[-1])
     cfg = state.config
     if cfg.get("latency_ms"):
         await asyncio.sleep(float(cfg["latency_ms"]) / 1000)
@@ -186,7 +191,8 @@ async def chat_completions(request: web.Request) -> web.Response:
     if rf.get("type") == "json_schema" and cfg.get("reject_json_schema"):
         state.by_status[400] += 1
         return _error(400, "response_format json_schema is not supported by this endpoint")
-    fault = _fault_for(state, key, seen, item)
+    texts = _texts(messages)
+    fault = _fault_for(state, key, seen, item, "\n".join(texts))
     if fault == "429":
         state.by_status[429] += 1
         return _error(429, "rate limited (injected)", {"Retry-After": str(cfg.get("retry_after_s", 1))})
@@ -198,7 +204,6 @@ async def chat_completions(request: web.Request) -> web.Response:
         await asyncio.sleep(float(cfg.get("timeout_s", 30)))
         return _error(504, "too late (injected)")
 
-    texts = _texts(messages)
     if rf.get("type") == "json_schema":
         schema = (rf.get("json_schema") or {}).get("schema") or {}
     else:

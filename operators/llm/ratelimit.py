@@ -10,6 +10,8 @@ debited up front and the usage the API reported, which the actor books against t
 Bucket shape: capacity ``burst = max(1, rate_per_s * burst_s)`` and refill ``(limit - burst) / 60`` per
 second, so that no 60 s window ever holds more than ``limit`` grants (burst + 60 s of refill = limit),
 while the long-run rate is ``limit - burst`` per minute (98% of the limit at the default 1 s burst).
+Both limits are applied 1% low (``safety``): requests granted at an even pace still reach the endpoint
+with some jitter, and a window must not tip over the limit because of it.
 The usage counters the clients report make the actor the place the driver polls for progress.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ class RateLimits:
     tpm: float = 0.0           # tokens per minute (prompt + completion); 0 = unlimited
     max_in_flight: int = 256   # requests outstanding at once across the pool
     burst_s: float = 1.0       # bucket capacity, in seconds of the rate
+    safety: float = 0.01       # aim this fraction below the limits: arrival jitter must not tip a window over
 
 
 class TokenBucket:
@@ -74,8 +77,9 @@ class RateLimiterCore:
         self.limits = limits
         self.clock = clock
         now = clock()
-        self.requests = TokenBucket(limits.rpm, limits.burst_s, now)
-        self.tokens = TokenBucket(limits.tpm, limits.burst_s, now)
+        margin = 1.0 - limits.safety
+        self.requests = TokenBucket(limits.rpm * margin, limits.burst_s, now)
+        self.tokens = TokenBucket(limits.tpm * margin, limits.burst_s, now)
         self.in_flight = 0
         self.totals = {"granted": 0, "released": 0, "prompt_tokens": 0, "completion_tokens": 0,
                        "cost_usd": 0.0, "cached": 0, "failed": 0}

@@ -1,0 +1,281 @@
+"""The captions job (issue 4, JL1-CC recipe, paper section II-B): change-detection triplets in, judged
+change captions out, through any OpenAI-compatible endpoint.
+
+    python -m jobs.caption --input data/levir-cd --output out/captions-run --model <name>
+
+Endpoint and key come from OPENAI_BASE_URL and OPENAI_API_KEY (or --base-url; the key only from the
+environment, so it never sits in shell history or process lists). Outputs under --output:
+``captions/`` (every candidate with scores and the selection), ``pairs/`` (one row per pair: mask stats
+and selected captions), ``usage/`` (tokens and cost per request), ``errors/`` (this run's failures),
+``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice).
+A rerun skips pairs already in ``pairs/`` and answers the rest from the cache where it can.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if not __package__:  # run as `python jobs/caption.py`: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, fields, replace
+from functools import partial
+
+from operators.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
+                                   build_judge_request, discover_pairs, handle_generate_result,
+                                   handle_judge_result, prepare_pair)
+from operators.captions import OVERALL_MODES, PROMPTS_DIR, levir_cc_document, load_template
+from operators.llm.client import LLMConfig, Secret
+from operators.llm.ratelimit import RateLimits
+from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
+from operators.llm.usage import format_summary, summarize_usage
+from operators.storage import Store, forwarded_env
+from operators.tables import finished_keys, new_run_id, prune_shards, read_table
+
+log = logging.getLogger("changeforge.caption")
+
+LEVIR_CC_FILE = "LevirCCcaptions.json"
+
+
+@dataclass
+class CaptionJobConfig:
+    input: str = ""
+    output: str = ""
+    model: str = ""
+    judge_model: str = ""                 # default: --model
+    base_url: str = ""                    # default: OPENAI_BASE_URL
+    list_file: str = ""
+    default_split: str = "train"
+    rpm: float = 500.0
+    tpm: float = 2_000_000.0
+    max_in_flight: int = 64
+    max_image_side: int = 1024
+    detail: str = "auto"
+    image_format: str = "png"
+    overall: str = "judge"
+    price_per_mtok_in: float | None = None
+    price_per_mtok_out: float | None = None
+    temperature: float = 0.7
+    max_tokens: int = 1500
+    timeout_s: float = 120.0
+    max_retries: int = 6
+    max_reasks: int = 2
+    backoff_base_s: float = 1.0
+    response_format: str = "json_schema"
+    generate_template: str = "caption_generate.v1"
+    judge_template: str = "caption_judge.v1"
+    prompts_dir: str = str(PROMPTS_DIR)
+    actors: int = 2
+    concurrent_batches: int = 8
+    batch_size: int = 8
+    num_cpus: int | None = None
+    progress_every_s: float = 10.0
+    no_cache: bool = False
+
+
+HELP = {
+    "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/): folder or s3:// prefix",
+    "output": "output folder or s3:// prefix (tables, LEVIR-CC json, response cache)",
+    "model": "multimodal model name at the endpoint (e.g. gpt-4o-mini, kimi-k2.6, Qwen/Qwen2.5-VL-7B-Instruct)",
+    "judge_model": "model for the judging stage (default: --model)",
+    "base_url": "OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 (default: $OPENAI_BASE_URL)",
+    "list_file": "only the pairs named in this file (one file name per line; relative to --input or a URI)",
+    "default_split": "split of pairs without a split folder or train_/val_/test_ name prefix",
+    "rpm": "requests per minute for the whole pool, all actors and nodes (0 = unlimited)",
+    "tpm": "tokens per minute (prompt + completion) for the whole pool (0 = unlimited)",
+    "max_in_flight": "requests outstanding at once across the pool",
+    "max_image_side": "images are downscaled so that their longer side is at most this many pixels",
+    "detail": "image detail level sent with each image: low, high or auto",
+    "image_format": "encoding of the pre/post images in the data URLs: png (lossless) or jpeg",
+    "overall": "how a candidate's overall score is formed: judge = the judge's own overall score, "
+               "mean = mean of the five criteria, min = lowest criterion; < 7 is rejected, top 3 kept (ties kept)",
+    "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
+    "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
+    "temperature": "sampling temperature of both stages",
+    "max_tokens": "completion token cap per request",
+    "timeout_s": "per-request timeout in seconds",
+    "max_retries": "retries on 429, 5xx, timeouts and connection errors (exponential backoff with jitter, Retry-After honoured)",
+    "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
+    "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
+    "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
+    "generate_template": "prompt template (file stem under --prompts-dir) for caption generation",
+    "judge_template": "prompt template (file stem under --prompts-dir) for caption judging",
+    "prompts_dir": "folder holding the prompt templates",
+    "actors": "LLM actors per stage (async; each keeps many requests in flight)",
+    "concurrent_batches": "batches in flight per actor",
+    "batch_size": "pairs per batch",
+    "num_cpus": "CPUs of the local Ray started when RAY_ADDRESS is not set (default: all)",
+    "progress_every_s": "seconds between progress log lines",
+    "no_cache": "do not read or write the response cache (everything is sent and paid again)",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
+    ap = argparse.ArgumentParser(
+        prog="python -m jobs.caption", description=__doc__.split("\n\n")[0],
+        epilog="Environment: OPENAI_BASE_URL (endpoint), OPENAI_API_KEY (key; never logged or stored), "
+               "RAY_ADDRESS (connect to a running Ray cluster instead of starting one).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = CaptionJobConfig()
+    for f in fields(CaptionJobConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        kwargs = {"help": HELP[f.name], "dest": f.name}
+        if f.name in ("input", "output", "model"):
+            kwargs["required"] = True
+        elif isinstance(default, bool):
+            kwargs["action"] = "store_true"
+        else:
+            kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
+            kwargs.update(type=kind, default=default)
+        if f.name == "overall":
+            kwargs["choices"] = OVERALL_MODES
+        if f.name == "detail":
+            kwargs["choices"] = ("low", "high", "auto")
+        if f.name == "image_format":
+            kwargs["choices"] = ("png", "jpeg")
+        if f.name == "response_format":
+            kwargs["choices"] = ("json_schema", "json_object")
+        ap.add_argument(flag, **kwargs)
+    return CaptionJobConfig(**vars(ap.parse_args(argv)))
+
+
+def require_endpoint(cfg: CaptionJobConfig) -> str:
+    base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
+    if not base_url:
+        sys.exit("jobs.caption: no endpoint. Set OPENAI_BASE_URL (e.g. https://api.openai.com/v1, or "
+                 "http://localhost:8000/v1 for a local vLLM) and OPENAI_API_KEY, or pass --base-url.")
+    return base_url
+
+
+def _llm_config(cfg: CaptionJobConfig, base_url: str, model: str) -> LLMConfig:
+    return LLMConfig(model=model, base_url=base_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                     max_reasks=cfg.max_reasks, backoff_base_s=cfg.backoff_base_s, temperature=cfg.temperature,
+                     max_tokens=cfg.max_tokens, response_format=cfg.response_format, detail=cfg.detail,
+                     price_per_mtok_in=cfg.price_per_mtok_in, price_per_mtok_out=cfg.price_per_mtok_out,
+                     use_cache=not cfg.no_cache)
+
+
+def _ensure_ray(cfg: CaptionJobConfig) -> None:
+    import ray
+    if ray.is_initialized():
+        return
+    runtime_env = {"env_vars": forwarded_env()}
+    if os.environ.get("RAY_ADDRESS"):
+        # Other nodes need the code (and the prompt templates); not the bundled data or outputs.
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        runtime_env.update(working_dir=repo, excludes=["data/", ".git/", "out/", "*.parquet", "__pycache__/"])
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
+    else:
+        ray.init(num_cpus=cfg.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+
+
+class ProgressReporter(threading.Thread):
+    """Logs the pool's request/token/cost counters (kept by the rate-limiter actor) periodically."""
+
+    def __init__(self, limiter, every_s: float, total_pairs: int):
+        super().__init__(daemon=True)
+        self.limiter, self.every_s, self.total_pairs = limiter, every_s, total_pairs
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import ray
+        while not self.stop.wait(self.every_s):
+            try:
+                s = ray.get(self.limiter.stats.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - progress is best effort
+                continue
+            rate = s["released"] / max(s["elapsed_s"], 1e-9)
+            log.info("llm progress: %d requests sent (%.1f/s), %d answered from cache, %d failed, "
+                     "%d in flight, tokens %d+%d, cost $%.4f (%d pairs in this run)", s["released"], rate,
+                     s.get("cached", 0), s.get("failed", 0), s["in_flight"], s.get("prompt_tokens", 0),
+                     s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
+
+
+def run(cfg: CaptionJobConfig) -> dict:
+    """Run the job; returns a summary dict (also printed by ``main``)."""
+    base_url = require_endpoint(cfg)
+    if cfg.overall not in OVERALL_MODES:
+        raise ValueError(f"--overall must be one of {OVERALL_MODES}")
+    _ensure_ray(cfg)
+    import ray
+    import ray.data
+    from operators.llm.ratelimit import start_rate_limiter
+    from operators.tables import TableSink
+
+    out = Store(cfg.output)
+    run_id = new_run_id()
+    pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    done = finished_keys(out, "pairs", "pair_id")
+    todo = [p for p in pairs if p["pair_id"] not in done]
+    log.info("%d pairs found, %d already finished, %d to do (run %s)", len(pairs), len(pairs) - len(todo),
+             len(todo), run_id)
+
+    judge_model = cfg.judge_model or cfg.model
+    prompts = CaptionPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
+                             judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
+                             max_image_side=cfg.max_image_side, overall_mode=cfg.overall, model=cfg.model,
+                             judge_model=judge_model, run_id=run_id)
+    limiter_name = f"changeforge-llm-{run_id}"
+    limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
+    api_key = Secret(os.environ.get("OPENAI_API_KEY"))
+    common = dict(limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(), api_key=api_key,
+                  run_id=run_id, job=JOB)
+    generate = StageSpec(name="caption_generate", input_table="_generate",
+                         build_request=partial(build_generate_request, prompts),
+                         handle_result=partial(handle_generate_result, prompts),
+                         llm=_llm_config(cfg, base_url, cfg.model), **common)
+    judge = StageSpec(name="caption_judge", input_table="_judge", build_request=partial(build_judge_request, prompts),
+                      handle_result=partial(handle_judge_result, prompts),
+                      llm=_llm_config(cfg, base_url, judge_model), **common)
+    pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
+
+    counts: dict[str, int] = {}
+    if todo:
+        prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
+        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), 64)))
+        ds = ds.flat_map(prepare_pair, fn_kwargs={"config": prep, "run_id": run_id})
+        ds = apply_llm_stage(ds, generate, pool)
+        ds = apply_llm_stage(ds, judge, pool)
+        sink = TableSink(out.uri(), TABLE_SCHEMAS, run_id)
+        reporter = ProgressReporter(limiter, cfg.progress_every_s, len(todo))
+        reporter.start()
+        try:
+            ds.write_datasink(sink)
+        finally:
+            reporter.stop.set()
+        counts = sink.counts
+    prune_shards(out, "errors", run_id)  # errors describe the latest run; finished pairs live in pairs/
+
+    pairs_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"])
+    pair_rows = pairs_table.to_pylist() if pairs_table is not None else []
+    out.write_bytes(LEVIR_CC_FILE, json.dumps(levir_cc_document(pair_rows), indent=1).encode())
+    usage_table = read_table(out, "usage", TABLE_SCHEMAS["usage"])
+    usage_rows = [r for r in (usage_table.to_pylist() if usage_table is not None else []) if r["run_id"] == run_id]
+    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])
+    error_rows = errors_table.to_pylist() if errors_table is not None else []
+    ray.kill(limiter)
+    summary = {"run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
+               "pairs_finished_total": len(pair_rows), "errors": len(error_rows),
+               "rows_written": counts, "usage": summarize_usage(usage_rows)}
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = parse_args(argv)
+    summary = run(cfg)
+    print(f"run {summary['run_id']}: {summary['pairs_found']} pairs, {summary['pairs_skipped_finished']} already "
+          f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
+    print(format_summary(summary["usage"]))
+    print(f"outputs: {cfg.output}/{{captions,pairs,usage,errors}}/ and {cfg.output}/{LEVIR_CC_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

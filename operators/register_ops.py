@@ -1,0 +1,408 @@
+"""Ray operators of the registration stage: slice rows in, one envelope per slice out.
+
+Row-level functions (plain dict in, envelope out) carry the I/O around the pure cores in
+``registration``, ``screening`` and ``regional``; :func:`registration_stage` wires them into Ray
+Data. Every slice ends as exactly one envelope: ``metadata`` (status accepted or rejected, with a
+reason) or ``errors`` (stage "registration", e.g. an unreadable window).
+
+Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (pre crop) and
+``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
+are kept under ``_work/matches/<pair_id>/<tile_row>_<tile_col>.npz`` so a resumed run reuses them;
+the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
+complete (``keep_features`` keeps them).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Optional, Sequence
+
+import cv2
+import numpy as np
+import pyarrow as pa
+from affine import Affine
+
+from operators.images import write_png
+from operators.radiometry import to_uint8
+from operators.raster_io import Grid, read_window
+from operators.regional import (TileFeatures, TileMatches, fit_slice, match_tile,
+                                neighbour_tiles, tile_core, tile_features, tile_read_window,
+                                tiles_for_window)
+from operators.registration import (HomographyFit, RegistrationConfig, crop_offset,
+                                    grey_from_bands, nodata_fraction, post_footprint,
+                                    register_slice_pair, warp_post_to_crop)
+from operators.screening import screen_alignment
+from operators.storage import Store
+from operators.tables import envelope, error_envelope
+
+STAGE = "registration"
+FEATURES_DIR = "_work/features"
+MATCHES_DIR = "_work/matches"
+
+METADATA_SCHEMA = pa.schema([
+    ("slice_id", pa.string()),
+    ("pair_id", pa.string()),
+    ("location", pa.string()),
+    ("split", pa.string()),
+    ("pre_scene", pa.string()),
+    ("post_scene", pa.string()),
+    ("pre_date", pa.string()),
+    ("post_date", pa.string()),
+    ("crs", pa.string()),
+    ("bounds", pa.list_(pa.float64())),       # left, bottom, right, top of the kept crop (crs units)
+    ("window", pa.list_(pa.int64())),         # kept crop on the common grid: col, row, w, h
+    ("slice_window", pa.list_(pa.int64())),   # the input slice's window
+    ("homography", pa.list_(pa.float64())),   # 9 floats row-major, post-slice px -> pre-slice px
+    ("n_matches", pa.int64()),
+    ("n_inliers", pa.int64()),
+    ("residual_px", pa.float64()),            # screening: largest local shift in the kept crop
+    ("residual_median_px", pa.float64()),
+    ("screen_windows", pa.int64()),           # confident phase-correlation windows behind it
+    ("status", pa.string()),                  # accepted | rejected
+    ("reject_reason", pa.string()),           # null when accepted
+    ("image_a", pa.string()),                 # A/<slice_id>.png when accepted
+    ("image_b", pa.string()),
+    ("method", pa.string()),
+    ("seconds", pa.float64()),
+    ("run_id", pa.string()),
+])
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def _read(uri: str, window: Sequence[int], bands: Sequence[int], grid: Optional[Grid]):
+    """read_window that also tolerates windows starting left of / above the grid origin.
+
+    Tiles and crop footprints near a scene edge reach outside it; the part outside comes back
+    invalid.
+    """
+    col, row, width, height = (int(v) for v in window)
+    c0, r0 = max(col, 0), max(row, 0)
+    w, h = width - (c0 - col), height - (r0 - row)
+    if w <= 0 or h <= 0:
+        return (np.zeros((len(bands), height, width), np.uint8), np.zeros((height, width), bool))
+    data, valid = read_window(uri, (c0, r0, w, h), bands, grid=grid)
+    if (c0, r0) == (col, row):
+        return data, valid
+    out = np.zeros((data.shape[0], height, width), data.dtype)
+    ok = np.zeros((height, width), bool)
+    out[:, r0 - row:, c0 - col:] = data
+    ok[r0 - row:, c0 - col:] = valid
+    return out, ok
+
+
+def read_pre(row: dict, window: Sequence[int]):
+    return _read(row["pre_uri"], window, row["bands_pre"], None)
+
+
+def read_post(row: dict, window: Sequence[int]):
+    """Post scene resampled onto the common (pre) grid."""
+    return _read(row["post_uri"], window, row["bands_post"],
+                 Grid(str(row["crs"]), tuple(float(v) for v in row["transform"])))
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+def window_bounds(transform: Sequence[float], window: Sequence[int]) -> list[float]:
+    """(left, bottom, right, top) of a pixel window under an affine transform."""
+    aff = Affine(*transform)
+    col, row, width, height = window
+    xs, ys = zip(*[aff * (c, r) for c in (col, col + width) for r in (row, row + height)])
+    return [min(xs), min(ys), max(xs), max(ys)]
+
+
+def crop_window(row: dict, cfg: RegistrationConfig) -> list[int]:
+    col, r, size, _ = (int(v) for v in row["window"])
+    off = crop_offset(size, cfg.crop_size)
+    return [col + off, r + off, cfg.crop_size, cfg.crop_size]
+
+
+def _record(row: dict, cfg: RegistrationConfig, run_id: str, t0: float, fit: HomographyFit,
+            status: str, reason: Optional[str], screen=None, images=(None, None)) -> dict:
+    kept = crop_window(row, cfg)
+    return {
+        "slice_id": row["slice_id"], "pair_id": row.get("pair_id"), "location": row.get("location"),
+        "split": row.get("split"), "pre_scene": row.get("pre_scene"),
+        "post_scene": row.get("post_scene"), "pre_date": row.get("pre_date"),
+        "post_date": row.get("post_date"), "crs": str(row["crs"]),
+        "bounds": window_bounds(row["transform"], kept), "window": kept,
+        "slice_window": [int(v) for v in row["window"]],
+        "homography": None if fit.homography is None else
+        [float(v) for v in np.asarray(fit.homography).ravel()],
+        "n_matches": fit.n_matches, "n_inliers": fit.n_inliers,
+        "residual_px": None if screen is None else screen.residual_px,
+        "residual_median_px": None if screen is None else screen.residual_median_px,
+        "screen_windows": None if screen is None else screen.n_confident,
+        "status": status, "reject_reason": reason,
+        "image_a": images[0], "image_b": images[1],
+        "method": cfg.method, "seconds": round(time.perf_counter() - t0, 4), "run_id": run_id,
+    }
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    """(H, W, 1|3|4) uint8 -> (H, W, 3): single-band scenes are written as grey RGB."""
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return image[:, :, :3]
+
+
+def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, t0: float,
+                fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
+                post_crop: np.ndarray, post_valid: np.ndarray) -> dict:
+    """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair."""
+    frac = nodata_fraction(pre_valid, post_valid)
+    if frac > cfg.max_nodata_fraction:
+        reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
+        return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected", reason))
+    both = pre_valid & post_valid
+    pre_grey = grey_from_bands(pre_crop, row["stretch_pre"], both)
+    post_grey = grey_from_bands(post_crop, row["stretch_post"], both)
+    screen = screen_alignment(pre_grey, post_grey, both, cfg)
+    if screen.reject_reason:
+        return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+                                            screen.reject_reason, screen))
+    store = Store(out_root)
+    rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
+    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], pre_valid)))
+    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], post_valid)))
+    return envelope("metadata", _record(row, cfg, run_id, t0, fit, "accepted", None, screen,
+                                        (rel_a, rel_b)))
+
+
+def _single_thread():
+    # One Ray task = one core: OpenCV's own threads would oversubscribe the CPUs Ray hands out
+    # and make 1-vs-2-CPU scaling meaningless.
+    cv2.setNumThreads(1)
+
+
+# ---- per-slice recipe -------------------------------------------------------------------------
+
+def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
+                             run_id: str = "") -> dict:
+    """The paper's recipe on one slice row: whole-slice SIFT both dates, fit, warp, crop, screen."""
+    _single_thread()
+    t0 = time.perf_counter()
+    try:
+        window = [int(v) for v in row["window"]]
+        size = window[2]
+        pre, pre_valid = read_pre(row, window)
+        post, post_valid = read_post(row, window)
+        fit = register_slice_pair(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
+                                  grey_from_bands(post, row["stretch_post"], post_valid),
+                                  post_valid, cfg)
+        if fit.homography is None:
+            return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+                                                fit.reject_reason))
+        off = crop_offset(size, cfg.crop_size)
+        sl = np.s_[off:off + cfg.crop_size, off:off + cfg.crop_size]
+        post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (0, 0),
+                                                       (off, off), cfg.crop_size, cfg.resampling)
+        return finish_crop(row, cfg, out_root, run_id, t0, fit, pre[(slice(None),) + sl],
+                           pre_valid[sl], post_crop, post_crop_valid)
+    except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+
+
+# ---- regional method --------------------------------------------------------------------------
+
+def matches_rel(pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{MATCHES_DIR}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def features_rel(pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{FEATURES_DIR}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict]:
+    """One tile row per (pair, tile) that any slice of the pair overlaps.
+
+    Each row lists its planned neighbours (tiles whose post features its matching needs).
+    """
+    keys = ("pair_id", "pre_uri", "post_uri", "crs", "transform", "bands_pre", "bands_post",
+            "stretch_pre", "stretch_post")
+    tiles: dict[tuple, dict] = {}
+    for r in slice_rows:
+        for tc, tr in tiles_for_window(r["window"], cfg.tile_size):
+            key = (r["pair_id"], tc, tr)
+            if key not in tiles:
+                tiles[key] = {**{k: r[k] for k in keys}, "tile_col": tc, "tile_row": tr}
+    for (pair, tc, tr), row in tiles.items():
+        # Post features outside every slice of the pair can never be used by a slice fit.
+        row["neighbours"] = [[c, r] for c, r in neighbour_tiles(tc, tr, cfg)
+                             if (pair, c, r) in tiles]
+    return [tiles[k] for k in sorted(tiles)]
+
+
+def _tile_result(row: dict) -> dict:
+    return {"pair_id": row["pair_id"], "tile_col": row["tile_col"], "tile_row": row["tile_row"],
+            "n": -1, "reused": False, "error": None, "seconds": 0.0}
+
+
+def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
+    _single_thread()
+    t0 = time.perf_counter()
+    store = Store(out_root)
+    out = _tile_result(row)
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    try:
+        if store.exists(matches_rel(pair, tc, tr)) or store.exists(features_rel(pair, tc, tr)):
+            out.update(reused=True)
+            return out
+        window = tile_read_window(tc, tr, cfg)
+        pre, pre_valid = read_pre(row, window)
+        post, post_valid = read_post(row, window)
+        feats = tile_features(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
+                              grey_from_bands(post, row["stretch_post"], post_valid), post_valid,
+                              window, tile_core(tc, tr, cfg.tile_size), cfg)
+        store.write_bytes(features_rel(pair, tc, tr), feats.to_bytes())
+        out.update(n=len(feats.pre_xy) + len(feats.post_xy))
+    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    out["seconds"] = round(time.perf_counter() - t0, 4)
+    return out
+
+
+def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 2: match one tile's pre features against its neighbourhood's post features."""
+    _single_thread()
+    t0 = time.perf_counter()
+    store = Store(out_root)
+    out = _tile_result(row)
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    try:
+        rel = matches_rel(pair, tc, tr)
+        if store.exists(rel):
+            out.update(reused=True)
+            return out
+        feats = {}
+        for c, r in row["neighbours"]:
+            try:
+                feats[(c, r)] = TileFeatures.from_bytes(store.read_bytes(features_rel(pair, c, r)))
+            except (FileNotFoundError, OSError) as exc:
+                raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
+        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
+        store.write_bytes(rel, matches.to_bytes())
+        out.update(n=len(matches))
+    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    out["seconds"] = round(time.perf_counter() - t0, 4)
+    return out
+
+
+def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: str) -> None:
+    """Delete the features of pairs whose every tile has its matches stored."""
+    failed = {r["pair_id"] for r in results if r["error"]}
+    store = Store(out_root)
+    for row in tile_rows:
+        if row["pair_id"] not in failed:
+            store.delete(features_rel(row["pair_id"], row["tile_col"], row["tile_row"]))
+
+
+def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
+    parts = []
+    for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
+        rel = matches_rel(row["pair_id"], tc, tr)
+        try:
+            parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
+        except (FileNotFoundError, OSError) as exc:
+            raise OSError(f"matches of tile r{tr} c{tc} missing (tile failed?): {rel}") from exc
+    return TileMatches.concat(parts)
+
+
+def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
+                            run_id: str = "") -> dict:
+    """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
+    _single_thread()
+    t0 = time.perf_counter()
+    try:
+        window = [int(v) for v in row["window"]]
+        matches = load_slice_matches(row, cfg, Store(out_root))
+        fit = fit_slice(matches, window, cfg)
+        if fit.homography is None:
+            return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+                                                fit.reject_reason))
+        off = crop_offset(window[2], cfg.crop_size)
+        kept = crop_window(row, cfg)
+        pre_crop, pre_valid = read_pre(row, kept)
+        fx, fy, fw, fh = post_footprint(fit.homography, (off, off), cfg.crop_size,
+                                        cfg.crop_read_margin_px)
+        post, post_valid = read_post(row, (window[0] + fx, window[1] + fy, fw, fh))
+        post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (fx, fy),
+                                                       (off, off), cfg.crop_size, cfg.resampling)
+        return finish_crop(row, cfg, out_root, run_id, t0, fit, pre_crop, pre_valid, post_crop,
+                           post_crop_valid)
+    except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+
+
+def register_slice_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Dispatch on ``cfg.method`` (regional assumes its tiles' matches are stored)."""
+    if cfg.method == "per-slice":
+        return register_slice_per_slice(row, cfg, out_root, run_id)
+    return register_slice_regional(row, cfg, out_root, run_id)
+
+
+# ---- Ray Data ---------------------------------------------------------------------------------
+
+def _plain(row: dict) -> dict:
+    """Ray rows hold numpy arrays for list columns; the cores want plain lists."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        out[k] = v
+    return out
+
+
+def _register_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
+    return register_slice_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+
+
+def _features_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
+    return features_tile_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+
+
+def _matches_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
+    return match_tile_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+
+
+def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                   run_id: str) -> list[dict]:
+    """Both tile passes, one Ray task per tile each (rows are tiny; pixels never travel).
+
+    Returns the matching pass's per-tile results (``n`` = matches, ``reused``, ``error``); a
+    feature failure shows up there as missing features of the tiles that needed them.
+    """
+    import ray.data
+    if not tile_rows:
+        return []
+    kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
+
+    def tile_pass(fn):
+        ds = ray.data.from_items(tile_rows, override_num_blocks=len(tile_rows))
+        return ds.map(fn, fn_kwargs=kwargs, num_cpus=1).take_all()
+
+    tile_pass(_features_map)  # barrier: matching reads the neighbours' features
+    results = tile_pass(_matches_map)
+    if not cfg.keep_features:
+        drop_features(tile_rows, results, out_root)
+    return results
+
+
+def registration_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: str):
+    """Slice rows -> one ``metadata`` or ``errors`` envelope per slice (columns _table, _record).
+
+    per-slice: a lazy map, one task per slice. regional: the slice rows (small metadata) are
+    collected to plan the feature tiles, the tile pass runs (eagerly: every slice needs all of its
+    tiles' matches, so this is a barrier), then a lazy map fits each slice from stored matches.
+    """
+    kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
+    if cfg.method == "regional":
+        # Materialised once: planning reads its blocks directly and the slice map reuses them.
+        slices = slices.materialize()
+        rows = [_plain(r) for r in slices.iter_rows()]
+        run_tile_stage(plan_tiles(rows, cfg), cfg, out_root, run_id)
+    # One slice per block so both cores (and every node) get slices to chew on.
+    return slices.repartition(target_num_rows_per_block=1).map(
+        _register_map, fn_kwargs=kwargs, num_cpus=1)

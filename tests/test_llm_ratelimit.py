@@ -1,0 +1,77 @@
+"""Token-bucket bookkeeping of the pool's rate limiter, with a fake clock."""
+import pytest
+
+from operators.llm.ratelimit import RateLimiterCore, RateLimits
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def drive(core, clock, seconds, step=0.01, ask=8, tokens=0.0):
+    grants = []  # (time, n)
+    end = clock.t + seconds
+    while clock.t < end:
+        n, _ = core.acquire(ask, tokens)
+        if n:
+            grants.append((clock.t, n))
+            core.release(n)
+        clock.t += step
+    return grants
+
+
+def window_max(grants, width):
+    best = 0
+    for i, (t0, _) in enumerate(grants):
+        best = max(best, sum(n for t, n in grants[i:] if t < t0 + width))
+    return best
+
+
+def test_no_minute_exceeds_rpm_and_utilisation_is_high():
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(rpm=600, max_in_flight=0), clock)
+    grants = drive(core, clock, 130.0, step=0.05)
+    assert window_max(grants, 60.0) <= 600
+    total = sum(n for _, n in grants)
+    assert total >= 0.95 * 600 * 130 / 60
+
+
+def test_in_flight_cap_holds_until_release():
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(rpm=0, max_in_flight=5), clock)
+    assert core.acquire(8, 0)[0] == 5
+    n, wait = core.acquire(1, 0)
+    assert n == 0 and wait > 0
+    core.release(2)
+    assert core.acquire(8, 0)[0] == 2
+
+
+def test_tokens_per_minute_and_usage_reconciliation():
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(tpm=6000, max_in_flight=0, safety=0.0), clock)
+    first, _ = core.acquire(100, 50)      # burst = 100 tokens: two requests of 50
+    assert first == 2
+    core.release(2, token_correction=+400)  # they really used 250 each: the bucket owes 400
+    n, wait = core.acquire(1, 50)
+    assert n == 0 and wait > 3.0           # 400 + 50 tokens at ~98 tokens/s
+    clock.t += wait + 0.01
+    assert core.acquire(1, 50)[0] == 1
+
+
+def test_request_bigger_than_bucket_still_passes_when_full():
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(tpm=600, max_in_flight=0, safety=0.0), clock)   # capacity 10 tokens
+    assert core.acquire(3, 5000)[0] == 1
+
+
+def test_release_books_usage_counters():
+    core = RateLimiterCore(RateLimits(), Clock())
+    core.acquire(2, 10)
+    core.release(2, 0, {"prompt_tokens": 30, "completion_tokens": 7, "cost_usd": 0.5})
+    s = core.stats()
+    assert s["granted"] == 2 and s["released"] == 2 and s["prompt_tokens"] == 30 and s["in_flight"] == 0
+    assert s["cost_usd"] == pytest.approx(0.5)
