@@ -41,8 +41,8 @@ JOB = "build_pairs"
 
 @dataclass
 class PairsJobConfig:
-    input: str = field(default="", metadata={"help": "scenes: a folder, an s3:// prefix, or a manifest .csv/.parquet with uri, acquired[, location]"})
-    output: str = field(default="", metadata={"help": "output folder or s3:// prefix"})
+    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, or a manifest .csv/.parquet with uri, acquired[, location]"})
+    output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
     rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: 1,2,3, or 1 for single-band scenes)"})

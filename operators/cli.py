@@ -37,19 +37,24 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | Non
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         help_text = f.metadata.get("help", "")
         flag = "--" + f.name.replace("_", "-")
+        if f.metadata.get("required"):
+            group.add_argument(flag, dest=f.name, required=True, help=help_text)
+            continue
+        shown_default = "" if "default:" in help_text else f" (default: {default})"
         choices = f.metadata.get("choices")
         if tp is bool:
             group.add_argument(flag, dest=f.name, default=default,
                                action=argparse.BooleanOptionalAction,
-                               help=f"{help_text} (default: {default})")
+                               help=f"{help_text}{shown_default}")
         elif typing.get_origin(tp) in (tuple, list):
             shown = ",".join(str(v) for v in default) if default else "auto"
+            shown = "" if "default:" in help_text else f" (default: {shown})"
             group.add_argument(flag, dest=f.name, default=default, type=_parse_int_list,
-                               help=f"{help_text}, comma-separated (default: {shown})")
+                               help=f"{help_text}, comma-separated{shown}")
         else:
             conv = tp if tp in (int, float, str) else str
             group.add_argument(flag, dest=f.name, default=default, type=conv, choices=choices,
-                               help=f"{help_text} (default: {default})")
+                               help=f"{help_text}{shown_default}")
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides):
