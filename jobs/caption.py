@@ -9,6 +9,23 @@ environment, so it never sits in shell history or process lists). Outputs under 
 and selected captions), ``usage/`` (tokens and cost per request), ``errors/`` (this run's failures),
 ``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice).
 A rerun skips pairs already in ``pairs/`` and answers the rest from the cache where it can.
+
+Real endpoints (the key is read from the environment only):
+
+    # OpenAI
+    export OPENAI_BASE_URL=https://api.openai.com/v1 OPENAI_API_KEY=sk-...
+    python -m jobs.caption --input data/levir-cd --output out/levir-cc --model gpt-4o-mini \
+        --rpm 500 --tpm 200000 --max-image-side 512 --price-per-mtok-in 0.15 --price-per-mtok-out 0.60
+
+    # Moonshot / Kimi (the paper's generator; a thinking model: leave temperature to the endpoint)
+    export OPENAI_BASE_URL=https://api.moonshot.ai/v1 OPENAI_API_KEY=<moonshot key>
+    python -m jobs.caption --input s3://bucket/levir-cd --output s3://bucket/levir-cc --model kimi-k2.6 \
+        --temperature -1 --max-tokens 8000 --rpm 200 --tpm 1000000
+
+    # local vLLM with a vision model (vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000)
+    export OPENAI_BASE_URL=http://localhost:8000/v1 OPENAI_API_KEY=EMPTY
+    python -m jobs.caption --input data/levir-cd --output out/levir-cc --model Qwen/Qwen2.5-VL-7B-Instruct \
+        --rpm 0 --tpm 0 --max-in-flight 64
 """
 from __future__ import annotations
 
@@ -22,8 +39,7 @@ import argparse
 import json
 import logging
 import threading
-import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import partial
 
 from operators.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
@@ -34,7 +50,8 @@ from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
-from operators.storage import Store, forwarded_env
+from operators.cli import init_ray
+from operators.storage import Store
 from operators.tables import finished_keys, new_run_id, prune_shards, read_table
 
 log = logging.getLogger("changeforge.caption")
@@ -62,6 +79,7 @@ class CaptionJobConfig:
     price_per_mtok_out: float | None = None
     temperature: float = 0.7
     max_tokens: int = 1500
+    max_tokens_field: str = "max_tokens"
     timeout_s: float = 120.0
     max_retries: int = 6
     max_reasks: int = 2
@@ -86,8 +104,8 @@ HELP = {
     "base_url": "OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 (default: $OPENAI_BASE_URL)",
     "list_file": "only the pairs named in this file (one file name per line; relative to --input or a URI)",
     "default_split": "split of pairs without a split folder or train_/val_/test_ name prefix",
-    "rpm": "requests per minute for the whole pool, all actors and nodes (0 = unlimited)",
-    "tpm": "tokens per minute (prompt + completion) for the whole pool (0 = unlimited)",
+    "rpm": "requests per minute for the whole pool: all actors, nodes and both stages together (0 = unlimited)",
+    "tpm": "tokens per minute (prompt + completion) for the whole pool, both stages together (0 = unlimited)",
     "max_in_flight": "requests outstanding at once across the pool",
     "max_image_side": "images are downscaled so that their longer side is at most this many pixels",
     "detail": "image detail level sent with each image: low, high or auto",
@@ -96,8 +114,10 @@ HELP = {
                "mean = mean of the five criteria, min = lowest criterion; < 7 is rejected, top 3 kept (ties kept)",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
     "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
-    "temperature": "sampling temperature of both stages",
-    "max_tokens": "completion token cap per request",
+    "temperature": "sampling temperature of both stages; a negative value sends none (the endpoint's default, "
+                   "which some reasoning models require)",
+    "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
+    "max_tokens_field": "request field carrying the cap: max_tokens, or max_completion_tokens for OpenAI reasoning models",
     "timeout_s": "per-request timeout in seconds",
     "max_retries": "retries on 429, 5xx, timeouts and connection errors (exponential backoff with jitter, Retry-After honoured)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
@@ -139,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
             kwargs["choices"] = ("low", "high", "auto")
         if f.name == "image_format":
             kwargs["choices"] = ("png", "jpeg")
+        if f.name == "max_tokens_field":
+            kwargs["choices"] = ("max_tokens", "max_completion_tokens")
         if f.name == "response_format":
             kwargs["choices"] = ("json_schema", "json_object")
         ap.add_argument(flag, **kwargs)
@@ -155,24 +177,23 @@ def require_endpoint(cfg: CaptionJobConfig) -> str:
 
 def _llm_config(cfg: CaptionJobConfig, base_url: str, model: str) -> LLMConfig:
     return LLMConfig(model=model, base_url=base_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
-                     max_reasks=cfg.max_reasks, backoff_base_s=cfg.backoff_base_s, temperature=cfg.temperature,
-                     max_tokens=cfg.max_tokens, response_format=cfg.response_format, detail=cfg.detail,
+                     max_reasks=cfg.max_reasks, backoff_base_s=cfg.backoff_base_s,
+                     temperature=cfg.temperature if cfg.temperature >= 0 else None,
+                     max_tokens=cfg.max_tokens, max_tokens_field=cfg.max_tokens_field, response_format=cfg.response_format, detail=cfg.detail,
                      price_per_mtok_in=cfg.price_per_mtok_in, price_per_mtok_out=cfg.price_per_mtok_out,
                      use_cache=not cfg.no_cache)
 
 
 def _ensure_ray(cfg: CaptionJobConfig) -> None:
-    import ray
-    if ray.is_initialized():
-        return
-    runtime_env = {"env_vars": forwarded_env()}
-    if os.environ.get("RAY_ADDRESS"):
-        # Other nodes need the code (and the prompt templates); not the bundled data or outputs.
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        runtime_env.update(working_dir=repo, excludes=["data/", ".git/", "out/", "*.parquet", "__pycache__/"])
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
-    else:
-        ray.init(num_cpus=cfg.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+    """RAY_ADDRESS (a cluster, or ours under ``ray job submit``) or a local Ray, as every job does.
+
+    Local workers inherit this process's environment but not its ``sys.path``: put the repo on
+    PYTHONPATH so that ``python jobs/caption.py`` works from any folder without an install."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([repo] + paths)
+    init_ray(cfg.num_cpus)
 
 
 class ProgressReporter(threading.Thread):
@@ -191,7 +212,7 @@ class ProgressReporter(threading.Thread):
             except Exception:  # noqa: BLE001 - progress is best effort
                 continue
             rate = s["released"] / max(s["elapsed_s"], 1e-9)
-            log.info("llm progress: %d requests sent (%.1f/s), %d answered from cache, %d failed, "
+            log.info("llm progress: %d requests done (%.1f/s), %d answered from cache, %d failed, "
                      "%d in flight, tokens %d+%d, cost $%.4f (%d pairs in this run)", s["released"], rate,
                      s.get("cached", 0), s.get("failed", 0), s["in_flight"], s.get("prompt_tokens", 0),
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
@@ -219,7 +240,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     judge_model = cfg.judge_model or cfg.model
     prompts = CaptionPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
                              judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
-                             max_image_side=cfg.max_image_side, overall_mode=cfg.overall, model=cfg.model,
+                             max_image_side=cfg.max_image_side, image_format=cfg.image_format,
+                             overall_mode=cfg.overall, model=cfg.model,
                              judge_model=judge_model, run_id=run_id)
     limiter_name = f"changeforge-llm-{run_id}"
     limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
@@ -238,7 +260,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     counts: dict[str, int] = {}
     if todo:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
-        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), 64)))
+        # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
+        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
         ds = ds.flat_map(prepare_pair, fn_kwargs={"config": prep, "run_id": run_id})
         ds = apply_llm_stage(ds, generate, pool)
         ds = apply_llm_stage(ds, judge, pool)
@@ -249,7 +272,10 @@ def run(cfg: CaptionJobConfig) -> dict:
             ds.write_datasink(sink)
         finally:
             reporter.stop.set()
+            ray.kill(limiter)
         counts = sink.counts
+    else:
+        ray.kill(limiter)
     prune_shards(out, "errors", run_id)  # errors describe the latest run; finished pairs live in pairs/
 
     pairs_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"])
@@ -259,7 +285,6 @@ def run(cfg: CaptionJobConfig) -> dict:
     usage_rows = [r for r in (usage_table.to_pylist() if usage_table is not None else []) if r["run_id"] == run_id]
     errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])
     error_rows = errors_table.to_pylist() if errors_table is not None else []
-    ray.kill(limiter)
     summary = {"run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
                "pairs_finished_total": len(pair_rows), "errors": len(error_rows),
                "rows_written": counts, "usage": summarize_usage(usage_rows)}

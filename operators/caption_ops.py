@@ -9,7 +9,6 @@ Row flow (all rows are envelopes, see :mod:`operators.tables`):
 from __future__ import annotations
 
 import posixpath
-import time
 from dataclasses import dataclass, field
 
 import cv2
@@ -174,6 +173,7 @@ class CaptionPrompts:
     judge: PromptTemplate
     detail: str = "auto"
     max_image_side: int = 1024
+    image_format: str = "png"
     overall_mode: str = "judge"
     model: str = ""
     judge_model: str = ""
@@ -189,7 +189,8 @@ def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
         item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
         schema=generation_schema(), schema_name="change_captions",
         cache_parts={"stage": "caption_generate", "template": prompts.generate.version, "images": record["hashes"],
-                     "max_image_side": prompts.max_image_side, "candidate": "all"},
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "candidate": "all"},
         image_tokens=3 * int(record["image_tokens"]))
 
 
@@ -208,7 +209,8 @@ def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
         schema=judge_schema(), schema_name="caption_scores",
         cache_parts={"stage": "caption_judge", "template": prompts.judge.version,
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
-                     "max_image_side": prompts.max_image_side, "candidates": record["captions"]},
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "candidates": record["captions"]},
         image_tokens=2 * int(record["image_tokens"]))
 
 

@@ -9,10 +9,11 @@ Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (p
 ``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
 are kept under ``_work/matches/<pair_id>/<tile_row>_<tile_col>.npz`` so a resumed run reuses them;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
-complete (``keep_features`` keeps them).
+complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from typing import Any, Optional, Sequence
@@ -38,6 +39,7 @@ from operators.tables import envelope, error_envelope
 STAGE = "registration"
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
+TILE_RUNS_DIR = "_work/tile_runs"
 
 METADATA_SCHEMA = pa.schema([
     ("slice_id", pa.string()),
@@ -63,7 +65,8 @@ METADATA_SCHEMA = pa.schema([
     ("image_a", pa.string()),                 # A/<slice_id>.png when accepted
     ("image_b", pa.string()),
     ("method", pa.string()),
-    ("seconds", pa.float64()),
+    ("seconds", pa.float64()),                # wall time of this slice's task
+    ("cpu_seconds", pa.float64()),            # its CPU time (excludes the shared tile passes)
     ("run_id", pa.string()),
 ])
 
@@ -103,6 +106,23 @@ def read_post(row: dict, window: Sequence[int]):
 
 # ---- records ----------------------------------------------------------------------------------
 
+class Clock:
+    """Wall time and this thread's CPU time since creation.
+
+    CPU time is what the work cost regardless of other load on the machine (OpenCV runs
+    single-threaded in these tasks, so the thread's time is the task's).
+    """
+
+    def __init__(self):
+        self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
+
+    def wall(self) -> float:
+        return round(time.perf_counter() - self.wall0, 4)
+
+    def cpu(self) -> float:
+        return round(time.thread_time() - self.cpu0, 4)
+
+
 def window_bounds(transform: Sequence[float], window: Sequence[int]) -> list[float]:
     """(left, bottom, right, top) of a pixel window under an affine transform."""
     aff = Affine(*transform)
@@ -117,7 +137,7 @@ def crop_window(row: dict, cfg: RegistrationConfig) -> list[int]:
     return [col + off, r + off, cfg.crop_size, cfg.crop_size]
 
 
-def _record(row: dict, cfg: RegistrationConfig, run_id: str, t0: float, fit: HomographyFit,
+def _record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, fit: HomographyFit,
             status: str, reason: Optional[str], screen=None, images=(None, None)) -> dict:
     kept = crop_window(row, cfg)
     return {
@@ -135,7 +155,8 @@ def _record(row: dict, cfg: RegistrationConfig, run_id: str, t0: float, fit: Hom
         "screen_windows": None if screen is None else screen.n_confident,
         "status": status, "reject_reason": reason,
         "image_a": images[0], "image_b": images[1],
-        "method": cfg.method, "seconds": round(time.perf_counter() - t0, 4), "run_id": run_id,
+        "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
+        "run_id": run_id,
     }
 
 
@@ -146,26 +167,26 @@ def _rgb(image: np.ndarray) -> np.ndarray:
     return image[:, :, :3]
 
 
-def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, t0: float,
+def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, clock: Clock,
                 fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
                 post_crop: np.ndarray, post_valid: np.ndarray) -> dict:
     """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair."""
     frac = nodata_fraction(pre_valid, post_valid)
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
-        return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected", reason))
+        return envelope("metadata", _record(row, cfg, run_id, clock, fit, "rejected", reason))
     both = pre_valid & post_valid
     pre_grey = grey_from_bands(pre_crop, row["stretch_pre"], both)
     post_grey = grey_from_bands(post_crop, row["stretch_post"], both)
     screen = screen_alignment(pre_grey, post_grey, both, cfg)
     if screen.reject_reason:
-        return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+        return envelope("metadata", _record(row, cfg, run_id, clock, fit, "rejected",
                                             screen.reject_reason, screen))
     store = Store(out_root)
     rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
     write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], pre_valid)))
     write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], post_valid)))
-    return envelope("metadata", _record(row, cfg, run_id, t0, fit, "accepted", None, screen,
+    return envelope("metadata", _record(row, cfg, run_id, clock, fit, "accepted", None, screen,
                                         (rel_a, rel_b)))
 
 
@@ -181,7 +202,7 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
                              run_id: str = "") -> dict:
     """The paper's recipe on one slice row: whole-slice SIFT both dates, fit, warp, crop, screen."""
     _single_thread()
-    t0 = time.perf_counter()
+    clock = Clock()
     try:
         window = [int(v) for v in row["window"]]
         size = window[2]
@@ -191,13 +212,13 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
                                   grey_from_bands(post, row["stretch_post"], post_valid),
                                   post_valid, cfg)
         if fit.homography is None:
-            return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+            return envelope("metadata", _record(row, cfg, run_id, clock, fit, "rejected",
                                                 fit.reject_reason))
         off = crop_offset(size, cfg.crop_size)
         sl = np.s_[off:off + cfg.crop_size, off:off + cfg.crop_size]
         post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (0, 0),
                                                        (off, off), cfg.crop_size, cfg.resampling)
-        return finish_crop(row, cfg, out_root, run_id, t0, fit, pre[(slice(None),) + sl],
+        return finish_crop(row, cfg, out_root, run_id, clock, fit, pre[(slice(None),) + sl],
                            pre_valid[sl], post_crop, post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
         return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
@@ -235,13 +256,13 @@ def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict
 
 def _tile_result(row: dict) -> dict:
     return {"pair_id": row["pair_id"], "tile_col": row["tile_col"], "tile_row": row["tile_row"],
-            "n": -1, "reused": False, "error": None, "seconds": 0.0}
+            "n": -1, "reused": False, "error": None, "seconds": 0.0, "cpu_seconds": 0.0}
 
 
 def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
     _single_thread()
-    t0 = time.perf_counter()
+    clock = Clock()
     store = Store(out_root)
     out = _tile_result(row)
     pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
@@ -259,14 +280,14 @@ def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id:
         out.update(n=len(feats.pre_xy) + len(feats.post_xy))
     except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
         out.update(error=f"{type(exc).__name__}: {exc}"[:500])
-    out["seconds"] = round(time.perf_counter() - t0, 4)
+    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
     return out
 
 
 def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 2: match one tile's pre features against its neighbourhood's post features."""
     _single_thread()
-    t0 = time.perf_counter()
+    clock = Clock()
     store = Store(out_root)
     out = _tile_result(row)
     pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
@@ -286,7 +307,7 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
         out.update(n=len(matches))
     except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
         out.update(error=f"{type(exc).__name__}: {exc}"[:500])
-    out["seconds"] = round(time.perf_counter() - t0, 4)
+    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
     return out
 
 
@@ -314,13 +335,13 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
                             run_id: str = "") -> dict:
     """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
     _single_thread()
-    t0 = time.perf_counter()
+    clock = Clock()
     try:
         window = [int(v) for v in row["window"]]
         matches = load_slice_matches(row, cfg, Store(out_root))
         fit = fit_slice(matches, window, cfg)
         if fit.homography is None:
-            return envelope("metadata", _record(row, cfg, run_id, t0, fit, "rejected",
+            return envelope("metadata", _record(row, cfg, run_id, clock, fit, "rejected",
                                                 fit.reject_reason))
         off = crop_offset(window[2], cfg.crop_size)
         kept = crop_window(row, cfg)
@@ -330,7 +351,7 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
         post, post_valid = read_post(row, (window[0] + fx, window[1] + fy, fw, fh))
         post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (fx, fy),
                                                        (off, off), cfg.crop_size, cfg.resampling)
-        return finish_crop(row, cfg, out_root, run_id, t0, fit, pre_crop, pre_valid, post_crop,
+        return finish_crop(row, cfg, out_root, run_id, clock, fit, pre_crop, pre_valid, post_crop,
                            post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
         return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
@@ -383,10 +404,13 @@ def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str
         ds = ray.data.from_items(tile_rows, override_num_blocks=len(tile_rows))
         return ds.map(fn, fn_kwargs=kwargs, num_cpus=1).take_all()
 
-    tile_pass(_features_map)  # barrier: matching reads the neighbours' features
+    features = tile_pass(_features_map)  # barrier: matching reads the neighbours' features
     results = tile_pass(_matches_map)
     if not cfg.keep_features:
         drop_features(tile_rows, results, out_root)
+    # An audit trail of the tile passes (failures otherwise show only as slice errors).
+    summary = {"run_id": run_id, "features": features, "matches": results}
+    Store(out_root).write_bytes(f"{TILE_RUNS_DIR}/{run_id}.json", json.dumps(summary).encode())
     return results
 
 
@@ -394,8 +418,9 @@ def registration_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: s
     """Slice rows -> one ``metadata`` or ``errors`` envelope per slice (columns _table, _record).
 
     per-slice: a lazy map, one task per slice. regional: the slice rows (small metadata) are
-    collected to plan the feature tiles, the tile pass runs (eagerly: every slice needs all of its
-    tiles' matches, so this is a barrier), then a lazy map fits each slice from stored matches.
+    materialised and read on the driver to plan the feature tiles; the two tile passes (features,
+    then matches) run eagerly here, because every slice needs all of its tiles' matches (a
+    barrier); the returned dataset is a lazy map that fits each slice from the stored matches.
     """
     kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
     if cfg.method == "regional":

@@ -10,7 +10,7 @@ the upper part of their range so that some fall below 7 and ties occur.
 Faults are injected at runtime through ``POST /control/faults`` (or ``--faults '<json>'``):
 
     {"latency_ms": 50, "reject_json_schema": false, "retry_after_s": 1, "timeout_s": 30,
-     "faults": [{"kind": "429"|"500"|"timeout"|"malformed"|"wrong_count", "rate": 0.2,
+     "faults": [{"kind": "429"|"500"|"400"|"timeout"|"malformed"|"wrong_count", "rate": 0.2,
                  "match": "<substring of the X-Changeforge-Item header, optional>",
                  "match_text": "<substring of the prompt text, optional>"}]}
 
@@ -196,6 +196,9 @@ async def chat_completions(request: web.Request) -> web.Response:
     if fault == "429":
         state.by_status[429] += 1
         return _error(429, "rate limited (injected)", {"Retry-After": str(cfg.get("retry_after_s", 1))})
+    if fault == "400":
+        state.by_status[400] += 1
+        return _error(400, "invalid request (injected)")
     if fault == "500":
         state.by_status[500] += 1
         return _error(500, "internal error (injected)")

@@ -147,9 +147,12 @@ def test_s3_input_and_output(ray_session, openai_server, s3_client, s3_bucket):
         if path.is_file():
             s3_client.upload_file(str(path), s3_bucket, f"levir/{path.relative_to(LEVIR)}")
     out = f"s3://{s3_bucket}/runs/one"
-    summary = run(config(openai_server, f"s3://{s3_bucket}/levir", out))
+    summary = run(config(openai_server, f"s3://{s3_bucket}/levir", out, overall="min"))
     t = tables(out)
     assert accounted(t) == ALL_PAIRS and len(t["pairs"]) == 11 and len(t["captions"]) == 55
+    criteria = ("accuracy", "specificity", "spatial_correctness", "naturalness", "informativeness")
+    for c in t["captions"]:   # --overall min: a caption is as good as its weakest criterion
+        assert c["overall_mode"] == "min" and c["overall"] == min(c[k] for k in criteria)
     assert summary["usage"]["http_requests"] == 22
     doc = json.loads(Store(out).read_bytes(LEVIR_CC_FILE))
     assert doc["images"] and all(img["sentences"] for img in doc["images"])

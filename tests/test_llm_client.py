@@ -2,7 +2,6 @@
 cache. No Ray here: one asyncio loop in the test process."""
 import asyncio
 
-import pytest
 
 from operators.llm.cache import ResponseCache
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret, redact
@@ -87,6 +86,20 @@ def test_json_schema_rejection_falls_back_to_json_mode(openai_server):
     results = run_all(openai_server, requests(4))
     assert all(r.ok and r.response_format == "json_object" for r in results)
     assert openai_server.stats()["by_status"]["400"] >= 1
+
+
+def test_a_400_for_other_reasons_is_an_error_and_does_not_switch_to_json_mode(openai_server):
+    openai_server.configure(faults=[{"kind": "400", "rate": 1.0}])
+
+    async def go():
+        caller = LLMCaller(LLMConfig(model="test-model", base_url=openai_server.base_url), Secret(FAKE_KEY))
+        result = await caller.call(requests(1)[0])
+        await caller.aclose()
+        return caller, result
+    caller, result = asyncio.run(go())
+    assert not result.ok and result.error_type == "RequestRejected" and "HTTP 400" in result.error
+    assert result.attempts == 2                                  # json_schema, then JSON mode once
+    assert caller.response_format == "json_schema"
 
 
 def test_cache_answers_without_sending(openai_server, tmp_path):

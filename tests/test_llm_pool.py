@@ -3,9 +3,7 @@
 Rates are measured from the test server's arrival timestamps, against the configured bound (with a
 small tolerance for network jitter); nothing here asserts that anything is fast.
 """
-import json
 
-import pytest
 
 from operators.llm.client import LLMConfig, LLMRequest, Secret
 from operators.llm.ratelimit import RateLimits, start_rate_limiter
@@ -60,7 +58,7 @@ def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server):
     assert len(times) == 90
     burst = max(1.0, rpm / 60 * limits.burst_s)
     refill = (rpm - burst) / 60
-    tolerance = 2                               # arrival jitter between grant and send
+    tolerance = 4                               # arrival jitter between grant and send (~0.4 s here)
     for width in (1.0, 3.0, 5.0):
         worst = max(sum(1 for t in times[i:] if t < t0 + width) for i, t0 in enumerate(times))
         assert worst <= burst + refill * width + tolerance, (width, worst)

@@ -96,6 +96,7 @@ def test_stage_end_to_end(ray_session, scenes, tmp_path, method):
         rec = meta[row["slice_id"]]
         assert rec["status"] == "accepted", rec["reject_reason"]
         assert rec["reject_reason"] is None and rec["method"] == method
+        assert rec["seconds"] > 0 and rec["cpu_seconds"] > 0
         col, r = row["window"][:2]
         W_slice = translation(-col, -r) @ W_TRUE @ translation(col, r)
         H = np.asarray(rec["homography"]).reshape(3, 3)
@@ -136,6 +137,8 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
     store = Store(out)
     assert store.exists(matches_rel("good", 0, 0))
     assert not store.list("_work/features")  # dropped once the pair's matches are complete
+    audit = json.loads(store.read_bytes("_work/tile_runs/r1.json"))
+    assert len(audit["features"]) == len(audit["matches"]) == len(tiles)
     second = run_tile_stage(tiles, cfg, out, "r2")
     assert all(t["reused"] for t in second)
 

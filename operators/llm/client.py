@@ -22,8 +22,7 @@ import os
 import random
 import re
 import socket
-import time
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from operators.llm.cache import ResponseCache, cache_key
@@ -76,6 +75,7 @@ class LLMConfig:
     backoff_max_s: float = 60.0
     temperature: float | None = 0.7
     max_tokens: int = 1500
+    max_tokens_field: str = "max_tokens"  # OpenAI reasoning models want max_completion_tokens
     response_format: str = "json_schema"  # or json_object for endpoints known to lack schema support
     detail: str = "auto"                  # image detail level sent with every image
     price_per_mtok_in: float | None = None
@@ -209,18 +209,22 @@ class LLMCaller:
                  "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1}
         self.lease.add_usage(usage)
         if result.ok and self.cache is not None:
-            await self.cache.aput(key, {"value": result.value, "model": self.config.model,
-                                        "response_format": result.response_format, "item": request.item,
-                                        "prompt_tokens": result.prompt_tokens,
-                                        "completion_tokens": result.completion_tokens})
+            entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
+                     "item": request.item, "prompt_tokens": result.prompt_tokens,
+                     "completion_tokens": result.completion_tokens}
+            try:
+                await self.cache.aput(key, entry)
+            except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
+                log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
         return result
 
     async def _call_endpoint(self, request: LLMRequest, result: LLMResult) -> None:
         cfg = self.config
         conversation = list(request.messages)
         retries = reasks = 0
+        fmt = self.response_format
+        schema_rejected = ""   # the endpoint's 400 to json_schema, while we try JSON mode instead
         while True:
-            fmt = self.response_format
             if fmt == "json_schema":
                 messages = conversation
                 response_format = {"type": "json_schema", "json_schema": {
@@ -233,18 +237,23 @@ class LLMCaller:
             result.attempts += 1
             result.response_format = fmt
             try:
-                kwargs = {"temperature": cfg.temperature} if cfg.temperature is not None else {}
+                kwargs = {cfg.max_tokens_field: cfg.max_tokens}
+                if cfg.temperature is not None:
+                    kwargs["temperature"] = cfg.temperature
                 reply = await self.client.chat.completions.create(
                     model=cfg.model, messages=messages, response_format=response_format,
-                    max_tokens=cfg.max_tokens, extra_headers={ITEM_HEADER: request.item[:200]}, **kwargs)
+                    extra_headers={ITEM_HEADER: request.item[:200]}, **kwargs)
             except self._openai.APIStatusError as exc:
                 self.lease.release(-estimate)
                 status = exc.status_code
                 if status == 400 and fmt == "json_schema":
-                    # Endpoint without json_schema support: JSON mode from now on, for this actor.
-                    log.warning("endpoint rejected response_format json_schema (400); using JSON mode")
-                    self.response_format = "json_object"
+                    # Perhaps an endpoint without json_schema support: try JSON mode. Only if that is
+                    # accepted does this actor switch for good (a 400 can have other causes).
+                    schema_rejected = self._message(exc)
+                    fmt = "json_object"
                     continue
+                if status == 400 and schema_rejected:
+                    raise RequestRejected(f"HTTP 400: {schema_rejected}") from None
                 if status in (408, 409, 429) or status >= 500:
                     retries += 1
                     if retries > cfg.max_retries:
@@ -260,6 +269,13 @@ class LLMCaller:
                     raise TransportError(f"{kind} after {retries} attempts") from None
                 await self._backoff(retries, None)
                 continue
+            except BaseException:
+                self.lease.release(-estimate)  # cancelled or unexpected: the permit still goes back
+                raise
+            if schema_rejected and self.response_format == "json_schema":
+                log.warning("endpoint rejected response_format json_schema (%s); using JSON mode",
+                            schema_rejected[:200])
+                self.response_format = "json_object"
             usage = reply.usage
             p = int(getattr(usage, "prompt_tokens", 0) or 0)
             c = int(getattr(usage, "completion_tokens", 0) or 0)
@@ -268,6 +284,8 @@ class LLMCaller:
             self.lease.release((p + c - estimate) if usage else 0.0)
             content = reply.choices[0].message.content if reply.choices else None
             problem = self._problem(content, request)
+            if problem and reply.choices and reply.choices[0].finish_reason == "length":
+                problem += f" (cut off at {cfg.max_tokens} tokens: raise --max-tokens)"
             if problem is None:
                 result.ok, result.value = True, parse_json_reply(content)
                 return
@@ -308,6 +326,3 @@ class LLMCaller:
         await self.lease.flush()
         await self.client.close()
 
-
-def config_dict(config: LLMConfig) -> dict:
-    return asdict(config)
