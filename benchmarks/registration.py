@@ -1,7 +1,7 @@
 """Registration benchmark: the per-slice recipe vs the regional method on one large scene pair.
 
     python -m benchmarks.registration            # paper geometry: 6144 px scene, 3000/1024/1024
-    python -m benchmarks.registration --quick    # 2048 px scene, 1024/512/512, under two minutes
+    python -m benchmarks.registration --quick    # 2560 px scene, 1536/512/512 (paper ratios at half scale), under two minutes
 
 Builds a real-imagery scene pair with a known, spatially varying warp and radiometric change
 (``benchmarks/_scenes.py``), cuts slices, and registers the same slices with both methods through
@@ -151,7 +151,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="2048 px scene, 1024/512/512 geometry")
+    p.add_argument("--quick", action="store_true", help="2560 px scene, 1536/512/512 (paper ratios at half scale) geometry")
     p.add_argument("--size", type=int, default=6144, help="scene side in px (>= 6000 for issue 3)")
     p.add_argument("--slice-size", type=int, default=3000)
     p.add_argument("--stride", type=int, default=1024)
@@ -164,7 +164,7 @@ def main(argv=None) -> None:
                    help="override a RegistrationConfig field for both methods (repeatable)")
     args = p.parse_args(argv)
     if args.quick:
-        args.size, args.slice_size, args.stride, args.crop_size = 2048, 1024, 512, 512
+        args.size, args.slice_size, args.stride, args.crop_size = 2560, 1536, 512, 512
 
     overrides = {}
     for item in args.set:
