@@ -101,7 +101,7 @@ def run_plain_loop(rows: list[dict], cfg: RegistrationConfig, out_root: str):
     features = [features_tile_row(tile, cfg, out_root) for tile in tiles]
     results = [match_tile_row(tile, cfg, out_root) for tile in tiles]
     if not cfg.keep_features:
-        drop_features(tiles, results, out_root)
+        drop_features(tiles, results, out_root, cfg)
     tables = split_envelopes(register_slice_regional(r, cfg, out_root) for r in rows)
     return (time.perf_counter() - t0, tables.get("metadata", []), tables.get("errors", []),
             tile_cpu_seconds(features) + tile_cpu_seconds(results))

@@ -7,7 +7,8 @@ reason) or ``errors`` (stage "registration", e.g. an unreadable window).
 
 Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (pre crop) and
 ``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
-are kept under ``_work/matches/<pair_id>/<tile_row>_<tile_col>.npz`` so a resumed run reuses them;
+are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
+the feature and matching settings) so a resumed run with the same settings reuses them;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
 complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
 """
@@ -226,12 +227,12 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
 
 # ---- regional method --------------------------------------------------------------------------
 
-def matches_rel(pair_id: str, tile_col: int, tile_row: int) -> str:
-    return f"{MATCHES_DIR}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+def matches_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{MATCHES_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
 
 
-def features_rel(pair_id: str, tile_col: int, tile_row: int) -> str:
-    return f"{FEATURES_DIR}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+def features_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{FEATURES_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
 
 
 def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict]:
@@ -267,7 +268,11 @@ def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id:
     out = _tile_result(row)
     pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
     try:
-        if store.exists(matches_rel(pair, tc, tr)) or store.exists(features_rel(pair, tc, tr)):
+        # Needed unless stored already, or every tile that matches against it has its matches
+        # (neighbourhoods are symmetric, so those are exactly its planned neighbours).
+        rel = features_rel(cfg, pair, tc, tr)
+        if store.exists(rel) or all(store.exists(matches_rel(cfg, pair, c, r))
+                                    for c, r in row["neighbours"]):
             out.update(reused=True)
             return out
         window = tile_read_window(tc, tr, cfg)
@@ -276,7 +281,7 @@ def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id:
         feats = tile_features(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
                               grey_from_bands(post, row["stretch_post"], post_valid), post_valid,
                               window, tile_core(tc, tr, cfg.tile_size), cfg)
-        store.write_bytes(features_rel(pair, tc, tr), feats.to_bytes())
+        store.write_bytes(rel, feats.to_bytes())
         out.update(n=len(feats.pre_xy) + len(feats.post_xy))
     except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
         out.update(error=f"{type(exc).__name__}: {exc}"[:500])
@@ -292,14 +297,15 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
     out = _tile_result(row)
     pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
     try:
-        rel = matches_rel(pair, tc, tr)
+        rel = matches_rel(cfg, pair, tc, tr)
         if store.exists(rel):
             out.update(reused=True)
             return out
         feats = {}
         for c, r in row["neighbours"]:
             try:
-                feats[(c, r)] = TileFeatures.from_bytes(store.read_bytes(features_rel(pair, c, r)))
+                data = store.read_bytes(features_rel(cfg, pair, c, r))
+                feats[(c, r)] = TileFeatures.from_bytes(data)
             except (FileNotFoundError, OSError) as exc:
                 raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
         matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
@@ -311,19 +317,20 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
     return out
 
 
-def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: str) -> None:
+def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: str,
+                  cfg: RegistrationConfig) -> None:
     """Delete the features of pairs whose every tile has its matches stored."""
     failed = {r["pair_id"] for r in results if r["error"]}
     store = Store(out_root)
     for row in tile_rows:
         if row["pair_id"] not in failed:
-            store.delete(features_rel(row["pair_id"], row["tile_col"], row["tile_row"]))
+            store.delete(features_rel(cfg, row["pair_id"], row["tile_col"], row["tile_row"]))
 
 
 def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
     parts = []
     for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
-        rel = matches_rel(row["pair_id"], tc, tr)
+        rel = matches_rel(cfg, row["pair_id"], tc, tr)
         try:
             parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
         except (FileNotFoundError, OSError) as exc:
@@ -400,16 +407,22 @@ def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str
         return []
     kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
 
-    def tile_pass(fn):
-        ds = ray.data.from_items(tile_rows, override_num_blocks=len(tile_rows))
+    def tile_pass(fn, per_task: int):
+        blocks = max(1, -(-len(tile_rows) // per_task))
+        ds = ray.data.from_items(tile_rows, override_num_blocks=blocks)
         return ds.map(fn, fn_kwargs=kwargs, num_cpus=1).take_all()
 
-    features = tile_pass(_features_map)  # barrier: matching reads the neighbours' features
-    results = tile_pass(_matches_map)
+    # Features (seconds per tile) get a task each; matching is ~10x cheaper, so tiles are batched.
+    clock = Clock()
+    features = tile_pass(_features_map, 1)  # barrier: matching reads the neighbours' features
+    features_wall = clock.wall()
+    results = tile_pass(_matches_map, cfg.match_tiles_per_task)
+    matches_wall = clock.wall() - features_wall
     if not cfg.keep_features:
-        drop_features(tile_rows, results, out_root)
+        drop_features(tile_rows, results, out_root, cfg)
     # An audit trail of the tile passes (failures otherwise show only as slice errors).
-    summary = {"run_id": run_id, "features": features, "matches": results}
+    summary = {"run_id": run_id, "features_wall_s": features_wall, "matches_wall_s": matches_wall,
+               "features": features, "matches": results}
     Store(out_root).write_bytes(f"{TILE_RUNS_DIR}/{run_id}.json", json.dumps(summary).encode())
     return results
 
@@ -418,16 +431,22 @@ def registration_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: s
     """Slice rows -> one ``metadata`` or ``errors`` envelope per slice (columns _table, _record).
 
     per-slice: a lazy map, one task per slice. regional: the slice rows (small metadata) are
-    materialised and read on the driver to plan the feature tiles; the two tile passes (features,
-    then matches) run eagerly here, because every slice needs all of its tiles' matches (a
-    barrier); the returned dataset is a lazy map that fits each slice from the stored matches.
+    collected on the driver to plan the feature tiles; the two tile passes (features, then
+    matches) run eagerly here, because every slice needs all of its tiles' matches (a barrier);
+    the returned dataset is a lazy map that fits each slice from the stored matches.
     """
+    import ray.data
     kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
-    if cfg.method == "regional":
-        # Materialised once: planning reads its blocks directly and the slice map reuses them.
-        slices = slices.materialize()
-        rows = [_plain(r) for r in slices.iter_rows()]
-        run_tile_stage(plan_tiles(rows, cfg), cfg, out_root, run_id)
-    # One slice per block so both cores (and every node) get slices to chew on.
-    return slices.repartition(target_num_rows_per_block=1).map(
+    if cfg.method == "per-slice":
+        # One slice per task (tens of core-seconds each) so both cores and every node get work.
+        return slices.repartition(target_num_rows_per_block=1).map(
+            _register_map, fn_kwargs=kwargs, num_cpus=1)
+    # Slice rows are small metadata: collect them once to plan the tiles, then feed them back
+    # in blocks of a few slices (a regional fit is cheap; Ray's per-task overhead is not).
+    rows = [_plain(r) for r in slices.iter_rows()]
+    run_tile_stage(plan_tiles(rows, cfg), cfg, out_root, run_id)
+    if not rows:
+        return slices.map(_register_map, fn_kwargs=kwargs, num_cpus=1)
+    blocks = max(1, -(-len(rows) // cfg.slices_per_task))
+    return ray.data.from_items(rows, override_num_blocks=blocks).map(
         _register_map, fn_kwargs=kwargs, num_cpus=1)

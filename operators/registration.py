@@ -21,6 +21,8 @@ Conventions used throughout:
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field, fields
 from typing import Optional, Sequence
 
@@ -87,6 +89,10 @@ class RegistrationConfig:
                                       "must cover the geocoding error between dates (<= tile_size)")
     keep_features: bool = _opt(False, "keep per-tile SIFT features under _work/features after "
                                       "their pair's matches are complete")
+    match_tiles_per_task: int = _opt(4, "tiles per task in the (cheap) matching pass: amortises "
+                                        "Ray's per-task overhead")
+    slices_per_task: int = _opt(4, "slices per task for the regional method's (cheap) slice fits; "
+                                   "the per-slice recipe always uses 1")
     crop_read_margin_px: int = _opt(8, "extra post pixels read around the warped crop footprint")
 
     def __post_init__(self):
@@ -96,8 +102,22 @@ class RegistrationConfig:
             raise ValueError(f"resampling must be one of {tuple(_INTERP)}")
         if self.crop_size <= 0 or self.tile_size <= 0:
             raise ValueError("crop_size and tile_size must be positive")
+        if self.match_tiles_per_task < 1 or self.slices_per_task < 1:
+            raise ValueError("match_tiles_per_task and slices_per_task must be >= 1")
         if not 0 <= self.search_margin_px <= self.tile_size:
             raise ValueError("search_margin_px must be within [0, tile_size]")
+
+    def features_key(self) -> str:
+        """Short hash of every setting that changes tile features or matches.
+
+        Stored matches live under this key, so a resumed run with other settings recomputes
+        them instead of silently reusing stale ones.
+        """
+        names = [f.name for f in fields(self)
+                 if f.name.startswith(("sift_", "flann_", "tile_", "search_"))] + \
+                ["mask_erode_px", "ratio"]
+        text = json.dumps({n: getattr(self, n) for n in sorted(names)}, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:10]
 
     @classmethod
     def field_help(cls) -> dict[str, str]:

@@ -135,12 +135,17 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
     first = run_tile_stage(tiles, cfg, out, "r1")
     assert all(not t["reused"] and t["n"] > 0 and t["error"] is None for t in first)
     store = Store(out)
-    assert store.exists(matches_rel("good", 0, 0))
+    assert store.exists(matches_rel(cfg, "good", 0, 0))
     assert not store.list("_work/features")  # dropped once the pair's matches are complete
     audit = json.loads(store.read_bytes("_work/tile_runs/r1.json"))
     assert len(audit["features"]) == len(audit["matches"]) == len(tiles)
     second = run_tile_stage(tiles, cfg, out, "r2")
     assert all(t["reused"] for t in second)
+    # Other feature settings must not reuse these matches.
+    other = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                               search_margin_px=32, ratio=0.7)
+    assert other.features_key() != cfg.features_key()
+    assert not any(t["reused"] for t in run_tile_stage(tiles, other, out, "r3"))
 
 
 def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
@@ -151,5 +156,5 @@ def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
     assert rec["status"] == "accepted", rec["reject_reason"]
     store = Store(out)
     assert store.exists(rec["image_a"]) and store.exists(rec["image_b"])
-    assert store.list("_work/matches/good", suffixes=(".npz",))
+    assert any("/good/" in rel for rel in store.list("_work/matches", suffixes=(".npz",)))
     assert json.dumps(rec)  # plain JSON-able record
