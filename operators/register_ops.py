@@ -387,53 +387,151 @@ def _register_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict
     return register_slice_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
 
 
-def _features_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
-    return features_tile_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+# The regional method runs as one Ray core task graph rather than three Ray Data passes with a
+# barrier (and a Ray Data start-up) between each: a matching task depends on the feature tasks of
+# its neighbourhood and a slice task on the matching tasks of its tiles, so Ray starts each piece
+# of work as soon as what it needs exists and no core waits for a whole pass to finish. What
+# travels between tasks are the small per-tile result dicts (dependencies, and the audit trail);
+# features and matches go through the store as before (resume; memory stays bounded because no
+# features, matches or pixels pile up in the object store or on the driver).
+
+def _features_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [features_tile_row(r, cfg, out_root, run_id) for r in rows]
 
 
-def _matches_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
-    return match_tile_row(_plain(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                  *needs: list[dict]) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [match_tile_row(r, cfg, out_root, run_id) for r in rows]
+
+
+def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                 *needs: list[dict]) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [register_slice_row(r, cfg, out_root, run_id) for r in rows]
+
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _remote(fn):
+    """``fn`` as a Ray task taking one CPU (wrapped once per process)."""
+    import ray
+    if fn.__name__ not in _REMOTE:
+        _REMOTE[fn.__name__] = ray.remote(num_cpus=1)(fn)
+    return _REMOTE[fn.__name__]
+
+
+def _chunks(items: Sequence, size: int) -> list:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _tile_key(row: dict) -> tuple:
+    return row["pair_id"], int(row["tile_col"]), int(row["tile_row"])
+
+
+def _get_results(ref, rows: Sequence[dict], failed) -> list:
+    """ray.get of a task's per-row list; a task that died (worker lost, ...) gives ``failed(row,
+    exc)`` for each of its rows, so every tile and slice still reports."""
+    import ray
+    try:
+        return ray.get(ref)
+    except Exception as exc:  # noqa: BLE001
+        return [failed(r, exc) for r in rows]
+
+
+def _failed_tile(row: dict, exc: BaseException) -> dict:
+    out = _tile_result(row)
+    out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    return out
+
+
+class _TileGraph:
+    """Feature and matching tasks of a tile plan, submitted without waiting for either."""
+
+    def __init__(self, tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                 run_id: str, cfg_ref):
+        self.tile_rows, self.cfg, self.out_root, self.run_id = tile_rows, cfg, out_root, run_id
+        self.clock = Clock()
+        args = (cfg_ref, out_root, run_id)
+        # Features (seconds per tile) get a task each.
+        self.feature_tasks = [(rows, _remote(_features_task).remote(rows, *args))
+                              for rows in _chunks(tile_rows, 1)]
+        feature_ref = {_tile_key(rows[0]): ref for rows, ref in self.feature_tasks}
+        # Matching is ~10x cheaper: tiles are batched; a batch waits for the features of its
+        # tiles' neighbourhoods only.
+        self.match_tasks, self.match_ref = [], {}
+        for rows in _chunks(tile_rows, self.cfg.match_tiles_per_task):
+            needs = {feature_ref[(r["pair_id"], int(c), int(t))]: None
+                     for r in rows for c, t in r["neighbours"]}
+            ref = _remote(_matches_task).remote(rows, *args, *needs)
+            self.match_tasks.append((rows, ref))
+            self.match_ref.update({_tile_key(r): ref for r in rows})
+
+    def finish(self) -> list[dict]:
+        """Wait for the tile tasks; drop spent features, write the audit trail; the matching
+        results per tile (``n`` = matches, ``reused``, ``error``)."""
+        features = [res for rows, ref in self.feature_tasks
+                    for res in _get_results(ref, rows, _failed_tile)]
+        features_wall = self.clock.wall()
+        results = [res for rows, ref in self.match_tasks
+                   for res in _get_results(ref, rows, _failed_tile)]
+        matches_wall = round(self.clock.wall() - features_wall, 4)
+        if not self.cfg.keep_features:
+            drop_features(self.tile_rows, results, self.out_root, self.cfg)
+        # An audit trail of the tile work (failures otherwise show only as slice errors). The
+        # passes overlap now: features_wall_s is until the last feature task, matches_wall_s the
+        # rest until the last matching task.
+        summary = {"run_id": self.run_id, "features_wall_s": features_wall,
+                   "matches_wall_s": matches_wall, "features": features, "matches": results}
+        Store(self.out_root).write_bytes(f"{TILE_RUNS_DIR}/{self.run_id}.json",
+                                         json.dumps(summary).encode())
+        return results
 
 
 def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
                    run_id: str) -> list[dict]:
-    """Both tile passes, one Ray task per tile each (rows are tiny; pixels never travel).
+    """Both tile passes as Ray tasks (rows are tiny; pixels never travel).
 
     Returns the matching pass's per-tile results (``n`` = matches, ``reused``, ``error``); a
     feature failure shows up there as missing features of the tiles that needed them.
     """
-    import ray.data
+    import ray
     if not tile_rows:
         return []
-    kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
+    return _TileGraph(tile_rows, cfg, out_root, run_id, ray.put(asdict(cfg))).finish()
 
-    def tile_pass(fn, per_task: int):
-        blocks = max(1, -(-len(tile_rows) // per_task))
-        ds = ray.data.from_items(tile_rows, override_num_blocks=blocks)
-        return ds.map(fn, fn_kwargs=kwargs, num_cpus=1).take_all()
 
-    # Features (seconds per tile) get a task each; matching is ~10x cheaper, so tiles are batched.
-    clock = Clock()
-    features = tile_pass(_features_map, 1)  # barrier: matching reads the neighbours' features
-    features_wall = clock.wall()
-    results = tile_pass(_matches_map, cfg.match_tiles_per_task)
-    matches_wall = clock.wall() - features_wall
-    if not cfg.keep_features:
-        drop_features(tile_rows, results, out_root, cfg)
-    # An audit trail of the tile passes (failures otherwise show only as slice errors).
-    summary = {"run_id": run_id, "features_wall_s": features_wall, "matches_wall_s": matches_wall,
-               "features": features, "matches": results}
-    Store(out_root).write_bytes(f"{TILE_RUNS_DIR}/{run_id}.json", json.dumps(summary).encode())
-    return results
+def run_regional(rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                 run_id: str) -> list[dict]:
+    """The whole regional method on slice rows as one task graph; one envelope per slice."""
+    import ray
+    cfg_ref = ray.put(asdict(cfg))
+    tiles = plan_tiles(rows, cfg)
+    graph = _TileGraph(tiles, cfg, out_root, run_id, cfg_ref)
+    # A slice task waits for the matching tasks of its slices' tiles only.
+    slice_tasks = []
+    for chunk in _chunks(rows, cfg.slices_per_task):
+        needs = {graph.match_ref[(r["pair_id"], tc, tr)]: None for r in chunk
+                 for tc, tr in tiles_for_window(r["window"], cfg.tile_size)}
+        slice_tasks.append((chunk, _remote(_slices_task).remote(chunk, cfg_ref, out_root, run_id,
+                                                                 *needs)))
+    graph.finish()
+
+    def failed(row, exc):
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+
+    return [env for chunk, ref in slice_tasks for env in _get_results(ref, chunk, failed)]
 
 
 def registration_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: str):
     """Slice rows -> one ``metadata`` or ``errors`` envelope per slice (columns _table, _record).
 
     per-slice: a lazy map, one task per slice. regional: the slice rows (small metadata) are
-    collected on the driver to plan the feature tiles; the two tile passes (features, then
-    matches) run eagerly here, because every slice needs all of its tiles' matches (a barrier);
-    the returned dataset is a lazy map that fits each slice from the stored matches.
+    collected on the driver to plan the feature tiles; the feature, matching and slice tasks then
+    run here as one Ray task graph (no barrier between passes: each task starts when the tasks it
+    needs are done); the returned dataset holds the envelopes (small records).
     """
     import ray.data
     kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
@@ -441,12 +539,7 @@ def registration_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: s
         # One slice per task (tens of core-seconds each) so both cores and every node get work.
         return slices.repartition(target_num_rows_per_block=1).map(
             _register_map, fn_kwargs=kwargs, num_cpus=1)
-    # Slice rows are small metadata: collect them once to plan the tiles, then feed them back
-    # in blocks of a few slices (a regional fit is cheap; Ray's per-task overhead is not).
     rows = [_plain(r) for r in slices.iter_rows()]
-    run_tile_stage(plan_tiles(rows, cfg), cfg, out_root, run_id)
     if not rows:
         return slices.map(_register_map, fn_kwargs=kwargs, num_cpus=1)
-    blocks = max(1, -(-len(rows) // cfg.slices_per_task))
-    return ray.data.from_items(rows, override_num_blocks=blocks).map(
-        _register_map, fn_kwargs=kwargs, num_cpus=1)
+    return ray.data.from_items(run_regional(rows, cfg, out_root, run_id))
