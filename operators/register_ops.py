@@ -11,6 +11,8 @@ are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.np
 the feature and matching settings) so a resumed run with the same settings reuses them;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
 complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
+The regional method runs as one Ray task graph (features -> matches -> slices, each task waiting
+only for the tasks it needs), not as three Ray Data passes with barriers in between.
 """
 from __future__ import annotations
 
