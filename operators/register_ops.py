@@ -505,6 +505,21 @@ def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str
     return _TileGraph(tile_rows, cfg, out_root, run_id, ray.put(asdict(cfg))).finish()
 
 
+def _wait_with_progress(sizes: dict, every_s: float = 10.0) -> None:
+    """Block until every slice task is done, printing progress: the task graph runs outside Ray
+    Data, so its progress bars do not see this work."""
+    import ray
+    pending, total, done = list(sizes), sum(sizes.values()), 0
+    t0 = last = time.time()
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=every_s)
+        done += sum(sizes[r] for r in ready)
+        now = time.time()
+        if now - last >= every_s or not pending:
+            print(f"[registration] {done}/{total} slices registered ({now - t0:.0f} s)", flush=True)
+            last = now
+
+
 def run_regional(rows: list[dict], cfg: RegistrationConfig, out_root: str,
                  run_id: str) -> list[dict]:
     """The whole regional method on slice rows as one task graph; one envelope per slice."""
@@ -519,6 +534,7 @@ def run_regional(rows: list[dict], cfg: RegistrationConfig, out_root: str,
                  for tc, tr in tiles_for_window(r["window"], cfg.tile_size)}
         slice_tasks.append((chunk, _remote(_slices_task).remote(chunk, cfg_ref, out_root, run_id,
                                                                  *needs)))
+    _wait_with_progress({ref: len(chunk) for chunk, ref in slice_tasks})
     graph.finish()
 
     def failed(row, exc):

@@ -75,7 +75,7 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
     assert {m["pair_id"] for m in meta} == {p["pair_id"] for p in accepted}
     assert len({m["slice_id"] for m in meta}) == len(meta)
     ok = [m for m in meta if m["status"] == "accepted"]
-    assert len(ok) >= 5, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
+    assert len(ok) >= 3, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
     contract = {"slice_id", "pair_id", "pre_scene", "post_scene", "pre_date", "post_date", "crs",
                 "bounds", "homography", "n_matches", "n_inliers", "residual_px", "split", "status",
                 "reject_reason"}
