@@ -140,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
         prog="python -m jobs.caption", description=__doc__.split("\n\n")[0],
         epilog="Environment: OPENAI_BASE_URL (endpoint), OPENAI_API_KEY (key; never logged or stored), "
                "RAY_ADDRESS (connect to a running Ray cluster instead of starting one).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     defaults = CaptionJobConfig()
     for f in fields(CaptionJobConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -165,6 +165,15 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
             kwargs["choices"] = ("json_schema", "json_object")
         ap.add_argument(flag, **kwargs)
     return CaptionJobConfig(**vars(ap.parse_args(argv)))
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where the help already states one or the option is required."""
+
+    def _get_help_string(self, action):
+        if action.required or "default:" in (action.help or "") or action.default in ("", None):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def require_endpoint(cfg: CaptionJobConfig) -> str:

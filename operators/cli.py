@@ -40,7 +40,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | Non
         if f.metadata.get("required"):
             group.add_argument(flag, dest=f.name, required=True, help=help_text)
             continue
-        shown_default = "" if "default:" in help_text else f" (default: {default})"
+        shown_default = "" if "default:" in help_text or default in ("", None) else f" (default: {default})"
         choices = f.metadata.get("choices")
         if tp is bool:
             group.add_argument(flag, dest=f.name, default=default,
