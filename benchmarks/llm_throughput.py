@@ -27,18 +27,13 @@ if not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
-import json
-import socket
-import subprocess
 import time
-import urllib.request
 
 from operators.llm.client import LLMConfig, LLMRequest, Secret
 from operators.llm.ratelimit import RateLimits, start_rate_limiter
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.tables import envelope
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.openai_test_server import ServerProcess  # the test equipment, started in its own process
 SCHEMA = {"type": "object", "required": ["answer"], "additionalProperties": False,
           "properties": {"answer": {"type": "string", "minLength": 1}}}
 MODEL = "bench-model"
@@ -58,41 +53,6 @@ def handle_result(record: dict, result) -> list[dict]:
 
 
 # -- test server -----------------------------------------------------------------------------------------
-class Server:
-    def __init__(self, latency_ms: float):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.openai_test_server", "--port", str(self.port),
-                                      "--latency-ms", str(latency_ms)], cwd=REPO,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def _call(self, path: str, payload: dict | None = None) -> dict:
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
-
-    def reset(self) -> None:
-        self._call("/control/reset", {})
-
-    def timestamps(self) -> list[float]:
-        return sorted(self._call("/control/stats")["timestamps"])
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
 def rate_of(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
@@ -165,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    server = Server(args.latency_ms)
+    server = ServerProcess(args.latency_ms)
     try:
         pool = PoolConfig(actors=args.actors, concurrent_batches=8, batch_size=32, num_cpus=0.5)
         run_ours(server, 200, RateLimits(max_in_flight=512), pool, "bench-warmup")   # imports, connections

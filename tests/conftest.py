@@ -90,44 +90,15 @@ def ray_session(s3_endpoint):
 # ---------------------------------------------------------------------------------------------------
 # Captions job / LLM layer (issue 4): the OpenAI-compatible test server (test equipment, not a model).
 # ---------------------------------------------------------------------------------------------------
-class OpenAITestServer:
-    """Handle on the running tests/openai_test_server.py: its base URL and its control endpoints."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-
-    def _call(self, path: str, payload: dict | None = None) -> dict:
-        import json
-        import urllib.request
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def stats(self) -> dict:
-        return self._call("/control/stats")
-
-    def reset(self) -> None:
-        self._call("/control/reset", {})
-
-    def configure(self, **config) -> dict:
-        return self._call("/control/faults", config)
-
-
 @pytest.fixture(scope="session")
 def openai_test_server_process():
     """The test server in its own process on 127.0.0.1 (so its CPU is not the test process's)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.openai_test_server", "--port", str(port)],
-                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from tests.openai_test_server import ServerProcess
+    server = ServerProcess()
     try:
-        wait_for_port(port)
-        yield OpenAITestServer(port)
+        yield server
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.close()
 
 
 @pytest.fixture()

@@ -260,6 +260,60 @@ def make_app(latency_ms: float = 0.0, config: dict | None = None) -> web.Applica
     return app
 
 
+# -- running it from tests and benchmarks -------------------------------------------------------
+class ServerProcess:
+    """The test server in its own process on 127.0.0.1 (so its CPU is not the caller's), with
+    its control endpoints: counters, arrival times, fault configuration."""
+
+    def __init__(self, latency_ms: float = 0.0, timeout_s: float = 20.0):
+        import os
+        import socket
+        import subprocess
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.openai_test_server", "--port", str(self.port),
+             "--latency-ms", str(latency_ms)], cwd=repo,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    self.close()
+                    raise RuntimeError(f"test server did not start on port {self.port}")
+                time.sleep(0.1)
+
+    def _call(self, path: str, payload: dict | None = None) -> dict:
+        import urllib.request
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> dict:
+        return self._call("/control/stats")
+
+    def timestamps(self) -> list[float]:
+        return sorted(self.stats()["timestamps"])
+
+    def reset(self) -> None:
+        self._call("/control/reset", {})
+
+    def configure(self, **config) -> dict:
+        return self._call("/control/faults", config)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="OpenAI-compatible test server (test equipment, not a model)")
     ap.add_argument("--host", default="127.0.0.1")
