@@ -32,7 +32,7 @@ import time
 from operators.llm.client import LLMConfig, LLMRequest, Secret
 from operators.llm.ratelimit import RateLimits, start_rate_limiter
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
-from operators.tables import envelope
+from operators.io.tables import envelope
 from tests.openai_test_server import ServerProcess  # the test equipment, started in its own process
 SCHEMA = {"type": "object", "required": ["answer"], "additionalProperties": False,
           "properties": {"answer": {"type": "string", "minLength": 1}}}

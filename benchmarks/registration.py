@@ -26,13 +26,14 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from benchmarks._scenes import KnownWarp, write_pair
-from operators.radiometry import scene_stretch
-from operators.register_ops import (TILE_RUNS_DIR, drop_features, features_tile_row, match_tile_row, plan_tiles,
-                                    register_slice_regional, registration_stage)
-from operators.registration import (RegistrationConfig, apply_homography, crop_corners,
+from operators.pairs.radiometry import scene_stretch
+from operators.pairs.regional_ops import (TILE_RUNS_DIR, drop_features, features_tile_row,
+                                          match_tile_row, plan_tiles, register_slice_regional)
+from operators.pairs.register_stage import registration_stage
+from operators.pairs.registration import (RegistrationConfig, apply_homography, crop_corners,
                                     crop_offset)
-from operators.storage import Store
-from operators.tables import split_envelopes
+from operators.io.storage import Store
+from operators.io.tables import split_envelopes
 
 
 def slice_rows(pre: str, post: str, size: int, slice_size: int, stride: int) -> list[dict]:
@@ -129,7 +130,7 @@ def start_ray(cpus: int):
 
 
 def _warm(row):
-    import operators.register_ops  # noqa: F401
+    import operators.pairs.register_stage  # noqa: F401
     time.sleep(0.2)
     return row
 

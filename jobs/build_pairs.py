@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
-from operators.cli import add_config_args, config_from_args, init_ray  # noqa: E402
-from operators.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
-from operators.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
-from operators.register_ops import METADATA_SCHEMA, registration_stage  # noqa: E402
-from operators.registration import RegistrationConfig  # noqa: E402
-from operators.slicing import slice_windows  # noqa: E402
-from operators.splits import SPLITS, assign_splits, list_files, parse_fractions  # noqa: E402
-from operators.storage import Store  # noqa: E402
-from operators.tables import (ERRORS_SCHEMA, TableSink, error_record, new_run_id,  # noqa: E402
+from operators.pairs.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
+from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
+from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
+from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
+from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
+from operators.pairs.registration import RegistrationConfig  # noqa: E402
+from operators.pairs.slicing import slice_windows  # noqa: E402
+from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions  # noqa: E402
+from operators.io.storage import Store  # noqa: E402
+from operators.io.tables import (ERRORS_SCHEMA, TableSink, error_record, new_run_id,  # noqa: E402
                               prune_shards, read_table, split_envelopes, write_table_shard)
 
 log = logging.getLogger("changeforge.build_pairs")
@@ -157,17 +157,17 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
 
 
 def _catalogue_fn(row, **kw):
-    from operators.pairs_ops import catalogue_scene
+    from operators.pairs.pairs_ops import catalogue_scene
     return catalogue_scene(row, **kw)
 
 
 def _cut_fn(row, **kw):
-    from operators.pairs_ops import cut_pair
+    from operators.pairs.pairs_ops import cut_pair
     return cut_pair(row, **kw)
 
 
 def _labels_fn(row, **kw):
-    from operators.pairs_ops import merge_slice_labels
+    from operators.pairs.pairs_ops import merge_slice_labels
     return merge_slice_labels(row, **kw)
 
 

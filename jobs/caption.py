@@ -42,17 +42,17 @@ import threading
 from dataclasses import dataclass, fields
 from functools import partial
 
-from operators.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
+from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
                                    build_judge_request, discover_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
-from operators.captions import OVERALL_MODES, PROMPTS_DIR, levir_cc_document, load_template
+from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, levir_cc_document, load_template
 from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
-from operators.cli import init_ray
-from operators.storage import Store
-from operators.tables import finished_keys, new_run_id, prune_shards, read_table
+from operators.io.cli import init_ray
+from operators.io.storage import Store
+from operators.io.tables import finished_keys, new_run_id, prune_shards, read_table
 
 log = logging.getLogger("changeforge.caption")
 
@@ -236,7 +236,7 @@ def run(cfg: CaptionJobConfig) -> dict:
     import ray
     import ray.data
     from operators.llm.ratelimit import start_rate_limiter
-    from operators.tables import TableSink
+    from operators.io.tables import TableSink
 
     out = Store(cfg.output)
     run_id = new_run_id()

@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-from operators.storage import Store
+from operators.io.storage import Store
 
 CACHE_PREFIX = "_cache/llm"
 

@@ -21,7 +21,7 @@ from typing import Callable
 from operators.llm.cache import ResponseCache
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
 from operators.llm.ratelimit import LeaseClient
-from operators.tables import envelope, error_envelope
+from operators.io.tables import envelope, error_envelope
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,236 @@
+"""Ray-facing pieces of the captions job: finding pairs, preparing them (read, check, analyse the
+mask, encode images), and the two LLM stages (generate, judge) as request builders and handlers for
+the generic :mod:`operators.llm.stage`.
+
+Row flow (all rows are envelopes, see :mod:`operators.io.tables`):
+``prepare_pair`` -> ``_generate`` rows (or ``errors``) -> generation stage -> ``_judge`` rows (+ ``usage``)
+-> judge stage -> ``captions`` x5 and ``pairs`` rows (+ ``usage``) -> TableSink.
+"""
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import pyarrow as pa
+
+from operators.language.captions import (CRITERIA, PERSPECTIVES, PromptTemplate, generation_schema, judge_schema,
+                                overall_score, select_captions)
+from operators.llm.client import LLMRequest, LLMResult
+from operators.llm.images import content_hash, data_url, estimate_image_tokens, fit_max_side, image_part
+from operators.llm.usage import USAGE_SCHEMA
+from operators.language.mask_analysis import MaskAnalysisConfig, analyze_mask, binarize_mask
+from operators.io.storage import Store, read_uri
+from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope
+
+JOB = "caption"
+SPLITS = ("train", "val", "test")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+
+CAPTIONS_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("split", pa.string()), ("filename", pa.string()),
+    ("candidate_index", pa.int32()), ("perspective", pa.string()), ("caption", pa.string()),
+    *[(c, pa.int32()) for c in CRITERIA],
+    ("judge_overall", pa.int32()), ("judge_reason", pa.string()),
+    ("overall", pa.float64()), ("overall_mode", pa.string()),
+    ("selected", pa.bool_()), ("selection_reason", pa.string()),
+    ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
+    ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+])
+
+PAIRS_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("split", pa.string()), ("filename", pa.string()),
+    ("height", pa.int32()), ("width", pa.int32()),
+    ("car", pa.float64()), ("changed_pixels", pa.int64()), ("components", pa.int32()),
+    ("change_region", pa.string()), ("cell_shares", pa.list_(pa.float64())),
+    ("n_candidates", pa.int32()), ("n_selected", pa.int32()),
+    ("selected_captions", pa.list_(pa.string())), ("selected_perspectives", pa.list_(pa.string())),
+    ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
+    ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+])
+
+TABLE_SCHEMAS = {"captions": CAPTIONS_SCHEMA, "pairs": PAIRS_SCHEMA, "usage": USAGE_SCHEMA,
+                 "errors": ERRORS_SCHEMA}
+
+
+# -- finding pairs ----------------------------------------------------------------------------------
+def _stem(name: str) -> str:
+    return posixpath.splitext(posixpath.basename(name))[0]
+
+
+def _split_of(name: str, default: str) -> str:
+    prefix = posixpath.basename(name).split("_", 1)[0].lower()
+    return prefix if prefix in SPLITS else default
+
+
+def discover_pairs(input_uri: str, list_file: str | None = None, default_split: str = "train") -> list[dict]:
+    """Pairs in a LEVIR-CD layout: ``A/ B/ label/`` at the root or under ``train/ val/ test/``.
+
+    A name present in any of the three folders (or in the list file) is a pair; what is missing is
+    reported when the pair is prepared, so it ends as an error row rather than vanishing. The split is
+    the split folder, else a ``train_``/``val_``/``test_`` file-name prefix, else ``default_split``.
+    """
+    store = Store(input_uri)
+    roots = [("", None)] if store.list("A", suffixes=IMAGE_SUFFIXES) or not any(
+        store.list(f"{s}/A", suffixes=IMAGE_SUFFIXES) for s in SPLITS) else \
+        [(s, s) for s in SPLITS if store.list(f"{s}/A", suffixes=IMAGE_SUFFIXES)]
+    wanted = None
+    if list_file:
+        # Relative to the dataset (e.g. list/demo.txt), or any local path or s3:// URI.
+        inside = "://" not in list_file and not list_file.startswith("/") and store.exists(list_file)
+        text = (store.read_bytes(list_file) if inside else read_uri(list_file)).decode()
+        wanted = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    pairs = []
+    for base, split in roots:
+        prefix = f"{base}/" if base else ""
+        files: dict[str, dict[str, str]] = {}
+        for folder in ("A", "B", "label"):
+            for rel in store.list(f"{prefix}{folder}", suffixes=IMAGE_SUFFIXES):
+                files.setdefault(_stem(rel), {})[folder] = posixpath.basename(rel)
+        names = sorted(files) if wanted is None else sorted({_stem(w) for w in wanted})
+        for stem in names:
+            found = files.get(stem, {})
+            filename = found.get("A") or found.get("B") or found.get("label") or f"{stem}.png"
+            pairs.append({
+                "pair_id": f"{prefix}{stem}", "split": split or _split_of(stem, default_split),
+                "filename": filename, "root": store.uri(),
+                **{f"{k.lower()}_rel": (f"{prefix}{k}/{found[k]}" if k in found else "") for k in ("A", "B", "label")},
+            })
+    return pairs
+
+
+# -- preparing a pair --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrepareConfig:
+    max_image_side: int = 1024
+    image_format: str = "png"
+    detail: str = "auto"
+    mask: MaskAnalysisConfig = field(default_factory=MaskAnalysisConfig)
+
+
+def _decode(data: bytes, what: str) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise ValueError(f"{what} is not a readable image")
+    return image
+
+
+def _to_rgb8(image: np.ndarray) -> np.ndarray:
+    if image.dtype != np.uint8:  # 16-bit or float imagery: stretch to 8 bits for viewing
+        lo, hi = np.percentile(image, (1, 99))
+        image = np.clip((image.astype(np.float64) - lo) / max(hi - lo, 1e-9) * 255, 0, 255).astype(np.uint8)
+    if image.ndim == 2:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
+    if image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2RGB)
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: str = "") -> list[dict]:
+    """One pair -> one ``_generate`` row with mask stats and encoded images, or one ``errors`` row."""
+    pair_id = item["pair_id"]
+    try:
+        store = Store(item["root"])
+        raw = {}
+        for key, what in (("a_rel", "pre-change image (A)"), ("b_rel", "post-change image (B)"),
+                          ("label_rel", "change mask (label)")):
+            if not item.get(key):
+                raise FileNotFoundError(f"missing {what} for {item['filename']}")
+            try:
+                raw[key] = store.read_bytes(item[key])
+            except (FileNotFoundError, OSError) as exc:
+                raise FileNotFoundError(f"cannot read {what} {item[key]}: {type(exc).__name__}") from None
+        a = _to_rgb8(_decode(raw["a_rel"], "pre-change image (A)"))
+        b = _to_rgb8(_decode(raw["b_rel"], "post-change image (B)"))
+        mask = binarize_mask(_decode(raw["label_rel"], "change mask (label)"))
+        if not (a.shape[:2] == b.shape[:2] == mask.shape[:2]):
+            raise ValueError(f"size mismatch: A {a.shape[1]}x{a.shape[0]}, B {b.shape[1]}x{b.shape[0]}, "
+                             f"label {mask.shape[1]}x{mask.shape[0]} (width x height)")
+        stats = analyze_mask(mask, config.mask)
+        a_s, b_s = fit_max_side(a, config.max_image_side), fit_max_side(b, config.max_image_side)
+        m_s = fit_max_side(mask.astype(np.uint8) * 255, config.max_image_side, nearest=True)
+        h, w = a_s.shape[:2]
+        record = {
+            "pair_id": pair_id, "split": item["split"], "filename": item["filename"],
+            "height": stats.height, "width": stats.width, "car": stats.car,
+            "changed_pixels": stats.changed_pixels, "components": stats.components,
+            "change_region": stats.region, "cell_shares": stats.cell_shares,
+            "hashes": {k: content_hash(v) for k, v in raw.items()},
+            "a_url": data_url(a_s, config.image_format), "b_url": data_url(b_s, config.image_format),
+            "mask_url": data_url(m_s, "png"),
+            "image_tokens": estimate_image_tokens(w, h, config.detail),
+        }
+        return [envelope("_generate", record)]
+    except Exception as exc:  # noqa: BLE001 - every pair ends in a table
+        return [error_envelope(pair_id, "prepare", exc, job=JOB, run_id=run_id)]
+
+
+# -- the two LLM stages --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CaptionPrompts:
+    generate: PromptTemplate
+    judge: PromptTemplate
+    detail: str = "auto"
+    max_image_side: int = 1024
+    image_format: str = "png"
+    overall_mode: str = "judge"
+    model: str = ""
+    judge_model: str = ""
+    run_id: str = ""
+
+
+def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
+    system, user = prompts.generate.render(car_percent=f"{100 * record['car']:.1f}",
+                                           region=record["change_region"], components=record["components"])
+    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail)
+                                                  for k in ("a_url", "b_url", "mask_url")]
+    return LLMRequest(
+        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        schema=generation_schema(), schema_name="change_captions",
+        cache_parts={"stage": "caption_generate", "template": prompts.generate.version, "images": record["hashes"],
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "candidate": "all"},
+        image_tokens=3 * int(record["image_tokens"]))
+
+
+def handle_generate_result(prompts: CaptionPrompts, record: dict, result: LLMResult) -> list[dict]:
+    captions = [result.value[p].strip() for p in PERSPECTIVES]
+    return [envelope("_judge", dict(record, captions=captions))]
+
+
+def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
+    listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, record["captions"]))
+    system, user = prompts.judge.render(region=record["change_region"], captions=listing,
+                                        keys=", ".join(PERSPECTIVES))
+    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
+    return LLMRequest(
+        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        schema=judge_schema(), schema_name="caption_scores",
+        cache_parts={"stage": "caption_judge", "template": prompts.judge.version,
+                     "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "candidates": record["captions"]},
+        image_tokens=2 * int(record["image_tokens"]))
+
+
+def handle_judge_result(prompts: CaptionPrompts, record: dict, result: LLMResult) -> list[dict]:
+    scores = [result.value[p] for p in PERSPECTIVES]
+    overall = [overall_score(s, prompts.overall_mode) for s in scores]
+    selection = select_captions(overall)
+    common = {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
+              "generate_prompt_version": prompts.generate.version, "judge_prompt_version": prompts.judge.version,
+              "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
+    out = []
+    for i, (p, caption, s, o, sel) in enumerate(zip(PERSPECTIVES, record["captions"], scores, overall, selection)):
+        out.append(envelope("captions", {
+            **common, "candidate_index": i, "perspective": p, "caption": caption,
+            **{c: int(s[c]) for c in CRITERIA}, "judge_overall": int(s["overall"]), "judge_reason": s["reason"],
+            "overall": o, "overall_mode": prompts.overall_mode, "selected": sel.selected,
+            "selection_reason": sel.reason}))
+    kept = [(p, c) for p, c, sel in zip(PERSPECTIVES, record["captions"], selection) if sel.selected]
+    out.append(envelope("pairs", {
+        **common, **{k: record[k] for k in ("height", "width", "car", "changed_pixels", "components", "cell_shares")},
+        "change_region": record["change_region"], "n_candidates": len(PERSPECTIVES), "n_selected": len(kept),
+        "selected_captions": [c for _, c in kept], "selected_perspectives": [p for p, _ in kept]}))
+    return out

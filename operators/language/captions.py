@@ -1,0 +1,132 @@
+"""Caption logic without Ray or HTTP: prompt templates, reply schemas, scoring and selection, and the
+LEVIR-CC caption file.
+
+Selection (JL1-CC, section II-B2): every candidate gets five criterion scores (1-10) from the judge;
+its *overall* score is, by ``--overall``,
+
+- ``judge``: the judge's own ``overall`` field (the judge weighs the criteria itself; the default),
+- ``mean``: the mean of the five criterion scores,
+- ``min``: the lowest criterion score (a caption is only as good as its worst aspect).
+
+Candidates with overall < 7 are rejected; of the rest the three best are kept, and every candidate
+tied with the third is kept too (so a pair can keep 4 or 5).
+"""
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+PERSPECTIVES = ("change_type", "spatial_location", "visual_appearance", "scale", "implication")
+CRITERIA = ("accuracy", "specificity", "spatial_correctness", "naturalness", "informativeness")
+OVERALL_MODES = ("judge", "mean", "min")
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    version: str       # file stem, e.g. "caption_generate.v1"; stored with results and in cache keys
+    system: str
+    user: str
+
+    def render(self, **values) -> tuple[str, str]:
+        return (string.Template(self.system).substitute(values),
+                string.Template(self.user).substitute(values))
+
+
+def load_template(name: str, prompts_dir: str | Path = PROMPTS_DIR) -> PromptTemplate:
+    """Read ``<prompts_dir>/<name>.txt`` with ``## system`` and ``## user`` sections."""
+    path = Path(prompts_dir) / f"{name}.txt"
+    text = path.read_text(encoding="utf-8")
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"^## (system|user)\s*$", line)
+        if m:
+            current = m.group(1)
+            sections[current] = []
+        elif current:
+            sections[current].append(line)
+    if "user" not in sections:
+        raise ValueError(f"{path}: no '## user' section")
+    return PromptTemplate(version=path.stem, system="\n".join(sections.get("system", [])).strip(),
+                          user="\n".join(sections["user"]).strip())
+
+
+def generation_schema() -> dict:
+    caption = {"type": "string", "minLength": 10}
+    return {"type": "object", "properties": {p: caption for p in PERSPECTIVES},
+            "required": list(PERSPECTIVES), "additionalProperties": False}
+
+
+def judge_schema(keys: tuple[str, ...] = PERSPECTIVES) -> dict:
+    score = {"type": "integer", "minimum": 1, "maximum": 10}
+    entry = {"type": "object",
+             "properties": {**{c: score for c in CRITERIA}, "overall": score, "reason": {"type": "string"}},
+             "required": [*CRITERIA, "overall", "reason"], "additionalProperties": False}
+    return {"type": "object", "properties": {k: entry for k in keys}, "required": list(keys),
+            "additionalProperties": False}
+
+
+def overall_score(scores: dict, mode: str = "judge") -> float:
+    if mode == "judge":
+        return float(scores["overall"])
+    values = [float(scores[c]) for c in CRITERIA]
+    if mode == "mean":
+        return sum(values) / len(values)
+    if mode == "min":
+        return min(values)
+    raise ValueError(f"unknown overall mode {mode!r}; one of {OVERALL_MODES}")
+
+
+@dataclass(frozen=True)
+class Selection:
+    selected: bool
+    reason: str
+
+
+def select_captions(overall: list[float], threshold: float = 7.0, keep: int = 3) -> list[Selection]:
+    """Per candidate (same order): kept or not, and why."""
+    passing = sorted((s for s in overall if s >= threshold), reverse=True)
+    cut = passing[keep - 1] if len(passing) >= keep else (passing[-1] if passing else None)
+    out = []
+    for s in overall:
+        if s < threshold:
+            out.append(Selection(False, f"rejected: overall {s:g} below {threshold:g}"))
+        elif s >= cut:
+            rank = 1 + sum(1 for p in passing if p > s)
+            tie = s == cut and sum(1 for p in passing if p >= cut) > keep
+            out.append(Selection(True, f"selected: rank {rank} of {len(passing)} passing"
+                                       + (" (tied at the top-3 cut)" if tie else "")))
+        else:
+            out.append(Selection(False, f"not in top {keep}: overall {s:g} below the cut {cut:g}"))
+    return out
+
+
+_PUNCT = re.compile(r"[^\w\s]")
+
+
+def tokenize(sentence: str) -> list[str]:
+    """LEVIR-CC style tokens: lower case, punctuation removed, split on white space."""
+    return _PUNCT.sub(" ", sentence.lower().replace("'", "")).split()
+
+
+def levir_cc_document(pairs: list[dict]) -> dict:
+    """``{"images": [...]}`` as in LEVIR-CC's LevirCCcaptions.json: per image ``filepath`` (split folder),
+    ``filename``, ``imgid``, ``split``, ``sentences`` (``raw``, ``tokens``, ``imgid``, ``sentid``),
+    ``sentids`` and ``changeflag``. Pairs without any selected caption are left out (training code
+    expects at least one sentence per image); they stay in the ``pairs`` table."""
+    images, sentid = [], 0
+    for imgid, p in enumerate(sorted((p for p in pairs if p.get("selected_captions")),
+                                     key=lambda p: (p["split"], p["filename"]))):
+        sentences = []
+        for raw in p["selected_captions"]:
+            sentences.append({"raw": " " + raw.strip(), "tokens": tokenize(raw), "imgid": imgid, "sentid": sentid})
+            sentid += 1
+        images.append({"filepath": p["split"], "filename": p["filename"], "imgid": imgid, "split": p["split"],
+                       "sentences": sentences, "sentids": [s["sentid"] for s in sentences],
+                       "changeflag": int((p.get("car") or 0) > 0)})
+    for i, img in enumerate(images):
+        img["imgid"] = i
+    return {"images": images}

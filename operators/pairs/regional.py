@@ -1,0 +1,192 @@
+"""Regional registration: features once per tile of a scene pair, one homography per slice.
+
+The paper's slices (3000 px at stride 1024) overlap so much that every pixel sits in about nine of
+them; SIFT per slice extracts the same features nine times. Here the pair's common grid is cut into
+feature tiles (``tile_size`` px, anchored at the grid origin) and the work runs in two tile passes:
+
+1. features: SIFT on each date's tile plus ``tile_context_px`` (so SIFT sees past the edge),
+   keeping only keypoints that lie in the tile's core, so every feature of either date belongs to
+   exactly one tile and is computed once (``TileFeatures``: points + uint8 descriptors);
+2. matches: the tile's pre features are FLANN-matched (ratio test) against the post features of
+   the tile and its neighbours lying within ``search_margin_px`` of the core, so the true partner
+   is a candidate even when the dates are misaligned by up to the margin (geocoding error, ~40-100
+   px in S2Looking). Only the matched point pairs (common-grid coordinates plus descriptor
+   distance) are kept (``TileMatches``).
+
+A slice then gathers the matches of the tiles it overlaps, keeps those whose pre and post points
+both lie inside the slice window (the support the per-slice recipe would have), fits its own RANSAC
+homography, and reads only the pixels its kept crop needs.
+
+Everything here is pure: numpy in, numpy out. ``regional_ops`` does the reading and the Ray work.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from operators.pairs.registration import (HomographyFit, RegistrationConfig, detect_features,
+                                    fit_homography, homography_problem, match_descriptors)
+
+
+@dataclass
+class TileMatches:
+    """Matched point pairs in common-grid pixel coordinates (pixel centres at integers)."""
+
+    pre_xy: np.ndarray     # (N, 2) float32
+    post_xy: np.ndarray    # (N, 2) float32
+    distance: np.ndarray   # (N,) float32 descriptor distance of the best match
+
+    def __len__(self) -> int:
+        return int(len(self.pre_xy))
+
+    @classmethod
+    def empty(cls) -> "TileMatches":
+        return cls(np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32),
+                   np.zeros(0, np.float32))
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, pre_xy=self.pre_xy, post_xy=self.post_xy, distance=self.distance)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TileMatches":
+        with np.load(io.BytesIO(data)) as z:
+            return cls(z["pre_xy"].astype(np.float32), z["post_xy"].astype(np.float32),
+                       z["distance"].astype(np.float32))
+
+    @classmethod
+    def concat(cls, parts: Iterable["TileMatches"]) -> "TileMatches":
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        return cls(np.concatenate([p.pre_xy for p in parts]),
+                   np.concatenate([p.post_xy for p in parts]),
+                   np.concatenate([p.distance for p in parts]))
+
+
+# ---- tile geometry --------------------------------------------------------------------------
+
+def tile_core(tile_col: int, tile_row: int, tile_size: int) -> tuple[int, int, int, int]:
+    """Core window (col_off, row_off, width, height) of tile (tile_col, tile_row)."""
+    return tile_col * tile_size, tile_row * tile_size, tile_size, tile_size
+
+
+def tiles_for_window(window: Sequence[int], tile_size: int) -> list[tuple[int, int]]:
+    """(tile_col, tile_row) of every tile whose core intersects ``window``."""
+    col, row, width, height = (int(v) for v in window)
+    c0, c1 = col // tile_size, (col + width - 1) // tile_size
+    r0, r1 = row // tile_size, (row + height - 1) // tile_size
+    return [(tc, tr) for tr in range(r0, r1 + 1) for tc in range(c0, c1 + 1)]
+
+
+def grow(window: Sequence[int], margin: int) -> tuple[int, int, int, int]:
+    col, row, width, height = (int(v) for v in window)
+    return col - margin, row - margin, width + 2 * margin, height + 2 * margin
+
+
+def tile_read_window(tile_col: int, tile_row: int, cfg: RegistrationConfig):
+    """Window to read (either date) for a tile's features, on the common grid."""
+    return grow(tile_core(tile_col, tile_row, cfg.tile_size), cfg.tile_context_px)
+
+
+def search_window(tile_col: int, tile_row: int, cfg: RegistrationConfig):
+    """Where the post partners of a tile's pre features may lie."""
+    return grow(tile_core(tile_col, tile_row, cfg.tile_size), cfg.search_margin_px)
+
+
+def neighbour_tiles(tile_col: int, tile_row: int, cfg: RegistrationConfig) -> list[tuple[int, int]]:
+    """Tiles whose post features can match this tile's pre features (incl. the tile itself)."""
+    return tiles_for_window(search_window(tile_col, tile_row, cfg), cfg.tile_size)
+
+
+def inside(xy: np.ndarray, window: Sequence[int]) -> np.ndarray:
+    """Points (pixel-centre coordinates) that fall in a pixel of ``window``."""
+    col, row, width, height = window
+    x, y = xy[:, 0], xy[:, 1]
+    return (x >= col - 0.5) & (x < col + width - 0.5) & (y >= row - 0.5) & (y < row + height - 0.5)
+
+
+# ---- per tile -------------------------------------------------------------------------------
+
+@dataclass
+class TileFeatures:
+    """SIFT features of both dates whose keypoints lie in one tile's core (common-grid coords)."""
+
+    pre_xy: np.ndarray     # (N, 2) float32
+    pre_desc: np.ndarray   # (N, 128) uint8
+    post_xy: np.ndarray    # (M, 2) float32
+    post_desc: np.ndarray  # (M, 128) uint8
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        # Descriptors are near-incompressible; plain npz is faster to write and read.
+        np.savez(buf, pre_xy=self.pre_xy, pre_desc=self.pre_desc, post_xy=self.post_xy,
+                 post_desc=self.post_desc)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TileFeatures":
+        with np.load(io.BytesIO(data)) as z:
+            return cls(z["pre_xy"], z["pre_desc"], z["post_xy"], z["post_desc"])
+
+
+def core_features(grey: np.ndarray, valid: np.ndarray, read_window: Sequence[int],
+                  core: Sequence[int], cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """SIFT on a tile read with context; keeps keypoints in the core, in common-grid coords."""
+    xy, desc = detect_features(grey, valid, cfg)
+    xy = xy + np.float32(read_window[:2])
+    keep = inside(xy, core)
+    return xy[keep], desc[keep]
+
+
+def tile_features(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: np.ndarray,
+                  post_valid: np.ndarray, read_window: Sequence[int], core: Sequence[int],
+                  cfg: RegistrationConfig) -> TileFeatures:
+    """Both dates' features of one tile; both arrays cover ``read_window`` on the common grid."""
+    pre_xy, pre_desc = core_features(pre_grey, pre_valid, read_window, core, cfg)
+    post_xy, post_desc = core_features(post_grey, post_valid, read_window, core, cfg)
+    return TileFeatures(pre_xy, pre_desc, post_xy, post_desc)
+
+
+def match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: int,
+               tile_row: int, cfg: RegistrationConfig) -> TileMatches:
+    """Match a tile's pre features against the post features within its search window.
+
+    ``neighbours`` are the TileFeatures of ``neighbour_tiles`` (the tile itself included).
+    """
+    if len(own.pre_xy) == 0:
+        return TileMatches.empty()
+    pool = [(n.post_xy, n.post_desc) for n in neighbours if len(n.post_xy)]
+    if not pool:
+        return TileMatches.empty()
+    post_xy = np.concatenate([p[0] for p in pool])
+    post_desc = np.concatenate([p[1] for p in pool])
+    keep = inside(post_xy, search_window(tile_col, tile_row, cfg))
+    post_xy, post_desc = post_xy[keep], post_desc[keep]
+    qi, ti, dist = match_descriptors(own.pre_desc, post_desc, cfg)
+    return TileMatches(own.pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
+                       dist.astype(np.float32))
+
+
+# ---- per slice ------------------------------------------------------------------------------
+
+def slice_matches(matches: TileMatches, window: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(post_xy, pre_xy) in slice coordinates for matches with both points inside the slice."""
+    keep = inside(matches.pre_xy, window) & inside(matches.post_xy, window)
+    offset = np.float32(window[:2])
+    return matches.post_xy[keep] - offset, matches.pre_xy[keep] - offset
+
+
+def fit_slice(matches: TileMatches, window: Sequence[int], cfg: RegistrationConfig) -> HomographyFit:
+    """One RANSAC homography (post-slice -> pre-slice) from the regional matches in a slice."""
+    post_xy, pre_xy = slice_matches(matches, window)
+    fit = fit_homography(post_xy, pre_xy, cfg)
+    if fit.homography is not None:
+        reason = homography_problem(fit.homography, int(window[2]), cfg.crop_size, cfg)
+        if reason:
+            return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
+    return fit

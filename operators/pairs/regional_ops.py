@@ -1,0 +1,338 @@
+"""The regional registration method as one Ray task graph: slice rows in, one envelope per slice out.
+
+Row-level functions (plain dict in, envelope out) carry the I/O around the pure cores in
+``registration``, ``screening`` and ``regional``; :func:`registration_stage` wires them into Ray
+Data. Every slice ends as exactly one envelope: ``metadata`` (status accepted or rejected, with a
+reason) or ``errors`` (stage "registration", e.g. an unreadable window).
+
+Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (pre crop) and
+``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
+are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
+the feature and matching settings) so a resumed run with the same settings reuses them;
+the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
+complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
+The regional method runs as one Ray task graph (features -> matches -> slices, each task waiting
+only for the tasks it needs), not as three Ray Data passes with barriers in between.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from operators.io.storage import Store
+from operators.io.tables import envelope, error_envelope
+from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, match_tile,
+                                      neighbour_tiles, tile_core, tile_features, tile_read_window,
+                                      tiles_for_window)
+from operators.pairs.registration import (RegistrationConfig, crop_offset, grey_from_bands,
+                                          post_footprint, warp_post_to_crop)
+from operators.pairs.slice_io import (STAGE, Clock, crop_window, finish_crop, plain_row, read_post,
+                                      read_pre, single_thread, slice_record)
+
+FEATURES_DIR = "_work/features"
+MATCHES_DIR = "_work/matches"
+TILE_RUNS_DIR = "_work/tile_runs"
+
+
+def matches_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{MATCHES_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def features_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{FEATURES_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict]:
+    """One tile row per (pair, tile) that any slice of the pair overlaps.
+
+    Each row lists its planned neighbours (tiles whose post features its matching needs).
+    """
+    keys = ("pair_id", "pre_uri", "post_uri", "crs", "transform", "bands_pre", "bands_post",
+            "stretch_pre", "stretch_post")
+    tiles: dict[tuple, dict] = {}
+    for r in slice_rows:
+        for tc, tr in tiles_for_window(r["window"], cfg.tile_size):
+            key = (r["pair_id"], tc, tr)
+            if key not in tiles:
+                tiles[key] = {**{k: r[k] for k in keys}, "tile_col": tc, "tile_row": tr}
+    for (pair, tc, tr), row in tiles.items():
+        # Post features outside every slice of the pair can never be used by a slice fit.
+        row["neighbours"] = [[c, r] for c, r in neighbour_tiles(tc, tr, cfg)
+                             if (pair, c, r) in tiles]
+    return [tiles[k] for k in sorted(tiles)]
+
+
+def _tile_result(row: dict) -> dict:
+    return {"pair_id": row["pair_id"], "tile_col": row["tile_col"], "tile_row": row["tile_row"],
+            "n": -1, "reused": False, "error": None, "seconds": 0.0, "cpu_seconds": 0.0}
+
+
+def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
+    single_thread()
+    clock = Clock()
+    store = Store(out_root)
+    out = _tile_result(row)
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    try:
+        # Needed unless stored already, or every tile that matches against it has its matches
+        # (neighbourhoods are symmetric, so those are exactly its planned neighbours).
+        rel = features_rel(cfg, pair, tc, tr)
+        if store.exists(rel) or all(store.exists(matches_rel(cfg, pair, c, r))
+                                    for c, r in row["neighbours"]):
+            out.update(reused=True)
+            return out
+        window = tile_read_window(tc, tr, cfg)
+        pre, pre_valid = read_pre(row, window)
+        post, post_valid = read_post(row, window)
+        feats = tile_features(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
+                              grey_from_bands(post, row["stretch_post"], post_valid), post_valid,
+                              window, tile_core(tc, tr, cfg.tile_size), cfg)
+        store.write_bytes(rel, feats.to_bytes())
+        out.update(n=len(feats.pre_xy) + len(feats.post_xy))
+    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
+    return out
+
+
+def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 2: match one tile's pre features against its neighbourhood's post features."""
+    single_thread()
+    clock = Clock()
+    store = Store(out_root)
+    out = _tile_result(row)
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    try:
+        rel = matches_rel(cfg, pair, tc, tr)
+        if store.exists(rel):
+            out.update(reused=True)
+            return out
+        feats = {}
+        for c, r in row["neighbours"]:
+            try:
+                data = store.read_bytes(features_rel(cfg, pair, c, r))
+                feats[(c, r)] = TileFeatures.from_bytes(data)
+            except (FileNotFoundError, OSError) as exc:
+                raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
+        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
+        store.write_bytes(rel, matches.to_bytes())
+        out.update(n=len(matches))
+    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
+    return out
+
+
+def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: str,
+                  cfg: RegistrationConfig) -> None:
+    """Delete the features of pairs whose every tile has its matches stored."""
+    failed = {r["pair_id"] for r in results if r["error"]}
+    store = Store(out_root)
+    for row in tile_rows:
+        if row["pair_id"] not in failed:
+            store.delete(features_rel(cfg, row["pair_id"], row["tile_col"], row["tile_row"]))
+
+
+def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
+    parts = []
+    for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
+        rel = matches_rel(cfg, row["pair_id"], tc, tr)
+        try:
+            parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
+        except (FileNotFoundError, OSError) as exc:
+            raise OSError(f"matches of tile r{tr} c{tc} missing (tile failed?): {rel}") from exc
+    return TileMatches.concat(parts)
+
+
+def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
+                            run_id: str = "") -> dict:
+    """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
+    single_thread()
+    clock = Clock()
+    try:
+        window = [int(v) for v in row["window"]]
+        matches = load_slice_matches(row, cfg, Store(out_root))
+        fit = fit_slice(matches, window, cfg)
+        if fit.homography is None:
+            return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
+                                                fit.reject_reason))
+        off = crop_offset(window[2], cfg.crop_size)
+        kept = crop_window(row, cfg)
+        pre_crop, pre_valid = read_pre(row, kept)
+        fx, fy, fw, fh = post_footprint(fit.homography, (off, off), cfg.crop_size,
+                                        cfg.crop_read_margin_px)
+        post, post_valid = read_post(row, (window[0] + fx, window[1] + fy, fw, fh))
+        post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (fx, fy),
+                                                       (off, off), cfg.crop_size, cfg.resampling)
+        return finish_crop(row, cfg, out_root, run_id, clock, fit, pre_crop, pre_valid, post_crop,
+                           post_crop_valid)
+    except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+
+
+
+# barrier (and a Ray Data start-up) between each: a matching task depends on the feature tasks of
+# its neighbourhood and a slice task on the matching tasks of its tiles, so Ray starts each piece
+# of work as soon as what it needs exists and no core waits for a whole pass to finish. What
+# travels between tasks are the small per-tile result dicts (dependencies, and the audit trail);
+# features and matches go through the store as before (resume; memory stays bounded because no
+# features, matches or pixels pile up in the object store or on the driver).
+
+def _features_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [features_tile_row(r, cfg, out_root, run_id) for r in rows]
+
+
+def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                  *needs: list[dict]) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [match_tile_row(r, cfg, out_root, run_id) for r in rows]
+
+
+def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                 *needs: list[dict]) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [register_slice_regional(r, cfg, out_root, run_id) for r in rows]
+
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _remote(fn):
+    """``fn`` as a Ray task taking one CPU (wrapped once per process)."""
+    import ray
+    if fn.__name__ not in _REMOTE:
+        _REMOTE[fn.__name__] = ray.remote(num_cpus=1)(fn)
+    return _REMOTE[fn.__name__]
+
+
+def _chunks(items: Sequence, size: int) -> list:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _tile_key(row: dict) -> tuple:
+    return row["pair_id"], int(row["tile_col"]), int(row["tile_row"])
+
+
+def _get_results(ref, rows: Sequence[dict], failed) -> list:
+    """ray.get of a task's per-row list; a task that died (worker lost, ...) gives ``failed(row,
+    exc)`` for each of its rows, so every tile and slice still reports."""
+    import ray
+    try:
+        return ray.get(ref)
+    except Exception as exc:  # noqa: BLE001
+        return [failed(r, exc) for r in rows]
+
+
+def _failed_tile(row: dict, exc: BaseException) -> dict:
+    out = _tile_result(row)
+    out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    return out
+
+
+class _TileGraph:
+    """Feature and matching tasks of a tile plan, submitted without waiting for either."""
+
+    def __init__(self, tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                 run_id: str, cfg_ref):
+        self.tile_rows, self.cfg, self.out_root, self.run_id = tile_rows, cfg, out_root, run_id
+        self.clock = Clock()
+        args = (cfg_ref, out_root, run_id)
+        # Features (seconds per tile) get a task each.
+        self.feature_tasks = [(rows, _remote(_features_task).remote(rows, *args))
+                              for rows in _chunks(tile_rows, 1)]
+        feature_ref = {_tile_key(rows[0]): ref for rows, ref in self.feature_tasks}
+        # Matching is ~10x cheaper: tiles are batched; a batch waits for the features of its
+        # tiles' neighbourhoods only.
+        self.match_tasks, self.match_ref = [], {}
+        for rows in _chunks(tile_rows, self.cfg.match_tiles_per_task):
+            needs = {feature_ref[(r["pair_id"], int(c), int(t))]: None
+                     for r in rows for c, t in r["neighbours"]}
+            ref = _remote(_matches_task).remote(rows, *args, *needs)
+            self.match_tasks.append((rows, ref))
+            self.match_ref.update({_tile_key(r): ref for r in rows})
+
+    def finish(self) -> list[dict]:
+        """Wait for the tile tasks; drop spent features, write the audit trail; the matching
+        results per tile (``n`` = matches, ``reused``, ``error``)."""
+        features = [res for rows, ref in self.feature_tasks
+                    for res in _get_results(ref, rows, _failed_tile)]
+        features_wall = self.clock.wall()
+        results = [res for rows, ref in self.match_tasks
+                   for res in _get_results(ref, rows, _failed_tile)]
+        matches_wall = round(self.clock.wall() - features_wall, 4)
+        if not self.cfg.keep_features:
+            drop_features(self.tile_rows, results, self.out_root, self.cfg)
+        # An audit trail of the tile work (failures otherwise show only as slice errors). The
+        # passes overlap now: features_wall_s is until the last feature task, matches_wall_s the
+        # rest until the last matching task.
+        summary = {"run_id": self.run_id, "features_wall_s": features_wall,
+                   "matches_wall_s": matches_wall, "features": features, "matches": results}
+        Store(self.out_root).write_bytes(f"{TILE_RUNS_DIR}/{self.run_id}.json",
+                                         json.dumps(summary).encode())
+        return results
+
+
+def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                   run_id: str) -> list[dict]:
+    """Both tile passes as Ray tasks (rows are tiny; pixels never travel).
+
+    Returns the matching pass's per-tile results (``n`` = matches, ``reused``, ``error``); a
+    feature failure shows up there as missing features of the tiles that needed them.
+    """
+    import ray
+    if not tile_rows:
+        return []
+    return _TileGraph(tile_rows, cfg, out_root, run_id, ray.put(asdict(cfg))).finish()
+
+
+def _wait_with_progress(sizes: dict, every_s: float = 10.0) -> None:
+    """Block until every slice task is done, printing progress: the task graph runs outside Ray
+    Data, so its progress bars do not see this work."""
+    import ray
+    pending, total, done = list(sizes), sum(sizes.values()), 0
+    t0 = last = time.time()
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=every_s)
+        done += sum(sizes[r] for r in ready)
+        now = time.time()
+        if now - last >= every_s or not pending:
+            print(f"[registration] {done}/{total} slices registered ({now - t0:.0f} s)", flush=True)
+            last = now
+
+
+def run_regional(rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                 run_id: str) -> list[dict]:
+    """The whole regional method on slice rows as one task graph; one envelope per slice."""
+    import ray
+    cfg_ref = ray.put(asdict(cfg))
+    tiles = plan_tiles(rows, cfg)
+    graph = _TileGraph(tiles, cfg, out_root, run_id, cfg_ref)
+    # A slice task waits for the matching tasks of its slices' tiles only.
+    slice_tasks = []
+    for chunk in _chunks(rows, cfg.slices_per_task):
+        needs = {graph.match_ref[(r["pair_id"], tc, tr)]: None for r in chunk
+                 for tc, tr in tiles_for_window(r["window"], cfg.tile_size)}
+        slice_tasks.append((chunk, _remote(_slices_task).remote(chunk, cfg_ref, out_root, run_id,
+                                                                 *needs)))
+    _wait_with_progress({ref: len(chunk) for chunk, ref in slice_tasks})
+    graph.finish()
+
+    def failed(row, exc):
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+
+    return [env for chunk, ref in slice_tasks for env in _get_results(ref, chunk, failed)]
+
+
+def regional_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: str):
+    """The slice rows (small metadata) are collected on the driver to plan the feature tiles; the
+    feature, matching and slice tasks then run as one Ray task graph; the returned dataset holds
+    the envelopes (small records)."""
+    import ray.data
+    rows = [plain_row(r) for r in slices.iter_rows()]
+    if not rows:
+        return ray.data.from_items([])
+    return ray.data.from_items(run_regional(rows, cfg, out_root, run_id))

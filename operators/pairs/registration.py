@@ -1,0 +1,349 @@
+"""Slice-pair registration (S2Looking step 4): SIFT matches, RANSAC homography, warp, central crop.
+
+Pure numpy/OpenCV functions, no I/O and no Ray: the operators in ``regional_ops`` and ``per_slice_ops`` read windows and
+call these.
+
+Conventions used throughout:
+
+* Pixel coordinates are (x, y) = (column, row) with pixel *centres* at integer coordinates, as
+  OpenCV uses them. A slice's coordinates have their origin at the centre of the slice window's
+  top-left pixel; pre and post slices share the window on the common grid (the pre scene's), so
+  slice coordinates = common-grid coordinates - (col_off, row_off) for both dates.
+* ``homography`` is a 3x3 matrix ``H`` mapping **post-slice** pixel coordinates to **pre-slice**
+  pixel coordinates: ``[x_pre, y_pre, 1] ~ H @ [x_post, y_post, 1]``. The registered post crop is
+  ``post`` resampled at ``H^-1(p)`` for every pre pixel ``p`` of the kept crop.
+* Grey for features: each band is mapped to [0, 1] by its scene's percentile stretch and the bands
+  are averaged as float32 ("SIFT on floating-point grey values"). OpenCV 5's SIFT refuses anything
+  but CV_8U input (``incorrect depth (!=CV_8U)``), so the float grey is quantised once,
+  ``rint(255 * grey)``, right before detection; SIFT converts it back to float internally. With a
+  per-scene 2-98 % stretch the quantisation step (1/255 of the scene's range) is far below the
+  contrast threshold, so nothing measurable is lost.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import Optional, Sequence
+
+import cv2
+import numpy as np
+
+from operators.pairs.radiometry import stretch_to_unit
+
+METHODS = ("regional", "per-slice")
+
+
+def _opt(default, help: str):  # noqa: A002 - "help" is the CLI generator's key
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RegistrationConfig:
+    """Everything that steers registration and screening; defaults follow S2Looking where it says."""
+
+    method: str = _opt("regional", "regional: features once per tile, reused by every slice; "
+                                   "per-slice: the paper's recipe, SIFT on each whole slice pair")
+    crop_size: int = _opt(1024, "side of the central crop kept from each slice (paper: 1024)")
+    # -- features ----------------------------------------------------------------------------
+    sift_max_features: int = _opt(0, "SIFT nfeatures cap per image (0 = unlimited); caps do not "
+                                     "skip the scale pyramid, so they save matching time only")
+    sift_octave_layers: int = _opt(3, "SIFT layers per octave (Lowe: 3)")
+    sift_contrast_threshold: float = _opt(0.04, "SIFT contrast threshold (higher = fewer, "
+                                                "stronger features)")
+    sift_edge_threshold: float = _opt(10.0, "SIFT edge-response threshold")
+    sift_sigma: float = _opt(1.6, "SIFT base Gaussian sigma")
+    mask_erode_px: int = _opt(8, "erode the valid-data mask by this many px before detection so "
+                                 "nodata edges yield no keypoints")
+    # -- matching ----------------------------------------------------------------------------
+    ratio: float = _opt(0.75, "Lowe ratio test threshold for FLANN 2-NN matches")
+    flann_trees: int = _opt(4, "FLANN kd-tree count (brute force fails at >= 2^18 descriptors)")
+    flann_checks: int = _opt(32, "FLANN leaf checks per query (higher = slower, more exact)")
+    ransac_threshold_px: float = _opt(3.0, "RANSAC reprojection threshold in px")
+    ransac_max_iters: int = _opt(5000, "RANSAC iteration cap")
+    ransac_confidence: float = _opt(0.999, "RANSAC confidence")
+    # -- rejection of fits -------------------------------------------------------------------
+    min_inliers: int = _opt(30, "reject a slice with fewer RANSAC inliers (good fits have hundreds)")
+    max_scale_change: float = _opt(1.15, "reject if the homography's scale leaves [1/x, x]")
+    max_anisotropy: float = _opt(1.05, "reject if the ratio of its singular values exceeds this")
+    max_perspective: float = _opt(0.02, "reject if |h20|+|h21| times the slice size exceeds this "
+                                        "(relative scale change across the slice)")
+    max_shift_px: float = _opt(300.0, "reject if a kept-crop corner moves farther than this "
+                                      "(geocoding error is ~40-100 px)")
+    max_nodata_fraction: float = _opt(0.0, "reject if more than this fraction of the kept crop "
+                                           "lacks data in either date")
+    resampling: str = _opt("linear", "interpolation for the post warp: nearest|linear|cubic")
+    # -- screening (independent of the SIFT fit) ---------------------------------------------
+    max_residual_px: float = _opt(8.0, "reject if screening's largest local shift exceeds this "
+                                       "(paper: 8 px)")
+    screen_window_px: int = _opt(128, "side of the phase-correlation windows in the kept crop")
+    screen_grid: int = _opt(6, "windows per side of the screening grid")
+    screen_min_response: float = _opt(0.3, "phase-correlation peak needed to trust a window")
+    screen_min_texture: float = _opt(0.02, "grey standard deviation (unit range) both windows "
+                                           "need to be used")
+    screen_min_windows: int = _opt(4, "confident windows needed; fewer = screening inconclusive")
+    # -- regional method ---------------------------------------------------------------------
+    tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
+    tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")
+    search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
+                                      "must cover the geocoding error between dates (<= tile_size)")
+    keep_features: bool = _opt(False, "keep per-tile SIFT features under _work/features after "
+                                      "their pair's matches are complete")
+    match_tiles_per_task: int = _opt(4, "tiles per task in the (cheap) matching pass: amortises "
+                                        "Ray's per-task overhead")
+    slices_per_task: int = _opt(4, "slices per task for the regional method's (cheap) slice fits; "
+                                   "the per-slice recipe always uses 1")
+    crop_read_margin_px: int = _opt(8, "extra post pixels read around the warped crop footprint")
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.resampling not in _INTERP:
+            raise ValueError(f"resampling must be one of {tuple(_INTERP)}")
+        if self.crop_size <= 0 or self.tile_size <= 0:
+            raise ValueError("crop_size and tile_size must be positive")
+        if self.match_tiles_per_task < 1 or self.slices_per_task < 1:
+            raise ValueError("match_tiles_per_task and slices_per_task must be >= 1")
+        if not 0 <= self.search_margin_px <= self.tile_size:
+            raise ValueError("search_margin_px must be within [0, tile_size]")
+
+    def features_key(self) -> str:
+        """Short hash of every setting that changes tile features or matches.
+
+        Stored matches live under this key, so a resumed run with other settings recomputes
+        them instead of silently reusing stale ones.
+        """
+        names = [f.name for f in fields(self)
+                 if f.name.startswith(("sift_", "flann_", "tile_", "search_"))] + \
+                ["mask_erode_px", "ratio"]
+        text = json.dumps({n: getattr(self, n) for n in sorted(names)}, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+_INTERP = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC}
+
+
+# ---- grey and features -----------------------------------------------------------------------
+
+def grey_from_bands(data: np.ndarray, stretch: Sequence[Sequence[float]],
+                    valid: Optional[np.ndarray] = None) -> np.ndarray:
+    """(bands, H, W) any dtype -> (H, W) float32 in [0, 1]: mean of the stretched bands.
+
+    Invalid pixels are set to 0 (they are also kept out of detection by the mask).
+    """
+    grey = stretch_to_unit(data, stretch).mean(axis=0, dtype=np.float32)
+    if valid is not None:
+        grey[~valid] = 0.0
+    return grey
+
+
+def detection_mask(valid: np.ndarray, erode_px: int) -> np.ndarray:
+    """uint8 mask (255 = may hold keypoints): valid pixels shrunk by ``erode_px``."""
+    mask = valid.astype(np.uint8) * 255
+    if erode_px > 0 and not mask.all():
+        kernel = cv2.getStructuringElement(cv2.MORPH_RECT, (2 * erode_px + 1, 2 * erode_px + 1))
+        # Border pixels count as valid so only real nodata shrinks the mask, not the window edge.
+        mask = cv2.erode(mask, kernel, borderType=cv2.BORDER_CONSTANT, borderValue=255)
+    return mask
+
+
+def make_sift(cfg: RegistrationConfig):
+    return cv2.SIFT_create(nfeatures=int(cfg.sift_max_features),
+                           nOctaveLayers=int(cfg.sift_octave_layers),
+                           contrastThreshold=float(cfg.sift_contrast_threshold),
+                           edgeThreshold=float(cfg.sift_edge_threshold),
+                           sigma=float(cfg.sift_sigma))
+
+
+def detect_features(grey: np.ndarray, valid: Optional[np.ndarray],
+                    cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """SIFT on a float grey image -> (xy (N, 2) float32, descriptors (N, 128) uint8).
+
+    SIFT descriptors in OpenCV are integer valued in [0, 255], so uint8 storage is lossless and
+    a quarter of the size (they travel between regional stages).
+    """
+    image = np.rint(np.clip(grey, 0.0, 1.0) * 255.0).astype(np.uint8)
+    mask = detection_mask(valid, cfg.mask_erode_px) if valid is not None else None
+    if mask is not None and not mask.any():
+        return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
+    keypoints, desc = make_sift(cfg).detectAndCompute(image, mask)
+    if desc is None or not keypoints:
+        return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
+    xy = np.asarray([kp.pt for kp in keypoints], dtype=np.float32).reshape(-1, 2)
+    return xy, np.clip(np.rint(desc), 0, 255).astype(np.uint8)
+
+
+def match_descriptors(query: np.ndarray, train: np.ndarray,
+                      cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FLANN kd-tree 2-NN with Lowe's ratio test -> (query_idx, train_idx, distance).
+
+    Brute force breaks at 2^18 train descriptors in OpenCV 5; FLANN has no such limit.
+    """
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    if len(query) < 1 or len(train) < 2:
+        return empty
+    flann = cv2.FlannBasedMatcher({"algorithm": 1, "trees": int(cfg.flann_trees)},
+                                  {"checks": int(cfg.flann_checks)})
+    pairs = flann.knnMatch(np.ascontiguousarray(query, np.float32),
+                           np.ascontiguousarray(train, np.float32), k=2)
+    qi, ti, dist = [], [], []
+    for pair in pairs:
+        if len(pair) == 2 and pair[0].distance < cfg.ratio * pair[1].distance:
+            qi.append(pair[0].queryIdx)
+            ti.append(pair[0].trainIdx)
+            dist.append(pair[0].distance)
+    if not qi:
+        return empty
+    return np.asarray(qi, np.int64), np.asarray(ti, np.int64), np.asarray(dist, np.float32)
+
+
+# ---- homography fit and its sanity -----------------------------------------------------------
+
+@dataclass
+class HomographyFit:
+    homography: Optional[np.ndarray]   # 3x3 post-slice -> pre-slice, None when no fit
+    n_matches: int
+    n_inliers: int
+    reject_reason: Optional[str] = None
+
+
+def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationConfig) -> HomographyFit:
+    """RANSAC homography from matched points (post -> pre), with the inlier-count rule applied."""
+    n = int(len(post_xy))
+    if n < max(4, cfg.min_inliers):
+        return HomographyFit(None, n, 0, f"too few matches ({n} < {max(4, cfg.min_inliers)})")
+    H, inliers = cv2.findHomography(np.asarray(post_xy, np.float64).reshape(-1, 1, 2),
+                                    np.asarray(pre_xy, np.float64).reshape(-1, 1, 2),
+                                    cv2.RANSAC, float(cfg.ransac_threshold_px),
+                                    maxIters=int(cfg.ransac_max_iters),
+                                    confidence=float(cfg.ransac_confidence))
+    if H is None or inliers is None:
+        return HomographyFit(None, n, 0, "RANSAC found no homography")
+    n_in = int(inliers.sum())
+    if n_in < cfg.min_inliers:
+        return HomographyFit(None, n, n_in, f"too few inliers ({n_in} < {cfg.min_inliers})")
+    if not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
+        return HomographyFit(None, n, n_in, "degenerate homography (not finite)")
+    return HomographyFit(H / H[2, 2], n, n_in)
+
+
+def apply_homography(H: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    xy = np.asarray(xy, np.float64).reshape(-1, 2)
+    p = np.hstack([xy, np.ones((len(xy), 1))]) @ np.asarray(H, np.float64).T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return p[:, :2] / p[:, 2:3]
+
+
+def crop_offset(slice_size: int, crop_size: int) -> int:
+    """Offset of the central crop inside a slice (the paper keeps the central 1024 x 1024)."""
+    if crop_size > slice_size:
+        raise ValueError(f"crop_size {crop_size} exceeds slice size {slice_size}")
+    return (slice_size - crop_size) // 2
+
+
+def crop_corners(offset: int, crop_size: int) -> np.ndarray:
+    """Outer corners of the crop's pixels (pixel-centre coordinates, hence the -0.5)."""
+    lo, hi = offset - 0.5, offset + crop_size - 0.5
+    return np.array([[lo, lo], [hi, lo], [hi, hi], [lo, hi]], np.float64)
+
+
+def homography_problem(H: np.ndarray, slice_size: int, crop_size: int,
+                       cfg: RegistrationConfig) -> Optional[str]:
+    """Why ``H`` is not a plausible between-dates mapping of this slice, or None when it is."""
+    A = H[:2, :2]
+    try:
+        s = np.linalg.svd(A, compute_uv=False)
+    except np.linalg.LinAlgError:
+        return "degenerate homography (SVD failed)"
+    if np.linalg.det(A) <= 0:
+        return "degenerate homography (mirrored or singular)"
+    if s[0] > cfg.max_scale_change or s[1] < 1.0 / cfg.max_scale_change:
+        return f"degenerate homography (scale {s[1]:.3f}..{s[0]:.3f})"
+    if s[0] / s[1] > cfg.max_anisotropy:
+        return f"degenerate homography (anisotropy {s[0] / s[1]:.3f})"
+    persp = (abs(H[2, 0]) + abs(H[2, 1])) * slice_size
+    if persp > cfg.max_perspective:
+        return f"degenerate homography (perspective {persp:.4f})"
+    corners = crop_corners(crop_offset(slice_size, crop_size), crop_size)
+    moved = apply_homography(np.linalg.inv(H), corners)
+    shift = float(np.max(np.hypot(*(moved - corners).T)))
+    if not np.isfinite(shift) or shift > cfg.max_shift_px:
+        return f"degenerate homography (crop corner moves {shift:.0f} px > {cfg.max_shift_px:.0f})"
+    return None
+
+
+# ---- warping -----------------------------------------------------------------------------------
+
+def translation(dx: float, dy: float) -> np.ndarray:
+    return np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
+
+
+def warp_post_to_crop(post: np.ndarray, post_valid: np.ndarray, H: np.ndarray,
+                      post_origin: Sequence[float], crop_origin: Sequence[float], crop_size: int,
+                      resampling: str = "linear") -> tuple[np.ndarray, np.ndarray]:
+    """Resample post (bands, h, w) onto the crop of the pre slice.
+
+    ``H`` maps post-slice to pre-slice coordinates; ``post_origin`` / ``crop_origin`` are the
+    slice coordinates of ``post[:, 0, 0]`` and of the crop's first pixel, so the same function
+    serves a whole post slice (origin 0, 0) and a small post window around the crop footprint.
+    Returns (bands, crop, crop) in post's dtype and a validity mask (False where any source
+    pixel of the interpolation was nodata or outside the window).
+    """
+    # output crop pixel -> pre slice -> post slice -> post array
+    M = translation(-crop_origin[0], -crop_origin[1]) @ H @ translation(*post_origin)
+    flags = _INTERP[resampling]
+    size = (int(crop_size), int(crop_size))
+    bands = []
+    for band in post:  # per band: warpPerspective handles any dtype one channel at a time
+        bands.append(cv2.warpPerspective(np.ascontiguousarray(band), M, size, flags=flags,
+                                         borderMode=cv2.BORDER_CONSTANT, borderValue=0))
+    warped = np.stack(bands)
+    # A pixel is valid only if every interpolation source was valid: warp the mask linearly
+    # and keep full-weight pixels.
+    vm = cv2.warpPerspective(post_valid.astype(np.uint8) * 255, M, size, flags=cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return warped, vm >= 255
+
+
+def post_footprint(H: np.ndarray, crop_origin: Sequence[float], crop_size: int,
+                   margin: int) -> tuple[int, int, int, int]:
+    """Integer window (x0, y0, w, h) of post-slice pixels the crop's warp needs, plus a margin."""
+    lo_x, lo_y = crop_origin
+    corners = np.array([[lo_x, lo_y], [lo_x + crop_size - 1, lo_y],
+                        [lo_x + crop_size - 1, lo_y + crop_size - 1],
+                        [lo_x, lo_y + crop_size - 1]], np.float64)
+    src = apply_homography(np.linalg.inv(H), corners)
+    x0 = int(np.floor(src[:, 0].min())) - margin
+    y0 = int(np.floor(src[:, 1].min())) - margin
+    x1 = int(np.ceil(src[:, 0].max())) + margin + 1
+    y1 = int(np.ceil(src[:, 1].max())) + margin + 1
+    return x0, y0, x1 - x0, y1 - y0
+
+
+# ---- the per-slice recipe ----------------------------------------------------------------------
+
+def register_slice_pair(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: np.ndarray,
+                        post_valid: np.ndarray, cfg: RegistrationConfig) -> HomographyFit:
+    """The paper's step 4 on one slice pair: SIFT both, FLANN ratio matches, RANSAC homography.
+
+    Returns the fit (post-slice -> pre-slice) or a reject reason; never raises on bad imagery.
+    """
+    pre_xy, pre_desc = detect_features(pre_grey, pre_valid, cfg)
+    post_xy, post_desc = detect_features(post_grey, post_valid, cfg)
+    qi, ti, _ = match_descriptors(post_desc, pre_desc, cfg)
+    fit = fit_homography(post_xy[qi], pre_xy[ti], cfg)
+    if fit.homography is not None:
+        reason = homography_problem(fit.homography, pre_grey.shape[0], cfg.crop_size, cfg)
+        if reason:
+            return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
+    return fit
+
+
+def nodata_fraction(*valids: np.ndarray) -> float:
+    """Fraction of pixels invalid in any of the given masks."""
+    ok = np.logical_and.reduce([np.asarray(v, bool) for v in valids])
+    return float(1.0 - ok.mean()) if ok.size else 1.0

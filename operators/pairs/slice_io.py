@@ -1,0 +1,188 @@
+"""Reading slice windows and finishing a registered crop pair: nodata check, screening, 8-bit
+PNGs, and the slice's metadata row. Shared by both registration methods (``per_slice_ops`` and
+``regional_ops``)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import cv2
+import numpy as np
+import pyarrow as pa
+from affine import Affine
+
+from operators.io.images import write_png
+from operators.io.storage import Store
+from operators.io.tables import envelope
+from operators.pairs.radiometry import to_uint8
+from operators.pairs.raster_io import Grid, read_window
+from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
+                                          grey_from_bands, nodata_fraction)
+from operators.pairs.screening import screen_alignment
+
+STAGE = "registration"
+
+METADATA_SCHEMA = pa.schema([
+    ("slice_id", pa.string()),
+    ("pair_id", pa.string()),
+    ("location", pa.string()),
+    ("split", pa.string()),
+    ("pre_scene", pa.string()),
+    ("post_scene", pa.string()),
+    ("pre_date", pa.string()),
+    ("post_date", pa.string()),
+    ("crs", pa.string()),
+    ("bounds", pa.list_(pa.float64())),       # left, bottom, right, top of the kept crop (crs units)
+    ("window", pa.list_(pa.int64())),         # kept crop on the common grid: col, row, w, h
+    ("slice_window", pa.list_(pa.int64())),   # the input slice's window
+    ("homography", pa.list_(pa.float64())),   # 9 floats row-major, post-slice px -> pre-slice px
+    ("n_matches", pa.int64()),
+    ("n_inliers", pa.int64()),
+    ("residual_px", pa.float64()),            # screening: largest local shift in the kept crop
+    ("residual_median_px", pa.float64()),
+    ("screen_windows", pa.int64()),           # confident phase-correlation windows behind it
+    ("status", pa.string()),                  # accepted | rejected
+    ("reject_reason", pa.string()),           # null when accepted
+    ("image_a", pa.string()),                 # A/<slice_id>.png when accepted
+    ("image_b", pa.string()),
+    ("method", pa.string()),
+    ("seconds", pa.float64()),                # wall time of this slice's task
+    ("cpu_seconds", pa.float64()),            # its CPU time (excludes the shared tile passes)
+    ("run_id", pa.string()),
+])
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def _read(uri: str, window: Sequence[int], bands: Sequence[int], grid: Optional[Grid]):
+    """read_window that also tolerates windows starting left of / above the grid origin.
+
+    Tiles and crop footprints near a scene edge reach outside it; the part outside comes back
+    invalid.
+    """
+    col, row, width, height = (int(v) for v in window)
+    c0, r0 = max(col, 0), max(row, 0)
+    w, h = width - (c0 - col), height - (r0 - row)
+    if w <= 0 or h <= 0:
+        return (np.zeros((len(bands), height, width), np.uint8), np.zeros((height, width), bool))
+    data, valid = read_window(uri, (c0, r0, w, h), bands, grid=grid)
+    if (c0, r0) == (col, row):
+        return data, valid
+    out = np.zeros((data.shape[0], height, width), data.dtype)
+    ok = np.zeros((height, width), bool)
+    out[:, r0 - row:, c0 - col:] = data
+    ok[r0 - row:, c0 - col:] = valid
+    return out, ok
+
+
+def read_pre(row: dict, window: Sequence[int]):
+    return _read(row["pre_uri"], window, row["bands_pre"], None)
+
+
+def read_post(row: dict, window: Sequence[int]):
+    """Post scene resampled onto the common (pre) grid."""
+    return _read(row["post_uri"], window, row["bands_post"],
+                 Grid(str(row["crs"]), tuple(float(v) for v in row["transform"])))
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+class Clock:
+    """Wall time and this thread's CPU time since creation.
+
+    CPU time is what the work cost regardless of other load on the machine (OpenCV runs
+    single-threaded in these tasks, so the thread's time is the task's).
+    """
+
+    def __init__(self):
+        self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
+
+    def wall(self) -> float:
+        return round(time.perf_counter() - self.wall0, 4)
+
+    def cpu(self) -> float:
+        return round(time.thread_time() - self.cpu0, 4)
+
+
+def window_bounds(transform: Sequence[float], window: Sequence[int]) -> list[float]:
+    """(left, bottom, right, top) of a pixel window under an affine transform."""
+    aff = Affine(*transform)
+    col, row, width, height = window
+    xs, ys = zip(*[aff * (c, r) for c in (col, col + width) for r in (row, row + height)])
+    return [min(xs), min(ys), max(xs), max(ys)]
+
+
+def crop_window(row: dict, cfg: RegistrationConfig) -> list[int]:
+    col, r, size, _ = (int(v) for v in row["window"])
+    off = crop_offset(size, cfg.crop_size)
+    return [col + off, r + off, cfg.crop_size, cfg.crop_size]
+
+
+def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, fit: HomographyFit,
+            status: str, reason: Optional[str], screen=None, images=(None, None)) -> dict:
+    kept = crop_window(row, cfg)
+    return {
+        "slice_id": row["slice_id"], "pair_id": row.get("pair_id"), "location": row.get("location"),
+        "split": row.get("split"), "pre_scene": row.get("pre_scene"),
+        "post_scene": row.get("post_scene"), "pre_date": row.get("pre_date"),
+        "post_date": row.get("post_date"), "crs": str(row["crs"]),
+        "bounds": window_bounds(row["transform"], kept), "window": kept,
+        "slice_window": [int(v) for v in row["window"]],
+        "homography": None if fit.homography is None else
+        [float(v) for v in np.asarray(fit.homography).ravel()],
+        "n_matches": fit.n_matches, "n_inliers": fit.n_inliers,
+        "residual_px": None if screen is None else screen.residual_px,
+        "residual_median_px": None if screen is None else screen.residual_median_px,
+        "screen_windows": None if screen is None else screen.n_confident,
+        "status": status, "reject_reason": reason,
+        "image_a": images[0], "image_b": images[1],
+        "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
+        "run_id": run_id,
+    }
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    """(H, W, 1|3|4) uint8 -> (H, W, 3): single-band scenes are written as grey RGB."""
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return image[:, :, :3]
+
+
+def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, clock: Clock,
+                fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
+                post_crop: np.ndarray, post_valid: np.ndarray) -> dict:
+    """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair."""
+    frac = nodata_fraction(pre_valid, post_valid)
+    if frac > cfg.max_nodata_fraction:
+        reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
+        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
+    both = pre_valid & post_valid
+    pre_grey = grey_from_bands(pre_crop, row["stretch_pre"], both)
+    post_grey = grey_from_bands(post_crop, row["stretch_post"], both)
+    screen = screen_alignment(pre_grey, post_grey, both, cfg)
+    if screen.reject_reason:
+        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
+                                            screen.reject_reason, screen))
+    store = Store(out_root)
+    rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
+    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], pre_valid)))
+    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], post_valid)))
+    return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen,
+                                        (rel_a, rel_b)))
+
+
+def single_thread():
+    # One Ray task = one core: OpenCV's own threads would oversubscribe the CPUs Ray hands out
+    # and make 1-vs-2-CPU scaling meaningless.
+    cv2.setNumThreads(1)
+
+
+
+def plain_row(row: dict) -> dict:
+    """Ray rows hold numpy arrays for list columns; the cores want plain lists."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        out[k] = v
+    return out

@@ -1,0 +1,186 @@
+"""The pairs job end to end through Ray Data: real NAIP scenes, bad inputs, labels, resume, S3."""
+from __future__ import annotations
+
+import io
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.build_pairs import PairsJobConfig, run
+from operators.io.images import decode_image, encode_png
+from operators.pairs.pairing import PairingConfig
+from operators.pairs.registration import RegistrationConfig
+from operators.io.storage import Store
+from operators.io.tables import read_table
+from tests.conftest import DATA
+
+NAIP = {p.name.split("_")[-1][:4]: p for p in sorted((DATA / "naip").glob("*.tif"))}
+SMALL = dict(slice_size=512, stride=256)
+CROP = 256
+
+
+def small_job(inp, out, **kw):
+    return PairsJobConfig(input=str(inp), output=str(out), **{**SMALL, **kw})
+
+
+def build_archive(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    for year in ("2009", "2016", "2017", "2020"):
+        shutil.copy(NAIP[year], folder / NAIP[year].name)
+    (folder / "empty_20190101.tif").write_bytes(b"")
+    (folder / "corrupt_20190101.tif").write_bytes(NAIP["2017"].read_bytes()[:6000])
+    shutil.copy(NAIP["2017"], folder / "no_date_here.tif")
+    # Landsat-8 over Alabama: a real scene with a date, but nothing else overlaps it.
+    shutil.copy(DATA / "uint16" / "l8_B4.tif", folder / "l8_20200615.tif")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, ray_session):
+    base = tmp_path_factory.mktemp("pairs")
+    archive = build_archive(base / "archive")
+    out = base / "out"
+    summary = run(small_job(archive, out), PairingConfig(reference_date="2021-01-01"),
+                  RegistrationConfig(crop_size=CROP))
+    return archive, out, summary
+
+
+def test_every_scene_pair_and_slice_ends_somewhere(local_run):
+    archive, out, summary = local_run
+    store = Store(str(out))
+    meta = pq.read_table(str(out / "metadata")).to_pylist()
+    pairs = pq.read_table(str(out / "pairs")).to_pylist()
+    errors = pq.read_table(str(out / "errors")).to_pylist()
+    scenes = pq.read_table(str(out / "scenes")).to_pylist()
+
+    # Scenes: 5 good ones catalogued, the 3 broken ones in errors with a clear reason.
+    assert len(scenes) == 5
+    by_item = {e["item"].rsplit("/", 1)[-1]: e for e in errors}
+    assert "empty file" in by_item["empty_20190101.tif"]["message"]
+    assert "corrupt or truncated" in by_item["corrupt_20190101.tif"]["message"]
+    assert "no acquisition date" in by_item["no_date_here.tif"]["message"]
+    assert "cannot form a pair" in by_item["l8_20200615.tif"]["message"]
+
+    # Pairs: 4 NAIP dates -> 6 candidates; the 2009 ones fail the 10-year lookback from 2021.
+    naip_pairs = [p for p in pairs if "l8_" not in p["pre_uri"]]
+    assert len(naip_pairs) == 6
+    accepted = [p for p in naip_pairs if p["status"] == "accepted"]
+    assert len(accepted) == 3
+    assert all("older than 10 years" in p["reason"] for p in naip_pairs if p["pre_date"] == "2009-08-18")
+
+    # Slices: NAIP's ~934x723 intersection at 512/256 gives 3 x 2 windows per pair.
+    assert len(meta) == 3 * 6 == summary["slices_this_run"]
+    assert {m["pair_id"] for m in meta} == {p["pair_id"] for p in accepted}
+    assert len({m["slice_id"] for m in meta}) == len(meta)
+    ok = [m for m in meta if m["status"] == "accepted"]
+    assert len(ok) >= 3, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
+    contract = {"slice_id", "pair_id", "pre_scene", "post_scene", "pre_date", "post_date", "crs",
+                "bounds", "homography", "n_matches", "n_inliers", "residual_px", "split", "status",
+                "reject_reason"}
+    assert contract <= set(meta[0])
+    for m in meta:
+        assert m["status"] in ("accepted", "rejected")
+        assert (m["reject_reason"] is None) == (m["status"] == "accepted")
+        assert len(m["homography"] or [0] * 9) == 9 and m["crs"] == "EPSG:26914"
+    for m in ok:
+        assert m["residual_px"] <= 8.0
+        a = decode_image(store.read_bytes(f"A/{m['slice_id']}.png"))
+        b = decode_image(store.read_bytes(f"B/{m['slice_id']}.png"))
+        assert a.shape == b.shape == (CROP, CROP, 3) and a.dtype == np.uint8
+    for m in meta:
+        if m["status"] == "rejected":
+            assert not store.exists(f"A/{m['slice_id']}.png")
+    # One location, so every accepted slice is in train (splits are by location, never by slice).
+    train = store.read_bytes("list/train.txt").decode().split()
+    assert sorted(train) == sorted(f"{m['slice_id']}.png" for m in ok)
+    assert store.read_bytes("list/test.txt").decode().split() == []
+
+
+def test_registered_crops_line_up(local_run):
+    """Independent check of the accepted crops: pre and registered post agree to about a pixel."""
+    import cv2
+
+    _, out, _ = local_run
+    store = Store(str(out))
+    ok = [m for m in pq.read_table(str(out / "metadata")).to_pylist() if m["status"] == "accepted"]
+    shifts = []
+    for m in ok[:6]:
+        a = decode_image(store.read_bytes(f"A/{m['slice_id']}.png"), grey=True).astype(np.float32)
+        b = decode_image(store.read_bytes(f"B/{m['slice_id']}.png"), grey=True).astype(np.float32)
+        (dx, dy), _ = cv2.phaseCorrelate(a.copy(), b.copy())
+        shifts.append(np.hypot(dx, dy))
+    assert np.median(shifts) < 1.5
+
+
+def test_rerun_skips_finished_work_and_adds_labels(local_run, tmp_path):
+    archive, out, _ = local_run
+    store = Store(str(out))
+    meta = pq.read_table(str(out / "metadata")).to_pylist()
+    ok = sorted(m["slice_id"] for m in meta if m["status"] == "accepted")
+    before_errors = pq.read_table(str(out / "errors")).num_rows
+
+    labels = Store(str(tmp_path / "labels"))
+    rng = np.random.default_rng(0)
+    expected = {}
+    for sid in ok[:2]:
+        new = np.zeros((CROP, CROP), np.uint8)
+        gone = np.zeros((CROP, CROP), np.uint8)
+        y, x = rng.integers(0, CROP - 40, 2)
+        new[y:y + 30, x:x + 30] = 255
+        gone[10:20, 10:50] = 1  # another annotator's 0/1 convention
+        labels.write_bytes(f"label1/{sid}.png", encode_png(new))
+        labels.write_bytes(f"label2/{sid}.png", encode_png(gone))
+        expected[sid] = (new > 0) | (gone > 0)
+    bad = ok[2]
+    labels.write_bytes(f"label1/{bad}.png", encode_png(np.zeros((CROP + 1, CROP), np.uint8)))
+    labels.write_bytes(f"label2/{bad}.png", encode_png(np.zeros((CROP + 1, CROP), np.uint8)))
+    labels.write_bytes("label1/not_a_slice.png", encode_png(np.zeros((CROP, CROP), np.uint8)))
+
+    summary = run(small_job(archive, out, labels=labels.uri()), PairingConfig(reference_date="2021-01-01"),
+                  RegistrationConfig(crop_size=CROP))
+    assert summary["slices_this_run"] == 0 and summary["slices_skipped_as_finished"] == len(meta)
+    assert pq.read_table(str(out / "metadata")).num_rows == len(meta)  # no duplicates
+    assert len(pq.read_table(str(out / "scenes")).to_pylist()) == 5  # replaced, not appended
+    assert summary["labels_merged_this_run"] == 2
+    for sid, mask in expected.items():
+        merged = decode_image(store.read_bytes(f"label/{sid}.png"), grey=True)
+        assert set(np.unique(merged)) <= {0, 255} and np.array_equal(merged > 0, mask)
+    errors = pq.read_table(str(out / "errors")).to_pylist()
+    msgs = {e["item"]: e["message"] for e in errors if e["stage"] == "labels"}
+    assert "slice crop is 256x256" in msgs[bad] or "257" in msgs[bad]
+    assert "not an accepted slice" in msgs["not_a_slice"]
+    # errors/ describes the latest run: the scene errors again, plus the two label errors.
+    assert len(errors) == before_errors + 2
+
+
+@pytest.mark.slow
+def test_s3_in_s3_out(s3_bucket, ray_session, s3_client):
+    for year in ("2017", "2020"):
+        s3_client.upload_file(str(NAIP[year]), s3_bucket, f"archive/{NAIP[year].name}")
+    s3_client.put_object(Bucket=s3_bucket, Key="archive/broken_20200101.tif", Body=b"II*\x00garbage")
+    out = f"s3://{s3_bucket}/out"
+    summary = run(small_job(f"s3://{s3_bucket}/archive", out), PairingConfig(),
+                  RegistrationConfig(crop_size=CROP, method="per-slice"))
+    assert summary["slices_this_run"] == 6
+    store = Store(out)
+    meta = read_table(store, "metadata").to_pylist()
+    assert {m["pre_date"] for m in meta} == {"2017-08-27"}
+    ok = [m for m in meta if m["status"] == "accepted"]
+    assert ok and all(store.exists(f"A/{m['slice_id']}.png") and store.exists(f"B/{m['slice_id']}.png")
+                      for m in ok)
+    errs = read_table(store, "errors").to_pylist()
+    assert [e["item"] for e in errs] == [f"s3://{s3_bucket}/archive/broken_20200101.tif"]
+    # The tables read straight from S3 with plain pyarrow (AWS_ENDPOINT_URL is honoured).
+    t = pq.read_table(f"{out.replace('s3://', '')}/metadata", filesystem=_s3fs())
+    assert t.num_rows == 6
+
+
+def _s3fs():
+    import os
+    from urllib.parse import urlparse
+
+    import pyarrow.fs as pafs
+    ep = urlparse(os.environ["AWS_ENDPOINT_URL"])
+    return pafs.S3FileSystem(endpoint_override=ep.netloc, scheme=ep.scheme, region="us-east-1")

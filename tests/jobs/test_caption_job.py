@@ -1,0 +1,173 @@
+"""The captions job end to end through Ray Data against the OpenAI-compatible test server: local and S3
+input/output, faults, reruns that pay nothing twice, the key kept out of every output."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.caption import LEVIR_CC_FILE, CaptionJobConfig, run
+from operators.language.caption_ops import TABLE_SCHEMAS
+from operators.language.captions import select_captions
+from operators.io.storage import Store
+from operators.io.tables import read_table
+
+REPO = Path(__file__).resolve().parents[2]
+LEVIR = REPO / "data" / "levir-cd"
+ALL_PAIRS = sorted(p.stem for p in (LEVIR / "A").glob("*.png"))
+FAKE_KEY = "sk-changeforge-RECOGNIZABLE-FAKE-KEY-42"
+
+pytestmark = pytest.mark.slow
+
+
+def config(server, inp, out, **kw):
+    base = dict(input=str(inp), output=str(out), model="test-model", base_url=server.base_url, timeout_s=2.0,
+                max_retries=4, max_reasks=3, backoff_base_s=0.05, actors=2, concurrent_batches=4, batch_size=4,
+                progress_every_s=1.0, price_per_mtok_in=0.5, price_per_mtok_out=1.5)
+    base.update(kw)
+    return CaptionJobConfig(**base)
+
+
+def tables(out):
+    store = Store(str(out))
+    return {name: (read_table(store, name, schema).to_pylist() if read_table(store, name, schema) is not None else [])
+            for name, schema in TABLE_SCHEMAS.items()}
+
+
+def accounted(t):
+    return sorted({r["pair_id"] for r in t["pairs"]} | {r["item"] for r in t["errors"]})
+
+
+def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    out = tmp_path / "out"
+    summary = run(config(openai_server, LEVIR, out))
+    t = tables(out)
+
+    # Every pair ends in pairs or errors; the mask-less one is an error with a clear message.
+    assert accounted(t) == ALL_PAIRS
+    assert len(t["pairs"]) == 11
+    assert [(e["item"], e["stage"]) for e in t["errors"]] == [("test_113_0256", "prepare")]
+    assert "missing change mask" in t["errors"][0]["message"]
+
+    # Five judged candidates per pair; the stored selection follows the rule.
+    assert len(t["captions"]) == 55
+    by_pair = {}
+    for c in t["captions"]:
+        by_pair.setdefault(c["pair_id"], []).append(c)
+    pairs = {p["pair_id"]: p for p in t["pairs"]}
+    for pid, cands in by_pair.items():
+        cands.sort(key=lambda c: c["candidate_index"])
+        assert [c["overall"] for c in cands] == [float(c["judge_overall"]) for c in cands]
+        expected = [s.selected for s in select_captions([c["overall"] for c in cands])]
+        assert [c["selected"] for c in cands] == expected
+        assert pairs[pid]["selected_captions"] == [c["caption"] for c in cands if c["selected"]]
+        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v1"}
+        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v1"}
+    assert any(not c["selected"] for c in t["captions"])     # the judge does reject some
+
+    # Mask stats travel with the pair, and the region description reached the prompt.
+    assert pairs["train_386_0512_0768"]["car"] == 0 and pairs["train_386_0512_0768"]["change_region"] == "no change"
+    sample = by_pair["test_102_0512_0000"][0]
+    assert pairs["test_102_0512_0000"]["change_region"].split(" areas")[0] in sample["caption"]
+
+    # Usage: one row per request, tokens and cost.
+    assert len(t["usage"]) == 22 and all(u["status"] == "ok" and not u["cached"] for u in t["usage"])
+    assert summary["usage"]["cost_usd"] > 0 and summary["usage"]["prompt_tokens"] > 0
+
+    # LEVIR-CC file from the tables.
+    doc = json.loads((out / LEVIR_CC_FILE).read_text())
+    with_sentences = [p for p in t["pairs"] if p["selected_captions"]]
+    assert len(doc["images"]) == len(with_sentences)
+    img = next(i for i in doc["images"] if i["filename"] == "test_102_0512_0000.png")
+    assert img["split"] == "test" and [s["raw"].strip() for s in img["sentences"]] == \
+        pairs["test_102_0512_0000"]["selected_captions"]
+
+    # The key appears in no output file (and no Ray log of this session).
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert FAKE_KEY.encode() not in path.read_bytes(), path
+    import ray
+    session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
+    for path in (session_dir / "logs").rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            assert FAKE_KEY.encode() not in path.read_bytes(), path
+
+    # A rerun sends nothing: every pair is finished.
+    sent = openai_server.stats()["total"]
+    second = run(config(openai_server, LEVIR, out))
+    assert openai_server.stats()["total"] == sent
+    assert second["pairs_skipped_finished"] == 11 and second["usage"]["logical_requests"] == 0
+
+    # A run that crashed after the answers but before the tables: the cache answers everything.
+    import shutil
+    shutil.rmtree(out / "pairs")
+    shutil.rmtree(out / "captions")
+    third = run(config(openai_server, LEVIR, out))
+    assert openai_server.stats()["total"] == sent
+    assert third["usage"]["cached"] == 22 and third["usage"]["http_requests"] == 0
+    assert len(tables(out)["pairs"]) == 11
+
+
+def test_faults_every_pair_accounted_and_rerun_pays_nothing_twice(ray_session, openai_server, tmp_path):
+    openai_server.configure(retry_after_s=0.2, timeout_s=4, faults=[
+        {"kind": "500", "rate": 1.0, "match": "test_2_0000_0000", "match_text": "strict reviewer"},  # judge down
+        {"kind": "429", "rate": 0.15}, {"kind": "500", "rate": 0.15}, {"kind": "timeout", "rate": 0.1},
+        {"kind": "malformed", "rate": 0.15}, {"kind": "wrong_count", "rate": 0.15}])
+    out = tmp_path / "out"
+    run(config(openai_server, LEVIR, out, timeout_s=1.0, max_retries=3))
+    t = tables(out)
+    assert accounted(t) == ALL_PAIRS
+    failed = {e["item"]: e for e in t["errors"]}
+    assert failed["test_2_0000_0000"]["stage"] == "caption_judge"
+    assert "HTTP 500" in failed["test_2_0000_0000"]["message"]
+    assert set(failed) | {p["pair_id"] for p in t["pairs"]} == set(ALL_PAIRS)
+    by_status = openai_server.stats()["by_status"]
+    assert all(by_status.get(k, 0) > 0 for k in ("429", "500", "timeout"))
+    first_ok = dict(openai_server.stats()["ok_by_key"])
+
+    openai_server.configure(faults=[])
+    run(config(openai_server, LEVIR, out))
+    t = tables(out)
+    assert sorted(p["pair_id"] for p in t["pairs"]) == [p for p in ALL_PAIRS if p != "test_113_0256"]
+    assert [e["item"] for e in t["errors"]] == ["test_113_0256"]
+    stats = openai_server.stats()
+    # No request was answered twice over both runs, and the rerun only asked about failed pairs.
+    assert max(stats["ok_by_key"].values()) == 1
+    new_keys = set(stats["ok_by_key"]) - set(first_ok)
+    assert new_keys and {stats["items_by_key"][k] for k in new_keys} <= set(failed)
+    # The failed judge's generation answer came from the cache: one new answer for that pair.
+    assert sum(1 for k in new_keys if stats["items_by_key"][k] == "test_2_0000_0000") == 1
+
+
+def test_s3_input_and_output(ray_session, openai_server, s3_client, s3_bucket):
+    for path in LEVIR.rglob("*"):
+        if path.is_file():
+            s3_client.upload_file(str(path), s3_bucket, f"levir/{path.relative_to(LEVIR)}")
+    out = f"s3://{s3_bucket}/runs/one"
+    summary = run(config(openai_server, f"s3://{s3_bucket}/levir", out, overall="min"))
+    t = tables(out)
+    assert accounted(t) == ALL_PAIRS and len(t["pairs"]) == 11 and len(t["captions"]) == 55
+    criteria = ("accuracy", "specificity", "spatial_correctness", "naturalness", "informativeness")
+    for c in t["captions"]:   # --overall min: a caption is as good as its weakest criterion
+        assert c["overall_mode"] == "min" and c["overall"] == min(c[k] for k in criteria)
+    assert summary["usage"]["http_requests"] == 22
+    doc = json.loads(Store(out).read_bytes(LEVIR_CC_FILE))
+    assert doc["images"] and all(img["sentences"] for img in doc["images"])
+    assert len(Store(out).list("_cache/llm", suffixes=(".json",))) == 22
+
+
+def test_cli_without_endpoint_stops_at_once_and_help_lists_options(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "jobs/caption.py", "--input", str(LEVIR), "--output", str(tmp_path / "o"),
+                           "--model", "m"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "OPENAI_BASE_URL" in proc.stderr and "OPENAI_API_KEY" in proc.stderr
+    assert not (tmp_path / "o").exists()
+    help_text = subprocess.run([sys.executable, "-m", "jobs.caption", "--help"], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=60).stdout
+    for option in ("--input", "--output", "--model", "--rpm", "--tpm", "--max-in-flight", "--max-image-side",
+                   "--price-per-mtok-in", "--price-per-mtok-out", "--overall", "--num-cpus", "--detail"):
+        assert option in help_text

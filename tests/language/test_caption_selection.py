@@ -1,0 +1,88 @@
+"""Selection rule, overall score modes, templates, schemas and the LEVIR-CC document."""
+import pytest
+
+from operators.language.captions import (CRITERIA, PERSPECTIVES, generation_schema, judge_schema, levir_cc_document,
+                                load_template, overall_score, select_captions, tokenize)
+from operators.llm.schema import schema_errors
+
+
+def kept(scores):
+    return [s.selected for s in select_captions(scores)]
+
+
+def test_top_three_of_passing():
+    assert kept([10, 9, 8, 7, 7]) == [True, True, True, False, False]
+
+
+def test_ties_at_the_cut_are_all_kept():
+    assert kept([9, 8, 8, 8, 5]) == [True, True, True, True, False]
+    assert kept([7, 7, 7, 7, 7]) == [True] * 5
+    reasons = [s.reason for s in select_captions([9, 8, 8, 8, 5])]
+    assert "tied" in reasons[1] and "rejected" in reasons[4]
+
+
+def test_all_below_seven_rejected():
+    sel = select_captions([6, 6.99, 1, 5, 6])
+    assert not any(s.selected for s in sel)
+    assert all(s.reason.startswith("rejected") for s in sel)
+
+
+def test_fewer_than_three_passing_all_kept():
+    assert kept([7, 3, 9, 2, 1]) == [True, False, True, False, False]
+
+
+def test_tie_above_cut_does_not_widen():
+    # Two tied at the top and one clear third: exactly three kept.
+    assert kept([9, 9, 8, 7, 10]) == [True, True, False, False, True]
+
+
+def test_overall_modes():
+    s = {"accuracy": 9, "specificity": 6, "spatial_correctness": 8, "naturalness": 10, "informativeness": 7,
+         "overall": 8}
+    assert overall_score(s, "judge") == 8
+    assert overall_score(s, "mean") == pytest.approx(8.0)
+    assert overall_score(s, "min") == 6
+    with pytest.raises(ValueError):
+        overall_score(s, "max")
+
+
+def test_templates_load_render_and_carry_versions():
+    gen = load_template("caption_generate.v1")
+    judge = load_template("caption_judge.v1")
+    assert gen.version == "caption_generate.v1" and judge.version == "caption_judge.v1"
+    system, user = gen.render(car_percent="12.5", region="upper-left area of the image", components=3)
+    assert "upper-left area of the image" in user and "12.5%" in user and system
+    for p in PERSPECTIVES:
+        assert p in user
+    _, juser = judge.render(region="center", captions="change_type: x", keys=", ".join(PERSPECTIVES))
+    for c in CRITERIA:
+        assert c in juser
+
+
+def test_schemas_accept_good_and_reject_incomplete_replies():
+    good = {p: f"a caption about {p} changes" for p in PERSPECTIVES}
+    assert schema_errors(good, generation_schema()) == []
+    assert schema_errors({k: v for k, v in good.items() if k != "scale"}, generation_schema())
+    entry = {**{c: 8 for c in CRITERIA}, "overall": 8, "reason": "fine"}
+    assert schema_errors({p: entry for p in PERSPECTIVES}, judge_schema()) == []
+    assert schema_errors({p: dict(entry, accuracy=11) for p in PERSPECTIVES}, judge_schema())
+
+
+def test_tokenize_levir_cc_style():
+    assert tokenize("Two new buildings appear in the upper-left, near a road.") == \
+        ["two", "new", "buildings", "appear", "in", "the", "upper", "left", "near", "a", "road"]
+
+
+def test_levir_cc_document_shape():
+    pairs = [{"split": "train", "filename": "train_1.png", "car": 0.1, "selected_captions": ["A road was built.", "B."]},
+             {"split": "test", "filename": "test_1.png", "car": 0.0, "selected_captions": []},
+             {"split": "val", "filename": "val_1.png", "car": 0.0, "selected_captions": ["Nothing changed."]}]
+    doc = levir_cc_document(pairs)
+    names = [img["filename"] for img in doc["images"]]
+    assert names == ["train_1.png", "val_1.png"]          # no sentences -> left out
+    img = doc["images"][0]
+    assert img["split"] == img["filepath"] == "train" and img["changeflag"] == 1
+    assert [s["raw"].strip() for s in img["sentences"]] == ["A road was built.", "B."]
+    assert img["sentences"][0]["tokens"] == ["a", "road", "was", "built"]
+    assert img["sentids"] == [0, 1] and doc["images"][1]["sentids"] == [2]
+    assert doc["images"][1]["changeflag"] == 0
