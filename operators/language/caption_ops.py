@@ -21,6 +21,7 @@ from operators.llm.client import LLMRequest, LLMResult
 from operators.llm.images import content_hash, data_url, estimate_image_tokens, fit_max_side, image_part
 from operators.llm.usage import USAGE_SCHEMA
 from operators.language.mask_analysis import MaskAnalysisConfig, analyze_mask, binarize_mask
+from operators.language.validators import mask_facts
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope
 
@@ -156,6 +157,7 @@ def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: st
             "height": stats.height, "width": stats.width, "car": stats.car,
             "changed_pixels": stats.changed_pixels, "components": stats.components,
             "change_region": stats.region, "cell_shares": stats.cell_shares,
+            "mask_facts": mask_facts(mask, stats.components, config.mask.min_component_px),  # for the validators
             "hashes": {k: content_hash(v) for k, v in raw.items()},
             "a_url": data_url(a_s, config.image_format), "b_url": data_url(b_s, config.image_format),
             "mask_url": data_url(m_s, "png"),
