@@ -435,6 +435,7 @@ def validate_text(text: str, facts: dict, question: str | None = None, qtype: st
         found += check_counts(text, facts, cfg, question)
     if "existence" in rules:
         found += check_existence(text, facts, cfg, question, qtype)
+    found = list(dict.fromkeys(found))  # a place named twice in one clause is one violation
     return (not found), found
 
 
