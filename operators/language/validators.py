@@ -50,9 +50,10 @@ RULES = ("numbers", "change", "location", "magnitude", "counts", "existence")
 class ValidatorConfig:
     empty_car: float = 0.0             # a mask with CAR at or below this has no change
     no_change_max_car: float = 0.01    # "no change" is tolerated up to this CAR (speckle, slivers)
-    presence_fraction: float = 0.005   # a region "has change" when this share of its pixels changed
-    clear_fraction: float = 0.02       # a region "clearly changed" at this share
-    entire_min_cells: int = 4          # "entire image" needs change in at least this many of 9 cells
+    presence_fraction: float = 0.005   # a region "has change" when this share of its pixels changed ...
+    presence_share: float = 0.05       # ... and it holds this share of all the change (or is clearly changed)
+    clear_fraction: float = 0.05       # a region "clearly changed" when this share of its pixels changed
+    entire_min_quadrants: int = 3      # "entire image" needs change in at least this many of the 4 quadrants
     small_car: float = 0.05            # JL1-CD CAR bins: small < 0.05 <= medium < 0.2 <= large
     large_car: float = 0.2
     most_car: float = 0.35             # "most of / the majority of the image" needs at least this CAR
@@ -138,11 +139,23 @@ def _fraction(facts: dict, region: str) -> float:
     return changed / area if area else 0.0
 
 
+def has_change(facts: dict, region: str, cfg: "ValidatorConfig") -> bool:
+    """Change worth naming: enough of the region's pixels, and either a fair share of all the change or
+    clearly changed (a sliver of a building crossing into a corner does not make "change in the corner")."""
+    fraction = _fraction(facts, region)
+    share = facts["regions"][region][0] / facts["changed_pixels"] if facts["changed_pixels"] else 0.0
+    return fraction >= cfg.presence_fraction and (share >= cfg.presence_share or fraction >= cfg.clear_fraction)
+
+
+def clearly_changed(facts: dict, region: str, cfg: "ValidatorConfig") -> bool:
+    return _fraction(facts, region) >= cfg.clear_fraction
+
+
 # -- text patterns ---------------------------------------------------------------------------------
 CHANGE_CUE = re.compile(
     r"\b(new(ly)?|built|build|building of|constructed|construction|erected|developed|development|"
     r"appear(s|ed|ing)?|emerg(e|es|ed|ing)|added|demolish(ed|ing)?|demolition|removed|removal|clear(ed|ing)|"
-    r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
+    r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing|ation)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
     r"alter(ed|ation)|paved|excavat(ed|ion)|disappear(ed|s)?|vanish(ed)?|gone|lost|occup(y|ies|ied)|"
     r"covers?|covered|spans?|line|lines|runs?|stands?|form(s|ed)?|visible)\b")
 NEGATION = re.compile(
@@ -199,7 +212,7 @@ def find_places(clause: str) -> list[Place]:
     return [p for _, _, p in sorted(found, key=lambda f: f[0])]
 
 
-_CLAUSE_SPLIT = re.compile(r"[.;:!?]|,(?! (and|or) )|\b(while|whereas|but|although|though|except|apart from|"
+_CLAUSE_SPLIT = re.compile(r"[.;:!?]|,(?! (and|or|where|which|that|with) )|\b(while|whereas|but|although|though|except|apart from|"
                            r"besides|with the exception of)\b")
 
 
@@ -276,18 +289,17 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
         negative = _negated(c)
         positive = not negative and (bool(CHANGE_CUE.search(c)) or question_about_change)
         for p in places:
-            if positive and _fraction(facts, p.region) < cfg.presence_fraction:
+            if positive and not has_change(facts, p.region, cfg):
                 out.append(Violation("location", f"change placed in the {p.name} ({c!r}), where the mask has "
                                                  f"{100 * _fraction(facts, p.region):.1f}% changed"))
-            elif negative and _fraction(facts, p.region) >= cfg.clear_fraction:
+            elif negative and clearly_changed(facts, p.region, cfg):
                 out.append(Violation("location", f"the {p.name} is said to be unchanged ({c!r}), but "
                                                  f"{100 * _fraction(facts, p.region):.1f}% of it changed"))
         if _ENTIRE.search(c) and not negative and (CHANGE_CUE.search(c) or question_about_change):
-            cells = sum(1 for k, v in facts["regions"].items()
-                        if k.startswith("cell:") and v[1] and v[0] / v[1] >= cfg.presence_fraction)
-            if facts["changed_pixels"] and cells < cfg.entire_min_cells:
-                out.append(Violation("location", f"change over the entire image ({c!r}), but only {cells} of 9 "
-                                                 f"grid cells changed"))
+            quads = sum(1 for k in facts["regions"] if k.startswith("quad:") and has_change(facts, k, cfg))
+            if facts["changed_pixels"] and quads < cfg.entire_min_quadrants:
+                out.append(Violation("location", f"change over the entire image ({c!r}), but only {quads} of 4 "
+                                                 f"quadrants changed"))
     return out
 
 
@@ -394,28 +406,37 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
     if not question or not _is_yes_no(question, qtype):
         return []
     q = question.lower()
-    if not CHANGE_CUE.search(q) and not _GENERIC_CHANGE_Q.search(q):
+    # "Is the lower-left corner unchanged?" asks about absence: its "yes" says "no change there".
+    asks_absence = bool(_ABSENCE_Q.search(q))
+    if not (CHANGE_CUE.search(q) or _GENERIC_CHANGE_Q.search(q) or asks_absence):
         return []
     polarity = _answer_polarity(answer)
     if polarity is None:
         return []
+    if asks_absence:
+        polarity = "no" if polarity == "yes" else "yes"
     places = find_places(q)
     if polarity == "yes":
-        targets = [(p.name, p.region) for p in places] or [("image", "all")]
-        fractions = [(name, _fraction(facts, region)) for name, region in targets]
-        if all(f < cfg.presence_fraction for _, f in fractions) and not (facts["changed_pixels"] and not places
-                                                                         and facts["car"] > cfg.empty_car):
-            where = ", ".join(f"{n} {100 * f:.1f}% changed" for n, f in fractions)
-            return [Violation("existence", f"answers yes to {question!r} but the mask has {where}")]
+        if places and not any(has_change(facts, p.region, cfg) for p in places):
+            where = ", ".join(f"the {p.name} {100 * _fraction(facts, p.region):.1f}% changed" for p in places)
+            return [Violation("existence", f"answers that {question!r} has change, but the mask has {where}")]
+        if not places and facts["car"] <= cfg.empty_car:
+            return [Violation("existence", f"answers that {question!r} has change, but the mask is empty")]
         return []
-    if not _GENERIC_CHANGE_Q.search(q):
+    if not (asks_absence or _GENERIC_CHANGE_Q.search(q)):
         return []  # "were any trees removed?": a mask cannot say no to a specific object type
-    targets = [(p.name, p.region) for p in places] or [("image", "all")]
-    for name, region in targets:
-        f = _fraction(facts, region)
-        if f >= cfg.clear_fraction and (places or facts["car"] >= cfg.no_change_max_car):
-            return [Violation("existence", f"answers no to {question!r} but {100 * f:.1f}% of the {name} changed")]
+    for p in places:
+        if clearly_changed(facts, p.region, cfg):
+            return [Violation("existence", f"answers that {question!r} has no change, but "
+                                           f"{100 * _fraction(facts, p.region):.1f}% of the {p.name} changed")]
+    if not places and facts["car"] >= cfg.no_change_max_car:
+        return [Violation("existence", f"answers that {question!r} has no change, but {100 * facts['car']:.1f}% "
+                                       f"of the image changed")]
     return []
+
+
+_ABSENCE_Q = re.compile(r"\b(unchanged|unaffected|intact|untouched|(remain|remains|remained|stay|stays|stayed) "
+                        r"(the same|unchanged|as before)|the same as before|free of change|no change)\b")
 
 
 def validate_text(text: str, facts: dict, question: str | None = None, qtype: str | None = None,
