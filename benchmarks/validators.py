@@ -1,6 +1,6 @@
 """How well the grounded validators separate true statements from planted errors, on real masks.
 
-    python -m benchmarks.validators [--statements benchmarks/validator_statements.txt] [--show]
+    python -m benchmarks.validators [--statements <file> ...] [--show]
 
 The statements (benchmarks/validator_statements.txt) were written by looking at the repository's real
 LEVIR-CD masks (data/levir-cd/label, whole 256 px masks and their 128 px quadrants) before the
@@ -23,17 +23,21 @@ from operators.language.validators import RULES, mask_facts, validate_text
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = REPO / "data" / "levir-cd" / "label"
-STATEMENTS = Path(__file__).resolve().parent / "validator_statements.txt"
+HERE = Path(__file__).resolve().parent
+# In the order they were written: the main set, then two held-out sets (see the README for which
+# validator revision first saw each of them).
+STATEMENT_SETS = [HERE / "validator_statements.txt", HERE / "validator_statements_heldout.txt",
+                  HERE / "validator_statements_heldout2.txt"]
 CROPS = {"ul": (0, 0), "ur": (0, 1), "ll": (1, 0), "lr": (1, 1)}
 
 
-def load_statements(path: Path = STATEMENTS) -> list[dict]:
+def load_statements(path: Path) -> list[dict]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip() or line.startswith("#"):
             continue
         mask, crop, label, rule, qtype, question, text = line.split("|", 6)
-        out.append({"mask": mask, "crop": None if crop == "-" else crop, "true": label == "T", "rule": rule,
+        out.append({"set": path.stem, "mask": mask, "crop": None if crop == "-" else crop, "true": label == "T", "rule": rule,
                     "type": None if qtype == "-" else qtype, "question": question or None, "text": text})
     return out
 
@@ -49,13 +53,15 @@ def load_mask(name: str, crop: str | None):
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--statements", default=str(STATEMENTS))
+    ap.add_argument("--statements", action="append", default=None,
+                    help="statement file(s) (default: the three sets in benchmarks/)")
     ap.add_argument("--show", action="store_true", help="print every miss and every false reject")
     args = ap.parse_args(argv)
-    statements = load_statements(Path(args.statements))
+    statements = [s for path in (args.statements or STATEMENT_SETS) for s in load_statements(Path(path))]
     facts_cache: dict = {}
     planted, caught, caught_own, true_n, false_rej = Counter(), Counter(), Counter(), Counter(), Counter()
     rejected_by = Counter()
+    per_set: dict[str, Counter] = {}
     for s in statements:
         key = (s["mask"], s["crop"])
         if key not in facts_cache:
@@ -63,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
             facts_cache[key] = mask_facts(mask, analyze_mask(mask).components)
         ok, violations = validate_text(s["text"], facts_cache[key], s["question"], s["type"])
         fired = {v.rule for v in violations}
+        tally = per_set.setdefault(s["set"], Counter())
+        tally["true" if s["true"] else "planted"] += 1
+        tally[("false_reject" if s["true"] else "caught")] += not ok
         if s["true"]:
             true_n[s["rule"]] += 1
             if not ok:
@@ -82,6 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
     for rule in RULES:
         print(f"{rule:<10} {planted[rule]:>7} {caught[rule]:>6} {caught_own[rule]:>7} {true_n[rule]:>5} "
               f"{false_rej[rule]:>13} {rejected_by[rule]:>9}")
+    for name, t in per_set.items():
+        print(f"{name}: caught={t['caught'] / max(t['planted'], 1):.3f} "
+              f"false_rejects={t['false_reject'] / max(t['true'], 1):.3f} statements={t['planted'] + t['true']}")
     n_planted, n_true = sum(planted.values()), sum(true_n.values())
     result = {"caught": sum(caught.values()) / max(n_planted, 1),
               "false_rejects": sum(false_rej.values()) / max(n_true, 1), "statements": len(statements)}

@@ -13,13 +13,14 @@ named region changed, and :func:`validate_text` checks a text against those fact
                "no change" on a mask with CAR >= ``no_change_max_car``. Only generic no-change
                statements count ("no change", "nothing changed", "the scene remains the same"); a
                negation about one object type ("no trees were removed") is not contradicted by a mask.
-``location``   a location phrase (upper-left ... lower-right, upper/lower/left/right part or half,
-               center, edges) in a clause that asserts change, where that region has less than
-               ``presence_fraction`` of its pixels changed; a location stated as unchanged whose
-               region has at least ``clear_fraction`` of its pixels changed; or "entire/whole image"
-               for a change that reaches fewer than ``entire_min_cells`` of the 3x3 cells.
-               Regions are checked leniently for presence (a corner = its quadrant, "upper" = the top
-               half) and strictly for absence (a corner = its 3x3 cell, "upper" = the top third).
+``location``   a location phrase (upper-left ... lower-right, upper/lower/left/right part, side, edge, half or
+               third, center, edges) in a clause that asserts change, where that region has no change
+               worth naming (less than ``presence_fraction`` of its pixels changed, or less than
+               ``presence_share`` of all the change unless ``clear_fraction`` of its pixels changed: a
+               sliver of a building crossing into a corner is not "change in the corner"); a location
+               stated as unchanged with at least ``clear_fraction`` of its pixels changed; or
+               "entire / whole image" for a change in fewer than ``entire_min_quadrants`` quadrants.
+               A corner or the center is its 3x3 cell, "upper/lower/left/right" its third, a half its half.
 ``magnitude``  CAR bins of JL1-CD: small < ``small_car`` (0.05) <= medium < ``large_car`` (0.2) <= large.
                "large-scale / extensive / widespread" on a small-bin mask, "most of the image" below
                ``most_car``, and "small / localized / minor / tiny" on a large-bin mask. Medium masks
@@ -28,11 +29,18 @@ named region changed, and :func:`validate_text` checks a text against those fact
                "several", "many") in a clause that asserts change, against the number of changed
                components: a number n passes when ``|n - c| <= max(count_abs_tol, count_rel_tol * c)``
                (adjacent buildings merge into one component, fragments split one), "a few" needs
-               2 <= c <= 7, "several" c >= 2, "many / numerous / dozens" c >= ``many_min``.
+               2 <= c <= 7, "several" c >= 2, "many / numerous / dozens" c >= ``many_min``. When the
+               clause names places, c may also be the components touching those places (together or
+               any one): "three houses in the upper-right" is counted there.
 ``existence``  a YES/NO answer to a question about change (in a named region or in the image) that the
-               mask contradicts: "yes" where the region has less than ``presence_fraction`` changed;
-               "no" where it has at least ``clear_fraction`` changed. "No" is only checked for
-               generic change or construction questions (a mask does not say *what* changed).
+               mask contradicts: "yes" where the region has no change worth naming (as above) or the
+               mask is empty; "no" where the region is clearly changed, or, for the whole image, where
+               the CAR is at least ``no_change_max_car``. Questions about absence ("Is the lower-left
+               unchanged?") invert the answer. "No" is only checked for generic change or construction
+               questions (a mask does not say *what* changed: "were any trees removed?" passes).
+Clauses are split at sentence punctuation, commas (not before "and/or/where/which/that/with") and
+contrast words (while, but, whereas, except, apart from); a clause with a negation or persistence word
+(no, not, unchanged, remains, intact, ...) asserts no change for its places.
 """
 from __future__ import annotations
 
@@ -164,7 +172,7 @@ NEGATION = re.compile(
 GLOBAL_NO_CHANGE = re.compile(
     r"\b(no (significant |notable |visible |obvious |apparent |major |noticeable |discernible |substantial |"
     r"meaningful |real |clear |new )*(changes?|differences?|construction|development)\b"
-    r"|nothing (has |have )?(changed|been (built|added|changed|constructed))"
+    r"|nothing (has |have |was |were )?(changed|(been )?(built|added|changed|constructed|demolished|removed))"
     r"|no new (buildings?|structures?|houses?|construction)( or (other )?changes?)?( (were|was|have|has|are|is|appear)"
     r"( been)? ?(built|constructed|added|visible|appeared|appear)?)?\b"
     r"|(image|scene|area|landscape|everything|view)s? (appears? |looks? |seems? )?(remains?|stays?|is|are|looks?|appears?)? ?"
@@ -252,19 +260,25 @@ def check_numbers(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violatio
     return out
 
 
-def check_change(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
+def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     parts = clauses(text)
     if facts["car"] <= cfg.empty_car:
         for c in parts:
             if _asserts_change(c):
                 return [Violation("change", f"asserts change ({c!r}) but the mask is empty")]
         return []
+    if question and find_places(question.lower()):
+        return []  # "No, nothing changed there" answers about the question's place (the location rules' job)
     if facts["car"] >= cfg.no_change_max_car and not any(_asserts_change(c) for c in parts):
         for c in parts:
-            if GLOBAL_NO_CHANGE.search(c) and not find_places(c):
+            if GLOBAL_NO_CHANGE.search(c) and not find_places(c) and not _PARTIAL.search(c):
                 return [Violation("change", f"asserts no change ({c!r}) but {100 * facts['car']:.1f}% of the "
                                             f"mask changed")]
     return []
+
+
+_PARTIAL = re.compile(r"\b(most|much|rest|remainder|part|parts|portion|majority|some|areas?) of (the )?"
+                      r"(image|scene|area|surroundings|neighbou?rhood)\b|\belsewhere\b")
 
 
 def _is_yes_no(question: str | None, qtype: str | None) -> bool:
@@ -315,7 +329,7 @@ _SMALL = re.compile(r"\b(small[- ]scale|locali[sz]ed|minor|limited|slight(ly)?|t
 def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
     car, out = facts["car"], []
     for c in clauses(text):
-        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c):
+        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or _negated(c):
             continue  # "not extensive", "no large-scale change": negated magnitude words say nothing here
         if m := _MOST.search(c):
             if car < cfg.most_car:
@@ -383,8 +397,9 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
         candidates = [int(facts["components"])]
         places = find_places(clause) or find_places(question.lower() if question else "")
         by_region = facts.get("region_components") or {}
-        if places and by_region:
-            candidates.append(len(set().union(*(set(by_region.get(p.region, [])) for p in places))))
+        if places and by_region:  # all the named places together, or any one of them
+            sets = [set(by_region.get(p.region, [])) for p in places]
+            candidates += [len(set().union(*sets))] + [len(x) for x in sets]
         for m in _COUNT.finditer(clause):
             if re.match(r"of\b", clause[m.end():].strip()):
                 continue  # "one of the buildings" counts nothing
@@ -447,7 +462,7 @@ def validate_text(text: str, facts: dict, question: str | None = None, qtype: st
     if "numbers" in rules:
         found += check_numbers(text, facts, cfg)
     if "change" in rules:
-        found += check_change(text, facts, cfg)
+        found += check_change(text, facts, cfg, question)
     if "location" in rules:
         found += check_location(text, facts, cfg, question)
     if "magnitude" in rules:
