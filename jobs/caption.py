@@ -139,17 +139,21 @@ HELP = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
+def parse_args(argv: list[str] | None = None, cls: type = None, help_texts: dict | None = None,
+               prog: str = "python -m jobs.caption", description: str = __doc__.split("\n\n")[0]):
+    """Options from the config dataclass (``cls``, default :class:`CaptionJobConfig`; the QA job passes
+    its subclass and help texts)."""
+    cls, help_texts = cls or CaptionJobConfig, help_texts or HELP
     ap = argparse.ArgumentParser(
-        prog="python -m jobs.caption", description=__doc__.split("\n\n")[0],
+        prog=prog, description=description,
         epilog="Environment: OPENAI_BASE_URL (endpoint), OPENAI_API_KEY (key; never logged or stored), "
                "RAY_ADDRESS (connect to a running Ray cluster instead of starting one).",
         formatter_class=_HelpFormatter)
-    defaults = CaptionJobConfig()
-    for f in fields(CaptionJobConfig):
+    defaults = cls()
+    for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        kwargs = {"help": HELP[f.name], "dest": f.name}
+        kwargs = {"help": help_texts[f.name], "dest": f.name}
         if f.name in ("input", "output", "model"):
             kwargs["required"] = True
         elif isinstance(default, bool):
@@ -170,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
         if f.name == "response_format":
             kwargs["choices"] = ("json_schema", "json_object")
         ap.add_argument(flag, **kwargs)
-    return CaptionJobConfig(**vars(ap.parse_args(argv)))
+    return cls(**vars(ap.parse_args(argv)))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -233,6 +237,27 @@ class ProgressReporter(threading.Thread):
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
 
 
+def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
+               limiter, progress_every_s: float) -> dict[str, int]:
+    """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress and
+    stops the rate limiter at the end. Returns rows written per table. (Shared with the QA job.)"""
+    import ray
+    import ray.data
+    # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
+    ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
+    ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs)
+    for stage in stages:
+        ds = apply_llm_stage(ds, stage, pool)
+    reporter = ProgressReporter(limiter, progress_every_s, len(todo))
+    reporter.start()
+    try:
+        ds.write_datasink(sink)
+    finally:
+        reporter.stop.set()
+        ray.kill(limiter)
+    return sink.counts
+
+
 def run(cfg: CaptionJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
     base_url = require_endpoint(cfg)
@@ -277,20 +302,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     counts: dict[str, int] = {}
     if todo:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
-        # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
-        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
-        ds = ds.flat_map(prepare_pair, fn_kwargs={"config": prep, "run_id": run_id})
-        ds = apply_llm_stage(ds, generate, pool)
-        ds = apply_llm_stage(ds, judge, pool)
-        sink = TableSink(out.uri(), TABLE_SCHEMAS, run_id)
-        reporter = ProgressReporter(limiter, cfg.progress_every_s, len(todo))
-        reporter.start()
-        try:
-            ds.write_datasink(sink)
-        finally:
-            reporter.stop.set()
-            ray.kill(limiter)
-        counts = sink.counts
+        counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
+                            TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
     else:
         ray.kill(limiter)
     prune_shards(out, "errors", run_id)  # errors describe the latest run; finished pairs live in pairs/

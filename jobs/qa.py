@@ -20,19 +20,19 @@ import sys
 if not __package__:  # run as `python jobs/qa.py`: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import argparse
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 
+from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
-from jobs.caption import ProgressReporter, _ensure_ray, _HelpFormatter, _llm_config
+from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, run_stages
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table
 from operators.language.caption_ops import PrepareConfig, discover_pairs
-from operators.language.captions import PROMPTS_DIR, load_template
+from operators.language.captions import load_template
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_document
 from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
@@ -40,7 +40,7 @@ from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, Q
 from operators.language.validators import rule_counts
 from operators.llm.client import Secret
 from operators.llm.ratelimit import RateLimits
-from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
+from operators.llm.stage import PoolConfig, StageSpec
 from operators.llm.usage import format_summary, summarize_usage
 
 log = logging.getLogger("changeforge.qa")
@@ -50,45 +50,15 @@ SOURCE_FILE = "source.json"   # written by the captions job: which dataset it ca
 
 
 @dataclass
-class QAJobConfig:
-    input: str = ""
-    output: str = ""
-    model: str = ""
-    judge_model: str = ""
+class QAJobConfig(CaptionJobConfig):
+    """The captions job's options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
+    max_tokens: int = 2000                # five QA pairs are longer than five captions
+    generate_template: str = "qa_generate.v1"
+    judge_template: str = "qa_judge.v1"
     dataset: str = ""
     captions: str = ""
     qa_per_pair: int = 5
     seed: int = 0
-    validators: str = "flag"
-    base_url: str = ""
-    list_file: str = ""
-    default_split: str = "train"
-    rpm: float = 500.0
-    tpm: float = 2_000_000.0
-    max_in_flight: int = 64
-    max_image_side: int = 1024
-    detail: str = "auto"
-    image_format: str = "png"
-    overall: str = "judge"
-    price_per_mtok_in: float | None = None
-    price_per_mtok_out: float | None = None
-    temperature: float = 0.7
-    max_tokens: int = 2000
-    max_tokens_field: str = "max_tokens"
-    timeout_s: float = 120.0
-    max_retries: int = 6
-    max_reasks: int = 2
-    backoff_base_s: float = 1.0
-    response_format: str = "json_schema"
-    generate_template: str = "qa_generate.v1"
-    judge_template: str = "qa_judge.v1"
-    prompts_dir: str = str(PROMPTS_DIR)
-    actors: int = 2
-    concurrent_batches: int = 8
-    batch_size: int = 8
-    num_cpus: int | None = None
-    progress_every_s: float = 10.0
-    no_cache: bool = False
 
 
 HELP = {
@@ -108,32 +78,8 @@ HELP = {
     "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
 }
-CHOICES = {"overall": OVERALL_MODES, "validators": VALIDATOR_POLICIES, "detail": ("low", "high", "auto"),
-           "image_format": ("png", "jpeg"), "max_tokens_field": ("max_tokens", "max_completion_tokens"),
-           "response_format": ("json_schema", "json_object")}
-
-
 def parse_args(argv: list[str] | None = None) -> QAJobConfig:
-    ap = argparse.ArgumentParser(
-        prog="python -m jobs.qa", description=__doc__.split("\n\n")[0],
-        epilog="Environment: OPENAI_BASE_URL (endpoint), OPENAI_API_KEY (key; never logged or stored), "
-               "RAY_ADDRESS (connect to a running Ray cluster instead of starting one).",
-        formatter_class=_HelpFormatter)
-    defaults = QAJobConfig()
-    for f in fields(QAJobConfig):
-        default = getattr(defaults, f.name)
-        kwargs = {"help": HELP[f.name], "dest": f.name}
-        if f.name in ("input", "output", "model"):
-            kwargs["required"] = True
-        elif isinstance(default, bool):
-            kwargs["action"] = "store_true"
-        else:
-            kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-            kwargs.update(type=kind, default=default)
-        if f.name in CHOICES:
-            kwargs["choices"] = CHOICES[f.name]
-        ap.add_argument("--" + f.name.replace("_", "-"), **kwargs)
-    return QAJobConfig(**vars(ap.parse_args(argv)))
+    return caption_job.parse_args(argv, QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
 
 
 def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
@@ -163,8 +109,6 @@ def run(cfg: QAJobConfig) -> dict:
         raise ValueError(f"--qa-per-pair must be between 1 and {len(QUESTION_TYPES)}")
     dataset, captions_source = resolve_inputs(cfg)
     _ensure_ray(cfg)
-    import ray
-    import ray.data
     from operators.io.tables import TableSink
     from operators.llm.ratelimit import start_rate_limiter
 
@@ -200,20 +144,10 @@ def run(cfg: QAJobConfig) -> dict:
                           llm=_llm_config(cfg, base_url, judge_model), **common)
         pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
-        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
-        ds = ds.flat_map(prepare_qa_pair, fn_kwargs={"config": prep, "run_id": run_id, "seed": cfg.seed,
-                                                     "qa_per_pair": cfg.qa_per_pair})
-        ds = apply_llm_stage(ds, generate, pool)
-        ds = apply_llm_stage(ds, judge, pool)
-        sink = TableSink(out.uri(), TABLE_SCHEMAS, run_id)
-        reporter = ProgressReporter(limiter, cfg.progress_every_s, len(todo))
-        reporter.start()
-        try:
-            ds.write_datasink(sink)
-        finally:
-            reporter.stop.set()
-            ray.kill(limiter)
-        counts = sink.counts
+        counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
+                                                    "qa_per_pair": cfg.qa_per_pair},
+                            [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
+                            cfg.progress_every_s)
 
     def rows(name: str) -> list[dict]:
         table = read_table(out, name, TABLE_SCHEMAS[name])

@@ -17,6 +17,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from operators.language import captions
+
 # Table IV, in the paper's order; the key is the JSON property name used in the reply schemas.
 QUESTION_TYPES = ("YES/NO", "WHAT", "WHERE", "HOW MUCH", "BEFORE/AFTER", "CAUSE", "DETAIL", "COMPARE")
 TYPE_KEYS = {"YES/NO": "yes_no", "WHAT": "what", "WHERE": "where", "HOW MUCH": "how_much",
@@ -38,7 +40,7 @@ TYPE_GUIDES = {
                "dramatic change?'",
 }
 QA_CRITERIA = ("answer_accuracy", "question_quality", "answer_completeness", "redundancy")
-OVERALL_MODES = ("judge", "mean", "min")
+OVERALL_MODES = captions.OVERALL_MODES
 THRESHOLD = 7.0
 
 
@@ -75,14 +77,7 @@ def judge_schema(types: list[str]) -> dict:
 
 
 def overall_score(scores: dict, mode: str = "judge") -> float:
-    if mode == "judge":
-        return float(scores["overall"])
-    values = [float(scores[c]) for c in QA_CRITERIA]
-    if mode == "mean":
-        return sum(values) / len(values)
-    if mode == "min":
-        return min(values)
-    raise ValueError(f"unknown overall mode {mode!r}; one of {OVERALL_MODES}")
+    return captions.overall_score(scores, mode, QA_CRITERIA)
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,14 @@ break one there is no judge request and the pair's rows are written straight aft
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-
 import pyarrow as pa
 
 from operators.io.storage import Store
 from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
-from operators.language.caption_ops import PrepareConfig, prepare_pair
-from operators.language.captions import PromptTemplate
+from operators.language.caption_ops import CaptionPrompts, PrepareConfig, prepare_pair
 from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
                                    overall_score, select_qa)
-from operators.language.validators import ValidatorConfig, validate_text, violations_json
+from operators.language.validators import validate_text, violations_json
 from operators.llm.client import LLMRequest, LLMResult
 from operators.llm.images import image_part
 from operators.llm.usage import USAGE_SCHEMA
@@ -111,19 +108,7 @@ def prepare_qa_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id:
 
 
 # -- the two LLM stages --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class QAPrompts:
-    generate: PromptTemplate
-    judge: PromptTemplate
-    detail: str = "auto"
-    max_image_side: int = 1024
-    image_format: str = "png"
-    overall_mode: str = "judge"
-    model: str = ""
-    judge_model: str = ""
-    run_id: str = ""
-    validators: str = "flag"
-    validator_config: ValidatorConfig = field(default_factory=ValidatorConfig)
+QAPrompts = CaptionPrompts  # the same settings (templates, image encoding, overall mode, models, validators)
 
 
 def _captions_block(captions: list[str]) -> str:
