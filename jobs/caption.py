@@ -46,6 +46,7 @@ from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, 
                                    build_judge_request, discover_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
 from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, levir_cc_document, load_template
+from operators.language.validators import rule_counts
 from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
@@ -75,6 +76,7 @@ class CaptionJobConfig:
     detail: str = "auto"
     image_format: str = "png"
     overall: str = "judge"
+    validators: str = "flag"
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
     temperature: float = 0.7
@@ -112,6 +114,8 @@ HELP = {
     "image_format": "encoding of the pre/post images in the data URLs: png (lossless) or jpeg",
     "overall": "how a candidate's overall score is formed: judge = the judge's own overall score, "
                "mean = mean of the five criteria, min = lowest criterion; < 7 is rejected, top 3 kept (ties kept)",
+    "validators": "grounded validators on every caption (see README): reject = a caption that breaks a rule is "
+                  "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
     "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
     "temperature": "sampling temperature of both stages; a negative value sends none (the endpoint's default, "
@@ -135,17 +139,21 @@ HELP = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
+def parse_args(argv: list[str] | None = None, cls: type = None, help_texts: dict | None = None,
+               prog: str = "python -m jobs.caption", description: str = __doc__.split("\n\n")[0]):
+    """Options from the config dataclass (``cls``, default :class:`CaptionJobConfig`; the QA job passes
+    its subclass and help texts)."""
+    cls, help_texts = cls or CaptionJobConfig, help_texts or HELP
     ap = argparse.ArgumentParser(
-        prog="python -m jobs.caption", description=__doc__.split("\n\n")[0],
+        prog=prog, description=description,
         epilog="Environment: OPENAI_BASE_URL (endpoint), OPENAI_API_KEY (key; never logged or stored), "
                "RAY_ADDRESS (connect to a running Ray cluster instead of starting one).",
         formatter_class=_HelpFormatter)
-    defaults = CaptionJobConfig()
-    for f in fields(CaptionJobConfig):
+    defaults = cls()
+    for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        kwargs = {"help": HELP[f.name], "dest": f.name}
+        kwargs = {"help": help_texts[f.name], "dest": f.name}
         if f.name in ("input", "output", "model"):
             kwargs["required"] = True
         elif isinstance(default, bool):
@@ -157,6 +165,8 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
             kwargs["choices"] = OVERALL_MODES
         if f.name == "detail":
             kwargs["choices"] = ("low", "high", "auto")
+        if f.name == "validators":
+            kwargs["choices"] = ("reject", "flag", "off")
         if f.name == "image_format":
             kwargs["choices"] = ("png", "jpeg")
         if f.name == "max_tokens_field":
@@ -164,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
         if f.name == "response_format":
             kwargs["choices"] = ("json_schema", "json_object")
         ap.add_argument(flag, **kwargs)
-    return CaptionJobConfig(**vars(ap.parse_args(argv)))
+    return cls(**vars(ap.parse_args(argv)))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -227,6 +237,27 @@ class ProgressReporter(threading.Thread):
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
 
 
+def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
+               limiter, progress_every_s: float) -> dict[str, int]:
+    """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress and
+    stops the rate limiter at the end. Returns rows written per table. (Shared with the QA job.)"""
+    import ray
+    import ray.data
+    # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
+    ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
+    ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs)
+    for stage in stages:
+        ds = apply_llm_stage(ds, stage, pool)
+    reporter = ProgressReporter(limiter, progress_every_s, len(todo))
+    reporter.start()
+    try:
+        ds.write_datasink(sink)
+    finally:
+        reporter.stop.set()
+        ray.kill(limiter)
+    return sink.counts
+
+
 def run(cfg: CaptionJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
     base_url = require_endpoint(cfg)
@@ -240,6 +271,8 @@ def run(cfg: CaptionJobConfig) -> dict:
 
     out = Store(cfg.output)
     run_id = new_run_id()
+    # Which dataset was captioned, so that the QA job can take this output as its --input.
+    out.write_bytes("source.json", json.dumps({"input": cfg.input, "list_file": cfg.list_file}).encode())
     pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
@@ -251,7 +284,7 @@ def run(cfg: CaptionJobConfig) -> dict:
                              judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
                              max_image_side=cfg.max_image_side, image_format=cfg.image_format,
                              overall_mode=cfg.overall, model=cfg.model,
-                             judge_model=judge_model, run_id=run_id)
+                             judge_model=judge_model, run_id=run_id, validators=cfg.validators)
     limiter_name = f"changeforge-llm-{run_id}"
     limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
     api_key = Secret(os.environ.get("OPENAI_API_KEY"))
@@ -269,20 +302,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     counts: dict[str, int] = {}
     if todo:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
-        # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
-        ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
-        ds = ds.flat_map(prepare_pair, fn_kwargs={"config": prep, "run_id": run_id})
-        ds = apply_llm_stage(ds, generate, pool)
-        ds = apply_llm_stage(ds, judge, pool)
-        sink = TableSink(out.uri(), TABLE_SCHEMAS, run_id)
-        reporter = ProgressReporter(limiter, cfg.progress_every_s, len(todo))
-        reporter.start()
-        try:
-            ds.write_datasink(sink)
-        finally:
-            reporter.stop.set()
-            ray.kill(limiter)
-        counts = sink.counts
+        counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
+                            TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
     else:
         ray.kill(limiter)
     prune_shards(out, "errors", run_id)  # errors describe the latest run; finished pairs live in pairs/
@@ -294,7 +315,13 @@ def run(cfg: CaptionJobConfig) -> dict:
     usage_rows = [r for r in (usage_table.to_pylist() if usage_table is not None else []) if r["run_id"] == run_id]
     errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])
     error_rows = errors_table.to_pylist() if errors_table is not None else []
-    summary = {"run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
+    caption_table = read_table(out, "captions", TABLE_SCHEMAS["captions"])
+    this_run = [r for r in (caption_table.to_pylist() if caption_table is not None else []) if r["run_id"] == run_id]
+    summary = {"validators": cfg.validators,
+               "validator_caught": rule_counts(json.loads(r["validator_violations"]) for r in this_run
+                                               if r["validator_violations"]),
+               "validator_rejected": sum(1 for r in this_run if r["validator_ok"] is False and cfg.validators == "reject"),
+               "run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
                "pairs_finished_total": len(pair_rows), "errors": len(error_rows),
                "rows_written": counts, "usage": summarize_usage(usage_rows)}
     return summary
@@ -306,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(cfg)
     print(f"run {summary['run_id']}: {summary['pairs_found']} pairs, {summary['pairs_skipped_finished']} already "
           f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
+    print(f"validators ({summary['validators']}) caught per rule: "
+          + ", ".join(f"{k}={v}" for k, v in summary["validator_caught"].items())
+          + (f"; {summary['validator_rejected']} captions not sent to the judge" if cfg.validators == "reject" else ""))
     print(format_summary(summary["usage"]))
     print(f"outputs: {cfg.output}/{{captions,pairs,usage,errors}}/ and {cfg.output}/{LEVIR_CC_FILE}")
     return 0

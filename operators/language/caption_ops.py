@@ -8,6 +8,7 @@ Row flow (all rows are envelopes, see :mod:`operators.io.tables`):
 """
 from __future__ import annotations
 
+import json
 import posixpath
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from operators.llm.client import LLMRequest, LLMResult
 from operators.llm.images import content_hash, data_url, estimate_image_tokens, fit_max_side, image_part
 from operators.llm.usage import USAGE_SCHEMA
 from operators.language.mask_analysis import MaskAnalysisConfig, analyze_mask, binarize_mask
+from operators.language.validators import ValidatorConfig, mask_facts, validate_text, violations_json
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope
 
@@ -37,6 +39,7 @@ CAPTIONS_SCHEMA = pa.schema([
     ("selected", pa.bool_()), ("selection_reason", pa.string()),
     ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+    ("validator_ok", pa.bool_()), ("validator_violations", pa.string()), ("validators", pa.string()),
 ])
 
 PAIRS_SCHEMA = pa.schema([
@@ -156,6 +159,7 @@ def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: st
             "height": stats.height, "width": stats.width, "car": stats.car,
             "changed_pixels": stats.changed_pixels, "components": stats.components,
             "change_region": stats.region, "cell_shares": stats.cell_shares,
+            "mask_facts": mask_facts(mask, stats.components, config.mask.min_component_px),  # for the validators
             "hashes": {k: content_hash(v) for k, v in raw.items()},
             "a_url": data_url(a_s, config.image_format), "b_url": data_url(b_s, config.image_format),
             "mask_url": data_url(m_s, "png"),
@@ -178,6 +182,8 @@ class CaptionPrompts:
     model: str = ""
     judge_model: str = ""
     run_id: str = ""
+    validators: str = "flag"        # reject | flag | off: grounded validators before the judge
+    validator_config: ValidatorConfig = field(default_factory=ValidatorConfig)
 
 
 def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
@@ -196,39 +202,65 @@ def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
 
 def handle_generate_result(prompts: CaptionPrompts, record: dict, result: LLMResult) -> list[dict]:
     captions = [result.value[p].strip() for p in PERSPECTIVES]
-    return [envelope("_judge", dict(record, captions=captions))]
+    verdicts = [check_caption(prompts, record, c) for c in captions]
+    record = dict(record, captions=captions, verdicts=verdicts)
+    if not _judged(prompts, record):  # every caption rejected by a validator: nothing to pay a judge for
+        return handle_judge_result(prompts, record, None)
+    return [envelope("_judge", record)]
+
+
+def check_caption(prompts: CaptionPrompts, record: dict, caption: str) -> list:
+    """``[ok, violations json]`` by the grounded validators, ``[None, None]`` with ``--validators off``."""
+    if prompts.validators == "off":
+        return [None, None]
+    ok, violations = validate_text(caption, record["mask_facts"], cfg=prompts.validator_config)
+    return [ok, violations_json(violations)]
+
+
+def _judged(prompts: CaptionPrompts, record: dict) -> list[str]:
+    """Perspectives sent to the judge: all, except under ``reject`` those a validator rejected."""
+    verdicts = record.get("verdicts") or [[None, None]] * len(PERSPECTIVES)
+    return [p for p, v in zip(PERSPECTIVES, verdicts) if prompts.validators != "reject" or v[0] is not False]
 
 
 def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
-    listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, record["captions"]))
+    judged = _judged(prompts, record)
+    listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged)
     system, user = prompts.judge.render(region=record["change_region"], captions=listing,
-                                        keys=", ".join(PERSPECTIVES))
+                                        keys=", ".join(judged))
     content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
     return LLMRequest(
         item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
-        schema=judge_schema(), schema_name="caption_scores",
+        schema=judge_schema(tuple(judged)), schema_name="caption_scores",
         cache_parts={"stage": "caption_judge", "template": prompts.judge.version,
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
-                     "candidates": record["captions"]},
+                     "candidates": [c for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged]},
         image_tokens=2 * int(record["image_tokens"]))
 
 
-def handle_judge_result(prompts: CaptionPrompts, record: dict, result: LLMResult) -> list[dict]:
-    scores = [result.value[p] for p in PERSPECTIVES]
-    overall = [overall_score(s, prompts.overall_mode) for s in scores]
-    selection = select_captions(overall)
+def handle_judge_result(prompts: CaptionPrompts, record: dict, result: LLMResult | None) -> list[dict]:
+    judged = _judged(prompts, record) if result is not None else []
+    verdicts = record.get("verdicts") or [[None, None]] * len(PERSPECTIVES)
+    scores = {p: result.value[p] for p in judged}
+    overall = {p: overall_score(scores[p], prompts.overall_mode) for p in judged}
+    selection = dict(zip(judged, select_captions([overall[p] for p in judged])))
     common = {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
               "generate_prompt_version": prompts.generate.version, "judge_prompt_version": prompts.judge.version,
               "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
     out = []
-    for i, (p, caption, s, o, sel) in enumerate(zip(PERSPECTIVES, record["captions"], scores, overall, selection)):
-        out.append(envelope("captions", {
-            **common, "candidate_index": i, "perspective": p, "caption": caption,
-            **{c: int(s[c]) for c in CRITERIA}, "judge_overall": int(s["overall"]), "judge_reason": s["reason"],
-            "overall": o, "overall_mode": prompts.overall_mode, "selected": sel.selected,
-            "selection_reason": sel.reason}))
-    kept = [(p, c) for p, c, sel in zip(PERSPECTIVES, record["captions"], selection) if sel.selected]
+    for i, (p, caption, verdict) in enumerate(zip(PERSPECTIVES, record["captions"], verdicts)):
+        row = {**common, "candidate_index": i, "perspective": p, "caption": caption, "overall_mode": prompts.overall_mode,
+               "validator_ok": verdict[0], "validator_violations": verdict[1], "validators": prompts.validators}
+        if p in scores:
+            s, sel = scores[p], selection[p]
+            row.update({c: int(s[c]) for c in CRITERIA}, judge_overall=int(s["overall"]), judge_reason=s["reason"],
+                       overall=overall[p], selected=sel.selected, selection_reason=sel.reason)
+        else:  # rejected by a validator (--validators reject): never sent to the judge
+            rules = sorted({v["rule"] for v in json.loads(verdict[1] or "[]")})
+            row.update(selected=False, selection_reason=f"rejected by validator: {', '.join(rules)}")
+        out.append(envelope("captions", row))
+    kept = [(p, c) for p, c in zip(PERSPECTIVES, record["captions"]) if p in selection and selection[p].selected]
     out.append(envelope("pairs", {
         **common, **{k: record[k] for k in ("height", "width", "car", "changed_pixels", "components", "cell_shares")},
         "change_region": record["change_region"], "n_candidates": len(PERSPECTIVES), "n_selected": len(kept),

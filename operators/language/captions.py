@@ -69,10 +69,11 @@ def judge_schema(keys: tuple[str, ...] = PERSPECTIVES) -> dict:
             "additionalProperties": False}
 
 
-def overall_score(scores: dict, mode: str = "judge") -> float:
+def overall_score(scores: dict, mode: str = "judge", criteria: tuple[str, ...] = CRITERIA) -> float:
+    """``criteria``: the scored criteria (the QA job's four differ from the captions' five)."""
     if mode == "judge":
         return float(scores["overall"])
-    values = [float(scores[c]) for c in CRITERIA]
+    values = [float(scores[c]) for c in criteria]
     if mode == "mean":
         return sum(values) / len(values)
     if mode == "min":

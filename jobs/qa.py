@@ -1,0 +1,186 @@
+"""The QA job (issue 8, JL1-QA recipe, paper section II-C): change-detection triplets (with the captions
+job's selected captions as context, when there are any) in, judged change question-answer pairs out.
+
+    python -m jobs.qa --input <captions job output | dataset> --output <folder | s3://prefix> --model <name>
+
+``--input`` is either a captions job output (its dataset is read from the ``source.json`` the captions
+job writes, or given with ``--dataset``; up to three selected captions per pair go into the prompt) or
+a dataset in the LEVIR-CD layout (no captions, unless ``--captions`` names a captions output or a
+LEVIR-CC JSON). Per pair one request generates ``--qa-per-pair`` QA pairs of distinct question types
+drawn (seeded by ``--seed`` and the pair id, recorded) from the paper's eight; the grounded validators
+check every answer against the mask (``--validators``); one request judges all of them together.
+Outputs under --output: ``qa/`` (every candidate), ``pairs/``, ``usage/``, ``errors/``, ``VQA.json``
+and ``_cache/llm/``. Endpoint, key, limits, cache and resume work as in the captions job.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if not __package__:  # run as `python jobs/qa.py`: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+
+from jobs import caption as caption_job
+from jobs.caption import HELP as CAPTION_HELP
+from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, run_stages
+from operators.io.storage import Store
+from operators.io.tables import finished_keys, new_run_id, read_table
+from operators.language.caption_ops import PrepareConfig, discover_pairs
+from operators.language.captions import load_template
+from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_document
+from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
+                                       build_judge_request, context_for, handle_generate_result, handle_judge_result,
+                                       load_caption_context, prepare_qa_pair)
+from operators.language.validators import rule_counts
+from operators.llm.client import Secret
+from operators.llm.ratelimit import RateLimits
+from operators.llm.stage import PoolConfig, StageSpec
+from operators.llm.usage import format_summary, summarize_usage
+
+log = logging.getLogger("changeforge.qa")
+
+VQA_FILE = "VQA.json"
+SOURCE_FILE = "source.json"   # written by the captions job: which dataset it captioned
+
+
+@dataclass
+class QAJobConfig(CaptionJobConfig):
+    """The captions job's options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
+    max_tokens: int = 2000                # five QA pairs are longer than five captions
+    generate_template: str = "qa_generate.v1"
+    judge_template: str = "qa_judge.v1"
+    dataset: str = ""
+    captions: str = ""
+    qa_per_pair: int = 5
+    seed: int = 0
+
+
+HELP = {
+    **CAPTION_HELP,
+    "input": "a captions job output (folder or s3:// prefix; its captions become context) or a dataset in the "
+             "LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/)",
+    "output": "output folder or s3:// prefix (tables, VQA json, response cache)",
+    "dataset": "the dataset of a captions job output given as --input (default: the one recorded in its source.json)",
+    "captions": "captions for the context when --input is a dataset: a captions job output or a LEVIR-CC JSON file",
+    "qa_per_pair": "QA pairs generated per image pair, each of a different question type (of the paper's 8)",
+    "seed": "seed of the per-pair draw of question types (with the pair id; recorded in pairs/)",
+    "validators": "grounded validators on every answer: reject = a QA pair that breaks a rule is not sent to the "
+                  "judge (recorded with the rule), flag = sent, verdict stored, off = not run",
+    "overall": "how a QA pair's overall score is formed: judge = the judge's own overall score, mean = mean of "
+               "the four criteria, min = lowest criterion; below 7 is discarded (no top-k)",
+    "generate_template": "prompt template (file stem under --prompts-dir) for QA generation",
+    "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
+    "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
+}
+def parse_args(argv: list[str] | None = None) -> QAJobConfig:
+    return caption_job.parse_args(argv, QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
+
+
+def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
+    """(dataset URI, captions source or None) from --input / --dataset / --captions."""
+    store = Store(cfg.input)
+    is_captions_output = store.exists(SOURCE_FILE) or bool(store.list("captions", suffixes=(".parquet",)))
+    if not is_captions_output:
+        return cfg.input, (cfg.captions or None)
+    dataset = cfg.dataset
+    if not dataset and store.exists(SOURCE_FILE):
+        dataset = json.loads(store.read_bytes(SOURCE_FILE)).get("input", "")
+    if not dataset:
+        raise SystemExit(f"jobs.qa: {cfg.input} is a captions job output without {SOURCE_FILE}; name its dataset "
+                         "with --dataset")
+    return dataset, cfg.captions or cfg.input
+
+
+def run(cfg: QAJobConfig) -> dict:
+    """Run the job; returns a summary dict (also printed by ``main``)."""
+    base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
+    if not base_url:
+        sys.exit("jobs.qa: no endpoint. Set OPENAI_BASE_URL (e.g. https://api.openai.com/v1, or "
+                 "http://localhost:8000/v1 for a local vLLM) and OPENAI_API_KEY, or pass --base-url.")
+    if cfg.overall not in OVERALL_MODES or cfg.validators not in VALIDATOR_POLICIES:
+        raise ValueError(f"--overall must be one of {OVERALL_MODES}, --validators one of {VALIDATOR_POLICIES}")
+    if not 1 <= cfg.qa_per_pair <= len(QUESTION_TYPES):
+        raise ValueError(f"--qa-per-pair must be between 1 and {len(QUESTION_TYPES)}")
+    dataset, captions_source = resolve_inputs(cfg)
+    _ensure_ray(cfg)
+    from operators.io.tables import TableSink
+    from operators.llm.ratelimit import start_rate_limiter
+
+    out = Store(cfg.output)
+    run_id = new_run_id()
+    context = load_caption_context(captions_source) if captions_source else {}
+    pairs = discover_pairs(dataset, cfg.list_file or None, cfg.default_split)
+    for p in pairs:
+        p["context_captions"] = context_for(p, context)
+    done = finished_keys(out, "pairs", "pair_id")
+    todo = [p for p in pairs if p["pair_id"] not in done]
+    log.info("%d pairs found (%d with caption context), %d already finished, %d to do (run %s)", len(pairs),
+             sum(1 for p in pairs if p["context_captions"]), len(pairs) - len(todo), len(todo), run_id)
+
+    judge_model = cfg.judge_model or cfg.model
+    prompts = QAPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
+                        judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
+                        max_image_side=cfg.max_image_side, image_format=cfg.image_format,
+                        overall_mode=cfg.overall, model=cfg.model, judge_model=judge_model, run_id=run_id,
+                        validators=cfg.validators)
+    counts: dict[str, int] = {}
+    if todo:
+        limiter_name = f"changeforge-llm-{run_id}"
+        limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
+        common = dict(limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(),
+                      api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job=JOB)
+        generate = StageSpec(name="qa_generate", input_table="_qa_generate",
+                             build_request=partial(build_generate_request, prompts),
+                             handle_result=partial(handle_generate_result, prompts),
+                             llm=_llm_config(cfg, base_url, cfg.model), **common)
+        judge = StageSpec(name="qa_judge", input_table="_qa_judge", build_request=partial(build_judge_request, prompts),
+                          handle_result=partial(handle_judge_result, prompts),
+                          llm=_llm_config(cfg, base_url, judge_model), **common)
+        pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
+        prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
+        counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
+                                                    "qa_per_pair": cfg.qa_per_pair},
+                            [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
+                            cfg.progress_every_s)
+
+    def rows(name: str) -> list[dict]:
+        table = read_table(out, name, TABLE_SCHEMAS[name])
+        return table.to_pylist() if table is not None else []
+
+    pair_rows, qa_rows = rows("pairs"), rows("qa")
+    out.write_bytes(VQA_FILE, json.dumps(vqa_document(pair_rows, qa_rows), indent=1).encode())
+    this_run = [r for r in qa_rows if r["run_id"] == run_id]
+    caught = rule_counts(json.loads(r["validator_violations"]) for r in this_run if r["validator_violations"])
+    return {"run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
+            "pairs_finished_total": len(pair_rows),
+            "errors": sum(1 for r in rows("errors") if r["run_id"] == run_id),
+            "qa_candidates": len(this_run), "qa_selected": sum(1 for r in this_run if r["selected"]),
+            "validators": cfg.validators, "validator_caught": caught,
+            "validator_rejected": sum(1 for r in this_run if r["validator_ok"] is False and cfg.validators == "reject"),
+            "question_types": dict(Counter(r["question_type"] for r in this_run)),
+            "rows_written": counts,
+            "usage": summarize_usage([r for r in rows("usage") if r["run_id"] == run_id])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = parse_args(argv)
+    s = run(cfg)
+    print(f"run {s['run_id']}: {s['pairs_found']} pairs, {s['pairs_skipped_finished']} already finished, "
+          f"{s['pairs_finished_total']} finished in total, {s['errors']} errors in this run")
+    print(f"QA pairs in this run: {s['qa_candidates']} generated, {s['qa_selected']} selected; validators "
+          f"({s['validators']}) caught per rule: " + ", ".join(f"{k}={v}" for k, v in s["validator_caught"].items())
+          + (f"; {s['validator_rejected']} not sent to the judge" if s["validators"] == "reject" else ""))
+    print(format_summary(s["usage"]))
+    print(f"outputs: {cfg.output}/{{qa,pairs,usage,errors}}/ and {cfg.output}/{VQA_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

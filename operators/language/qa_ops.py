@@ -1,0 +1,217 @@
+"""Ray-facing pieces of the QA job: caption context, preparing pairs (the captions job's reader plus the
+drawn question types), and the two LLM stages (generate five QA pairs, judge all five in one request)
+as request builders and handlers for the generic :mod:`operators.llm.stage`.
+
+Row flow (envelopes, see :mod:`operators.io.tables`):
+``prepare_qa_pair`` -> ``_qa_generate`` (or ``errors``) -> generation stage -> validators ->
+``_qa_judge`` (+ ``usage``) -> judge stage -> ``qa`` x5 and ``pairs`` (+ ``usage``) -> TableSink.
+With ``--validators reject`` a QA pair that breaks a rule is not sent to the judge; when all five
+break one there is no judge request and the pair's rows are written straight after generation.
+"""
+from __future__ import annotations
+
+import json
+import pyarrow as pa
+
+from operators.io.storage import Store
+from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
+from operators.language.caption_ops import CaptionPrompts, PrepareConfig, prepare_pair
+from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
+                                   overall_score, select_qa)
+from operators.language.validators import validate_text, violations_json
+from operators.llm.client import LLMRequest, LLMResult
+from operators.llm.images import image_part
+from operators.llm.usage import USAGE_SCHEMA
+
+JOB = "qa"
+VALIDATOR_POLICIES = ("reject", "flag", "off")
+MAX_CONTEXT_CAPTIONS = 3
+
+QA_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("filename", pa.string()), ("split", pa.string()),
+    ("qa_index", pa.int32()), ("question_type", pa.string()), ("question", pa.string()), ("answer", pa.string()),
+    *[(f"score_{c}", pa.int32()) for c in QA_CRITERIA],
+    ("judge_overall", pa.int32()), ("judge_reason", pa.string()),
+    ("overall", pa.float64()), ("overall_mode", pa.string()),
+    ("selected", pa.bool_()), ("reason", pa.string()),
+    ("validator_ok", pa.bool_()), ("validator_violations", pa.string()), ("validators", pa.string()),
+    ("prompt_version_generate", pa.string()), ("prompt_version_judge", pa.string()),
+    ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+])
+
+QA_PAIRS_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("split", pa.string()), ("filename", pa.string()),
+    ("height", pa.int32()), ("width", pa.int32()),
+    ("car", pa.float64()), ("changed_pixels", pa.int64()), ("components", pa.int32()),
+    ("change_region", pa.string()), ("cell_shares", pa.list_(pa.float64())),
+    ("question_types", pa.list_(pa.string())), ("seed", pa.int64()),
+    ("context_captions", pa.list_(pa.string())),
+    ("n_candidates", pa.int32()), ("n_validator_rejected", pa.int32()), ("n_judged", pa.int32()),
+    ("n_selected", pa.int32()),
+    ("prompt_version_generate", pa.string()), ("prompt_version_judge", pa.string()),
+    ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+])
+
+TABLE_SCHEMAS = {"qa": QA_SCHEMA, "pairs": QA_PAIRS_SCHEMA, "usage": USAGE_SCHEMA, "errors": ERRORS_SCHEMA}
+
+
+# -- caption context -----------------------------------------------------------------------------------
+def load_caption_context(uri: str, limit: int = MAX_CONTEXT_CAPTIONS) -> dict[str, list[str]]:
+    """Up to ``limit`` selected captions per pair from a captions job output (``captions/`` table: the
+    selected ones, best overall first), else from a LEVIR-CC JSON file (or ``LevirCCcaptions.json``
+    inside the folder). Keys are pair ids for the table and file-name stems for the JSON."""
+    store = Store(uri)
+    if uri.endswith(".json"):
+        from operators.io.storage import read_uri
+        return _from_levir_cc(json.loads(read_uri(uri)), limit)
+    table = read_table(store, "captions")
+    if table is not None:
+        rows = [r for r in table.to_pylist() if r.get("selected")]
+        by_pair: dict[str, list[dict]] = {}
+        for r in rows:
+            by_pair.setdefault(r["pair_id"], []).append(r)
+        return {pid: [r["caption"] for r in sorted(rs, key=lambda r: (-(r.get("overall") or 0),
+                                                                       r.get("candidate_index", 0)))][:limit]
+                for pid, rs in by_pair.items()}
+    if store.exists("LevirCCcaptions.json"):
+        return _from_levir_cc(json.loads(store.read_bytes("LevirCCcaptions.json")), limit)
+    raise FileNotFoundError(f"{uri}: neither a captions/ table nor LevirCCcaptions.json (a captions job output)")
+
+
+def _from_levir_cc(doc: dict, limit: int) -> dict[str, list[str]]:
+    out = {}
+    for img in doc.get("images", []):
+        stem = str(img.get("filename", "")).rsplit(".", 1)[0]
+        out[stem] = [s.get("raw", "").strip() for s in img.get("sentences", []) if s.get("raw", "").strip()][:limit]
+    return out
+
+
+def context_for(pair: dict, context: dict[str, list[str]]) -> list[str]:
+    stem = pair["filename"].rsplit(".", 1)[0]
+    return list(context.get(pair["pair_id"]) or context.get(stem) or [])
+
+
+# -- preparing a pair ----------------------------------------------------------------------------------
+def prepare_qa_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: str = "", seed: int = 0,
+                    qa_per_pair: int = 5) -> list[dict]:
+    """The captions job's reader and mask analysis, plus this pair's drawn question types and context."""
+    out = []
+    for env in prepare_pair(item, config, run_id):
+        record = json.loads(env["_record"])
+        if env["_table"] == "errors":
+            out.append(envelope("errors", dict(record, job=JOB)))
+            continue
+        record.update(question_types=draw_types(item["pair_id"], seed, qa_per_pair), seed=seed,
+                      context_captions=item.get("context_captions") or [])
+        out.append(envelope("_qa_generate", record))
+    return out
+
+
+# -- the two LLM stages --------------------------------------------------------------------------------
+QAPrompts = CaptionPrompts  # the same settings (templates, image encoding, overall mode, models, validators)
+
+
+def _captions_block(captions: list[str]) -> str:
+    if not captions:
+        return ""
+    return "- change captions (verified):\n" + "\n".join(f"  - {c}" for c in captions)
+
+
+def build_generate_request(prompts: QAPrompts, record: dict) -> LLMRequest:
+    types = record["question_types"]
+    keys = [TYPE_KEYS[t] for t in types]
+    system, user = prompts.generate.render(
+        car_percent=f"{100 * record['car']:.1f}", region=record["change_region"], components=record["components"],
+        captions_block=_captions_block(record["context_captions"]), n_questions=len(types),
+        type_list="\n".join(f"- {k} ({t}): {TYPE_GUIDES[t]}" for k, t in zip(keys, types)), keys=", ".join(keys))
+    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail)
+                                                  for k in ("a_url", "b_url", "mask_url")]
+    return LLMRequest(
+        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        schema=generation_schema(types), schema_name="change_qa",
+        cache_parts={"stage": "qa_generate", "template": prompts.generate.version, "images": record["hashes"],
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "types": types, "context": record["context_captions"]},
+        image_tokens=3 * int(record["image_tokens"]))
+
+
+def _common(prompts: QAPrompts, record: dict) -> dict:
+    return {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
+            "prompt_version_generate": prompts.generate.version, "prompt_version_judge": prompts.judge.version,
+            "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
+
+
+def handle_generate_result(prompts: QAPrompts, record: dict, result: LLMResult) -> list[dict]:
+    qa = []
+    for t in record["question_types"]:
+        entry = result.value[TYPE_KEYS[t]]
+        qa.append({"type": t, "question": entry["question"].strip(), "answer": entry["answer"].strip()})
+    for item in qa:
+        if prompts.validators == "off":
+            item["validator_ok"], item["violations"] = None, None
+        else:
+            ok, violations = validate_text(item["answer"], record["mask_facts"], item["question"], item["type"],
+                                           prompts.validator_config)
+            item["validator_ok"], item["violations"] = ok, violations_json(violations)
+    record = dict(record, qa=qa)
+    if not judged_indices(prompts, qa):
+        return finish_pair(prompts, record, {})
+    return [envelope("_qa_judge", record)]
+
+
+def judged_indices(prompts: QAPrompts, qa: list[dict]) -> list[int]:
+    """Which QA pairs go to the judge: all, except under ``reject`` those a validator rejected."""
+    return [i for i, q in enumerate(qa) if prompts.validators != "reject" or q["validator_ok"] is not False]
+
+
+def build_judge_request(prompts: QAPrompts, record: dict) -> LLMRequest:
+    qa = record["qa"]
+    idx = judged_indices(prompts, qa)
+    types = [qa[i]["type"] for i in idx]
+    listing = "\n".join(f"{TYPE_KEYS[qa[i]['type']]} ({qa[i]['type']}):\n  Q: {qa[i]['question']}\n  A: {qa[i]['answer']}"
+                        for i in idx)
+    system, user = prompts.judge.render(region=record["change_region"], qa_listing=listing,
+                                        keys=", ".join(TYPE_KEYS[t] for t in types))
+    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
+    return LLMRequest(
+        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        schema=judge_schema(types), schema_name="qa_scores",
+        cache_parts={"stage": "qa_judge", "template": prompts.judge.version,
+                     "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
+                     "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
+                     "candidates": [[qa[i]["type"], qa[i]["question"], qa[i]["answer"]] for i in idx]},
+        image_tokens=2 * int(record["image_tokens"]))
+
+
+def handle_judge_result(prompts: QAPrompts, record: dict, result: LLMResult) -> list[dict]:
+    return finish_pair(prompts, record, {t: result.value[TYPE_KEYS[t]] for t in
+                                         (record["qa"][i]["type"] for i in judged_indices(prompts, record["qa"]))})
+
+
+def finish_pair(prompts: QAPrompts, record: dict, scores_by_type: dict[str, dict]) -> list[dict]:
+    """Every candidate as a ``qa`` row (scored, or rejected by a validator) and one ``pairs`` row."""
+    common = _common(prompts, record)
+    out, n_selected, n_rejected = [], 0, 0
+    for i, q in enumerate(record["qa"]):
+        scores = scores_by_type.get(q["type"])
+        row = {**common, "qa_index": i, "question_type": q["type"], "question": q["question"], "answer": q["answer"],
+               "validator_ok": q["validator_ok"], "validator_violations": q["violations"],
+               "validators": prompts.validators, "overall_mode": prompts.overall_mode}
+        if scores is None:  # rejected by a validator before the judge (policy reject)
+            rules = sorted({v["rule"] for v in json.loads(q["violations"] or "[]")})
+            row.update(selected=False, reason=f"validator: {', '.join(rules)}")
+            n_rejected += 1
+        else:
+            overall = overall_score(scores, prompts.overall_mode)
+            sel = select_qa(overall)
+            row.update({f"score_{c}": int(scores[c]) for c in QA_CRITERIA})
+            row.update(judge_overall=int(scores["overall"]), judge_reason=scores["reason"], overall=overall,
+                       selected=sel.selected, reason=sel.reason)
+            n_selected += sel.selected
+        out.append(envelope("qa", row))
+    out.append(envelope("pairs", {
+        **common, **{k: record[k] for k in ("height", "width", "car", "changed_pixels", "components", "cell_shares",
+                                            "question_types", "seed", "context_captions")},
+        "change_region": record["change_region"], "n_candidates": len(record["qa"]),
+        "n_validator_rejected": n_rejected, "n_judged": len(record["qa"]) - n_rejected, "n_selected": n_selected}))
+    return out

@@ -1,0 +1,179 @@
+"""Grounded validators on the repository's real LEVIR-CD masks: hand-written true and false statements for
+every rule, in both directions, including the all-zero mask; and the --validators policy of the
+captions job's stages (reject: not sent to the judge; flag: sent, verdict stored)."""
+import json
+from pathlib import Path
+
+import cv2
+import pytest
+
+from operators.language.mask_analysis import analyze_mask, binarize_mask
+from operators.language.validators import mask_facts, rule_counts, validate_text
+
+LABELS = Path(__file__).resolve().parents[2] / "data" / "levir-cd" / "label"
+
+# What the masks show (looked at with a 3x3 grid on top):
+#   test_77_0512_0256   one large L-shaped building in the lower center and right; upper third empty
+#   train_386_0512_0768 all zero: no change
+#   test_2_0000_0000    ~18 houses in three rows over the whole image, CAR 0.25
+#   val_27_0000_0256    3 houses upper-right, a row of ~7 along the bottom; center and upper-left empty
+#   test_55_0256_0000   ~10 houses center, lower-left, right; upper third (almost) empty
+#   test_102_0512_0000  one large diagonal building from the center to the upper-right
+
+
+def facts(name, crop=None):
+    mask = binarize_mask(cv2.imread(str(LABELS / f"{name}.png"), cv2.IMREAD_UNCHANGED))
+    if crop:
+        mask = mask[crop[0]:crop[1], crop[2]:crop[3]]
+    return mask_facts(mask, analyze_mask(mask).components)
+
+
+@pytest.fixture(scope="module")
+def f():
+    names = ("test_77_0512_0256", "train_386_0512_0768", "test_2_0000_0000", "val_27_0000_0256",
+             "test_55_0256_0000", "test_102_0512_0000")
+    out = {n: facts(n) for n in names}
+    out["test_55_ul"] = facts("test_55_0256_0000", (0, 128, 0, 128))   # a sliver of one house: CAR 0.009
+    return out
+
+
+def rules(text, facts, question=None, qtype=None):
+    ok, violations = validate_text(text, facts, question, qtype)
+    assert ok == (not violations)
+    return {v.rule for v in violations}
+
+
+def test_mask_facts_on_real_masks(f):
+    assert f["train_386_0512_0768"]["changed_pixels"] == 0 and f["train_386_0512_0768"]["components"] == 0
+    assert f["test_77_0512_0256"]["components"] == 1
+    assert f["test_77_0512_0256"]["regions"]["third:upper"][0] == 0          # nothing in the top third
+    assert f["val_27_0000_0256"]["regions"]["cell:center"][0] == 0
+    total = f["test_2_0000_0000"]["regions"]["all"]
+    assert total[0] == f["test_2_0000_0000"]["changed_pixels"] and total[1] == 256 * 256
+    json.dumps(f["test_2_0000_0000"])   # travels in rows
+
+
+@pytest.mark.parametrize("text, mask, expected", [
+    # numbers: copied metadata figures
+    ("Exactly 17.5% of the image changed.", "test_77_0512_0256", {"numbers"}),
+    ("The change covers 25 percent of the scene.", "test_2_0000_0000", {"numbers"}),
+    ("A total of 11,500 changed pixels form one building.", "test_77_0512_0256", {"numbers"}),
+    ("One large new building covers a sizable part of the lower half.", "test_77_0512_0256", set()),
+    ("Roughly a quarter of the scene is now covered by new houses.", "test_2_0000_0000", set()),
+    # change / no change, both directions, and the all-zero mask
+    ("Several new houses were built in the center.", "train_386_0512_0768", {"change", "location", "counts"}),
+    ("A new road was constructed across the scene.", "train_386_0512_0768", {"change"}),
+    ("No change is visible between the two images.", "train_386_0512_0768", set()),
+    ("The scene appears unchanged; no new buildings were constructed.", "train_386_0512_0768", set()),
+    ("No change occurred between the two images.", "test_77_0512_0256", {"change"}),
+    ("The scene remains the same.", "test_2_0000_0000", {"change"}),
+    ("The upper part remains unchanged while a large building appears lower down.", "test_77_0512_0256", set()),
+    ("Essentially no change is visible apart from a sliver at the corner.", "test_55_ul", set()),
+    # location: change where there is none, "unchanged" where there is change, "entire image"
+    ("The new building stands in the upper-left corner.", "test_77_0512_0256", {"location"}),
+    ("New houses were built in the center of the image.", "val_27_0000_0256", {"location"}),
+    ("New houses were built in the upper-right corner and along the bottom.", "val_27_0000_0256", set()),
+    ("The center of the image remains unchanged.", "val_27_0000_0256", set()),
+    ("The lower half shows no change.", "test_77_0512_0256", {"location"}),
+    ("The upper part of the image remains unchanged.", "test_77_0512_0256", set()),
+    ("Rows of new houses were built across the whole image.", "test_2_0000_0000", set()),
+    ("New buildings were built throughout the entire image.", "test_55_ul", {"location"}),
+    # magnitude: CAR bins 0.05 / 0.2
+    ("The change is minor and limited to a small area.", "test_2_0000_0000", {"magnitude"}),
+    ("The construction is extensive, with new homes in almost every part.", "test_2_0000_0000", set()),
+    ("Large-scale development covers the image.", "test_55_ul", {"magnitude"}),
+    ("The change is small and localized.", "test_55_ul", set()),
+    ("Construction covers most of the image.", "test_55_0256_0000", {"magnitude"}),
+    # counts: against the changed components, with tolerance
+    ("Two new houses were built.", "test_2_0000_0000", {"counts"}),
+    ("Dozens of small houses were built.", "test_77_0512_0256", {"counts"}),
+    ("A single large structure appeared.", "test_77_0512_0256", set()),
+    ("About fifteen new houses appeared in three rows.", "test_2_0000_0000", set()),
+    ("A single new house was built.", "test_55_0256_0000", {"counts"}),
+    ("Around ten new houses were built.", "test_55_0256_0000", set()),
+])
+def test_caption_statements(f, text, mask, expected):
+    assert rules(text, f[mask]) == expected
+
+
+@pytest.mark.parametrize("question, answer, mask, expected", [
+    ("Is there any new construction in the upper-left corner?", "No.", "test_77_0512_0256", set()),
+    ("Was anything built in the upper-left of the image?", "Yes, a new house.", "test_77_0512_0256", {"existence"}),
+    ("Is there a new structure in the lower part of the image?", "No, the lower part is unchanged.",
+     "test_77_0512_0256", {"existence", "location"}),
+    ("Is there a new structure in the lower part of the image?", "Yes, a large building.", "test_77_0512_0256", set()),
+    ("Has any new construction occurred?", "No, there is no new construction.", "train_386_0512_0768", set()),
+    ("Did any buildings appear in the image?", "Yes, new buildings appeared.", "train_386_0512_0768",
+     {"existence", "change"}),
+    ("Has anything changed in the image?", "No.", "test_2_0000_0000", {"existence"}),
+    ("Has anything changed in the image?", "Yes.", "test_2_0000_0000", set()),
+    # A mask cannot say "no" to a specific object type: not checked.
+    ("Were any trees removed in the lower part?", "No.", "test_77_0512_0256", set()),
+])
+def test_yes_no_answers(f, question, answer, mask, expected):
+    assert rules(answer, f[mask], question, "YES/NO") == expected
+
+
+def test_where_answer_is_read_with_its_question(f):
+    q = "Where did the most significant change occur?"
+    assert rules("In the upper-left corner.", f["test_77_0512_0256"], q, "WHERE") == {"location"}
+    assert rules("In the lower part and on the right.", f["test_77_0512_0256"], q, "WHERE") == set()
+
+
+def test_rule_counts_count_each_text_once_per_rule():
+    lists = [[{"rule": "location", "detail": "a"}, {"rule": "location", "detail": "b"}], [{"rule": "numbers",
+                                                                                         "detail": "c"}], []]
+    counts = rule_counts(lists)
+    assert counts["location"] == 1 and counts["numbers"] == 1 and counts["counts"] == 0
+
+
+# -- the captions job's --validators policy, on its stage functions (no Ray, no HTTP) --------------
+def _caption_record(f):
+    return {"pair_id": "test_77_0512_0256", "split": "test", "filename": "test_77_0512_0256.png",
+            "height": 256, "width": 256, "car": f["car"], "changed_pixels": f["changed_pixels"],
+            "components": f["components"], "change_region": "lower area", "cell_shares": [0.0] * 9,
+            "mask_facts": f, "hashes": {"a_rel": "a", "b_rel": "b", "label_rel": "l"},
+            "a_url": "data:image/png;base64,AA", "b_url": "data:image/png;base64,AA",
+            "mask_url": "data:image/png;base64,AA", "image_tokens": 85}
+
+
+CAPTIONS = {"change_type": "A large new building was constructed on bare land.",
+            "spatial_location": "The new building stands in the upper-left corner of the image.",   # wrong place
+            "visual_appearance": "The new building has a light grey roof and an L-shaped outline.",
+            "scale": "Exactly 17.5% of the image changed.",                                           # copied number
+            "implication": "The construction suggests commercial development of the area."}
+
+
+@pytest.mark.parametrize("policy", ["reject", "flag", "off"])
+def test_caption_policy(f, policy):
+    from operators.language.caption_ops import (CaptionPrompts, build_judge_request, handle_generate_result,
+                                                handle_judge_result)
+    from operators.language.captions import CRITERIA, load_template
+    from operators.llm.client import LLMResult
+    prompts = CaptionPrompts(generate=load_template("caption_generate.v1"), judge=load_template("caption_judge.v1"),
+                             validators=policy)
+    record = _caption_record(f["test_77_0512_0256"])
+    [env] = handle_generate_result(prompts, record, LLMResult(item="x", ok=True, value=CAPTIONS))
+    judged_record = json.loads(env["_record"])
+    request = build_judge_request(prompts, judged_record)
+    text = request.messages[1]["content"][0]["text"]
+    bad = ("spatial_location", "scale")
+    sent = set(request.schema["required"])
+    if policy == "reject":
+        assert sent == set(CAPTIONS) - set(bad) and not any(CAPTIONS[b] in text for b in bad)
+    else:
+        assert sent == set(CAPTIONS) and all(CAPTIONS[b] in text for b in bad)
+    reply = {p: {**{c: 9 for c in CRITERIA}, "overall": 9, "reason": "ok"} for p in sent}
+    rows = [json.loads(e["_record"]) for e in handle_judge_result(prompts, judged_record,
+                                                                  LLMResult(item="x", ok=True, value=reply))]
+    captions = {r["perspective"]: r for r in rows if "perspective" in r}
+    if policy == "off":
+        assert all(r["validator_ok"] is None for r in captions.values())
+        return
+    assert {p for p, r in captions.items() if r["validator_ok"] is False} == set(bad)
+    assert {v["rule"] for v in json.loads(captions["scale"]["validator_violations"])} == {"numbers"}
+    if policy == "reject":
+        assert captions["scale"].get("overall") is None and not captions["scale"]["selected"]
+        assert captions["spatial_location"]["selection_reason"] == "rejected by validator: location"
+    else:
+        assert captions["scale"]["overall"] == 9 and captions["scale"]["selected"]
