@@ -85,10 +85,11 @@ def make_pairs_job_output(folder: Path) -> Path:
     from operators.pairs.slice_io import METADATA_SCHEMA
     reasons = [None, None, None, "too few inliers (5 < 20)", "residual 9.3 px > 8 px", "too few inliers (2 < 20)",
                None, "nodata 3.0% of the crop > 0.0%", None, "residual 12.0 px > 8 px"]
+    residuals = [0.4, 1.1, 0.7, 35.0, 9.3, 60.2, 2.5, None, 5.9, 12.0]
     rows = []
     for i, r in enumerate(reasons):
         rows.append({"slice_id": f"s{i}", "pair_id": "p0", "location": "loc", "split": ("train", "val", "test")[i % 3],
-                     "window": [0, 0, 256, 256], "residual_px": None if r and r.startswith("nodata") else 0.3 + i,
+                     "window": [0, 0, 256, 256], "residual_px": residuals[i],
                      "status": "rejected" if r else "accepted", "reject_reason": r, "run_id": "r1"})
     table = pa.Table.from_pylist(rows, schema=pa.schema([f for f in METADATA_SCHEMA if f.name in rows[0]]))
     (folder / "metadata").mkdir(parents=True, exist_ok=True)
