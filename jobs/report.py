@@ -24,7 +24,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pandas as pd
 
 from operators.io.cli import add_config_args, config_from_args
 from operators.io.storage import Store

@@ -8,9 +8,9 @@ import base64
 import html
 from dataclasses import dataclass, field
 
-import cv2
 import numpy as np
 
+from operators.llm.images import data_url, fit_max_side
 from operators.report.stats import Table
 
 CSS = """
@@ -45,25 +45,14 @@ class GalleryItem:
     qa: list[tuple[str, str]] = field(default_factory=list)
 
 
-def data_uri_png(png: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64," + base64.b64encode(png).decode("ascii")
+def data_uri_png(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def thumbnail(image: np.ndarray, side: int) -> tuple[str, bytes]:
-    """(MIME type, bytes): photos as JPEG (a tenth of PNG's size), masks (2-D) as lossless PNG."""
-    h, w = image.shape[:2]
-    scale = min(1.0, side / max(h, w))
-    if scale < 1.0:
-        image = cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA)
-    if image.ndim == 3:
-        ok, buf = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 88])
-        mime = "image/jpeg"
-    else:
-        ok, buf = cv2.imencode(".png", image)
-        mime = "image/png"
-    if not ok:
-        raise ValueError("cannot encode thumbnail")
-    return mime, buf.tobytes()
+def thumbnail_url(image: np.ndarray, side: int) -> str:
+    """Photos as JPEG (a tenth of PNG's size), masks (2-D) as lossless PNG, longer side at most ``side``."""
+    small = fit_max_side(image, side, nearest=image.ndim == 2)
+    return data_url(small, "jpeg" if image.ndim == 3 else "png", jpeg_quality=88)
 
 
 def table_html(t: Table) -> str:
@@ -86,8 +75,7 @@ def gallery_html(items: list[GalleryItem], side: int) -> str:
             if img is None:
                 cells.append(f"<div>{label}: not available</div>")
             else:
-                mime, data = thumbnail(img, side)
-                cells.append(f'<div><img class="gallery" src="{data_uri_png(data, mime)}" '
+                cells.append(f'<div><img class="gallery" src="{thumbnail_url(img, side)}" '
                              f'alt="{html.escape(it.pair_id)} {label}"><br>{label}</div>')
         texts = ""
         if it.captions:

@@ -3,8 +3,6 @@ OpenAI-compatible test server on the repository's LEVIR-CD crops), a QA table in
 a pairs-job table set, and a Label Studio server."""
 from __future__ import annotations
 
-import io
-import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +35,17 @@ def captions_output(ray_session, openai_test_server_process, tmp_path_factory):
         else:
             os.environ["OPENAI_API_KEY"] = old
     return out
+
+
+def reviewer_result(verdict, categories=(), corrected=None):
+    """An annotation's ``result`` as Label Studio stores it for the review's labeling config."""
+    result = [{"from_name": "verdict", "to_name": "text", "type": "choices", "value": {"choices": [verdict]}}]
+    if categories:
+        result.append({"from_name": "error_category", "to_name": "text", "type": "choices",
+                       "value": {"choices": list(categories)}})
+    if corrected:
+        result.append({"from_name": "corrected", "to_name": "text", "type": "textarea", "value": {"text": [corrected]}})
+    return result
 
 
 QA_TYPES = ("YES/NO", "WHAT", "WHERE", "HOW MUCH", "BEFORE/AFTER", "CAUSE", "DETAIL", "COMPARE")

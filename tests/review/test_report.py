@@ -6,15 +6,13 @@ import re
 import shutil
 
 import cv2
-import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from jobs.report import ReportConfig, run
 from jobs.review import ExportConfig, IngestConfig, run_export, run_ingest
 from tests.review.browser import chromium, probe_page, screenshot
-from tests.review.conftest import LEVIR, make_pairs_job_output, make_qa_output
+from tests.review.conftest import LEVIR, make_pairs_job_output, make_qa_output, reviewer_result
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +31,7 @@ def recorded_review(captions_output, folder):
         t["id"] = 100 + i
         verdict = ("correct", "correct", "partly correct", "wrong")[i % 4]
         t["annotations"] = [{"id": 500 + i, "was_cancelled": False, "completed_by": 1, "updated_at": "2026-01-01",
-                             "result": [{"from_name": "verdict", "to_name": "text", "type": "choices",
-                                         "value": {"choices": [verdict]}}]}]
+                             "result": reviewer_result(verdict)}]
     (folder / "export.json").write_text(json.dumps(tasks))
     summary = run_ingest(IngestConfig(export=str(folder / "export.json"), output=str(folder / "review-out")))
     return folder / "review-out", summary, tasks

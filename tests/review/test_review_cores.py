@@ -13,6 +13,7 @@ from operators.review.label_studio import (ERROR_CATEGORIES, VERDICTS, annotatio
                                            review_rows, task)
 from operators.review.sampling import allocate, car_class, stratified_sample
 from operators.review.summary import summarize_reviews
+from tests.review.conftest import reviewer_result
 
 
 # -- Wilson and kappa against published values ------------------------------------------------------
@@ -119,13 +120,8 @@ def test_task_uses_urls_and_prefills_the_judge_score():
 
 
 def _annotation(aid, verdict, cats=(), corrected=None, when="2026-01-01T00:00:00Z"):
-    result = [{"from_name": "verdict", "to_name": "text", "type": "choices", "value": {"choices": [verdict]}}]
-    if cats:
-        result.append({"from_name": "error_category", "to_name": "text", "type": "choices",
-                       "value": {"choices": list(cats)}})
-    if corrected:
-        result.append({"from_name": "corrected", "to_name": "text", "type": "textarea", "value": {"text": [corrected]}})
-    return {"id": aid, "result": result, "was_cancelled": False, "completed_by": 1, "updated_at": when}
+    return {"id": aid, "result": reviewer_result(verdict, cats, corrected), "was_cancelled": False,
+            "completed_by": 1, "updated_at": when}
 
 
 def test_review_rows_keep_every_task():

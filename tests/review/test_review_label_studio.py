@@ -2,9 +2,7 @@
 captions output, create the project and import through the SDK, annotate through the REST API as a
 reviewer's browser does, export, ingest, and check the summary against what the reviewer said."""
 import json
-import os
 import urllib.request
-from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -12,6 +10,7 @@ import pytest
 
 from jobs.review import ExportConfig, IngestConfig, run_export, run_ingest
 from operators.review.agreement import wilson_interval
+from tests.review.conftest import reviewer_result
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +22,6 @@ def api(server, path, payload=None):
     with urllib.request.urlopen(req, timeout=60) as r:
         body = r.read()
     return json.loads(body) if r.headers.get("Content-Type", "").startswith("application/json") else body
-
-
-def reviewer_result(verdict, categories=(), corrected=None):
-    result = [{"from_name": "verdict", "to_name": "text", "type": "choices", "value": {"choices": [verdict]}}]
-    if categories:
-        result.append({"from_name": "error_category", "to_name": "text", "type": "choices",
-                       "value": {"choices": list(categories)}})
-    if corrected:
-        result.append({"from_name": "corrected", "to_name": "text", "type": "textarea", "value": {"text": [corrected]}})
-    return result
 
 
 def test_review_round_trip_through_label_studio(captions_output, label_studio, tmp_path, monkeypatch):
