@@ -64,3 +64,16 @@ def test_export_local_files_is_reproducible_and_selected_only(tmp_path):
     assert other["sampled"] == 6
     with pytest.raises(ValueError, match="subfolder"):
         run_export(ExportConfig(input=str(src), output=str(tmp_path / "o3"), images=str(LEVIR), local_files_root=str(LEVIR)))
+
+
+def test_export_of_a_qa_output(tmp_path):
+    from tests.review.conftest import make_qa_output
+    pairs = [{"pair_id": p, "filename": f"{p}.png", "split": p.split("_")[0], "car": 0.02 * i}
+             for i, p in enumerate(PAIRS)]
+    src = make_qa_output(tmp_path / "qa", pairs)
+    s = run_export(ExportConfig(input=str(src), output=str(tmp_path / "out"), images=str(LEVIR), sample=6,
+                                stratify="question_type,car_class", include_rejected=True))
+    assert s["kind"] == "qa" and s["population"] == 20           # the older run's duplicate row is not an item
+    tasks = json.loads((tmp_path / "out" / "tasks.json").read_text())
+    assert all(t["data"]["text"].startswith("Q: ") and "\nA: " in t["data"]["text"] for t in tasks)
+    assert "question" in (tmp_path / "out" / "label_config.xml").read_text()
