@@ -25,7 +25,7 @@ def review_result_tables(s: dict) -> list[Table]:
         return f"{100 * r['rate']:.1f}% ({r['accepted']}/{r['n']}; Wilson 95% {100 * lo:.1f}-{100 * hi:.1f}%)"
 
     ag = s["judge_agreement"]
-    kappa = "undefined (one rater used one label only)" if ag["cohens_kappa"] is None else f"{ag['cohens_kappa']:.3f}"
+    kappa = "undefined (human and judge gave every item one and the same label)" if ag["cohens_kappa"] is None else f"{ag['cohens_kappa']:.3f}"
     head = Table("review", "Human review", ["Measure", "Value"], [
         ["Tasks / reviewed / unreviewed", f"{s['tasks']} / {s['reviewed']} / {s['unreviewed']}"],
         ["Acceptance of selected items (correct)", rate(s["acceptance_strict"])],
