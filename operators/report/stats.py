@@ -91,8 +91,10 @@ def qa_stats(qa: pd.DataFrame, pass_score: float = 7.0) -> dict:
             "selected_per_pair": float(len(sel) / n_pairs) if n_pairs else None,
             "question_words_mean": float(_words(sel["question"]).mean()) if len(sel) else None,
             "answer_words_mean": float(_words(sel["answer"]).mean()) if len(sel) else None,
-            "judge_score_mean": float(q["overall"].mean()) if len(q) else None,
-            "judge_score_median": float(q["overall"].median()) if len(q) else None,
+            # Pairs the grounded validators rejected before judging have no score (null overall).
+            "judged": int(q["overall"].notna().sum()),
+            "judge_score_mean": float(q["overall"].mean()) if q["overall"].notna().any() else None,
+            "judge_score_median": float(q["overall"].median()) if q["overall"].notna().any() else None,
             "score_bands": _score_bands(q["overall"], pass_score),
             "selected_by_question_type": {str(k): int(v) for k, v in
                                           sel["question_type"].value_counts().sort_index().items()},

@@ -29,7 +29,7 @@ def review_items(kind: str, table: pd.DataFrame, pairs: pd.DataFrame | None, pas
         index = t["qa_index"]
         facet = t["question_type"]
         text = "Q: " + t["question"].fillna("") + "\nA: " + t["answer"].fillna("")
-        reason = t.get("reason")
+        reason = t["judge_reason"] if "judge_reason" in t.columns else t.get("reason")  # reason = selection's
     else:
         raise ValueError(f"unknown kind {kind!r}")
     car = pd.Series([None] * len(t), index=t.index, dtype="float64")

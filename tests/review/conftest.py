@@ -75,6 +75,8 @@ def make_qa_output(folder: Path, pair_rows: list[dict], seed: int = 0) -> Path:
                        "validator_ok": True, "validator_violations": "[]",
                        "prompt_version_generate": "qa_generate.v1", "prompt_version_judge": "qa_judge.v1",
                        "model": "m", "judge_model": "j", "run_id": "20260101T000002-bbbbbb"})
+    # One pair the grounded validators rejected before judging: no score.
+    qa[7].update(overall=None, selected=False, validator_ok=False, validator_violations='["copied a percentage"]')
     stale = dict(qa[0], overall=1.0, selected=False, run_id="20260101T000001-aaaaaa")
     write_parquet_shard(folder / "qa", qa)
     write_parquet_shard(folder / "qa", [stale], "part-old-000.parquet")
