@@ -1,0 +1,58 @@
+"""Reviewable items from the captions job's ``captions/`` or the QA job's ``qa/`` table, in one shape:
+``item_id, kind, pair_id, filename, split, index, facet, text, car, car_class, overall, judge_accept,
+selected, judge_reason, judge_model, run_id``. ``facet`` is the caption's perspective or the QA pair's
+question type (what error categories are broken down by)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from operators.review.sampling import CAR_CLASS_EDGES, car_class
+
+ITEM_COLUMNS = ("item_id", "kind", "pair_id", "filename", "split", "index", "facet", "text", "car", "car_class",
+                "overall", "judge_accept", "selected", "judge_reason", "judge_model", "run_id")
+
+# Stratification names a user may give, per kind, mapped to item columns.
+STRATUM_ALIASES = {"perspective": "facet", "question_type": "facet", "facet": "facet",
+                   "car_class": "car_class", "split": "split"}
+
+
+def review_items(kind: str, table: pd.DataFrame, pairs: pd.DataFrame | None, pass_score: float = 7.0,
+                 car_edges: tuple[float, ...] = CAR_CLASS_EDGES) -> pd.DataFrame:
+    """Items of a captions (``kind='captions'``) or QA (``kind='qa'``) table; CAR comes from the job's
+    ``pairs/`` table (per pair) when there is one."""
+    t = table.copy()
+    if kind == "captions":
+        index = t["candidate_index"]
+        facet, text = t["perspective"], t["caption"]
+        reason = t.get("judge_reason")
+    elif kind == "qa":
+        index = t["qa_index"]
+        facet = t["question_type"]
+        text = "Q: " + t["question"].fillna("") + "\nA: " + t["answer"].fillna("")
+        reason = t["judge_reason"] if "judge_reason" in t.columns else t.get("reason")  # reason = selection's
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    car = pd.Series([None] * len(t), index=t.index, dtype="float64")
+    if pairs is not None and "car" in pairs.columns:
+        car = t["pair_id"].map(pairs.drop_duplicates("pair_id").set_index("pair_id")["car"]).astype("float64")
+    items = pd.DataFrame({
+        "item_id": t["pair_id"].astype(str) + "#" + index.astype(int).astype(str),
+        "kind": kind, "pair_id": t["pair_id"], "filename": t.get("filename"), "split": t.get("split"),
+        "index": index.astype(int), "facet": facet, "text": text, "car": car,
+        "car_class": [car_class(c, car_edges) for c in car], "overall": t["overall"].astype("float64"),
+        "judge_accept": t["overall"].astype("float64") >= pass_score,
+        "selected": t["selected"].fillna(False).astype(bool),
+        "judge_reason": reason if reason is not None else None,
+        "judge_model": t.get("judge_model"), "run_id": t.get("run_id"),
+    })
+    return items[list(ITEM_COLUMNS)].reset_index(drop=True)
+
+
+def stratum_columns(spec: str) -> list[str]:
+    """``perspective,car_class,split`` -> item columns; unknown names are an error."""
+    cols = []
+    for name in (s.strip() for s in spec.split(",") if s.strip()):
+        if name not in STRATUM_ALIASES:
+            raise ValueError(f"cannot stratify by {name!r}; use any of {sorted(STRATUM_ALIASES)}")
+        cols.append(STRATUM_ALIASES[name])
+    return cols

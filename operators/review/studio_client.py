@@ -1,0 +1,122 @@
+"""The few Label Studio server calls the review needs, through ``label-studio-sdk``: create (or find) the
+project, register the images folder as local import storage, import tasks, fetch the JSON export.
+
+label-studio-sdk 2.1 pins numpy and OpenCV below what the pipeline uses, so it usually lives in its own
+virtual environment (``.venv-labelstudio``, made by ``tests/review/label_studio_env.py``). :func:`call`
+runs an operation in-process when the SDK imports here, else in that environment's Python
+(``LABEL_STUDIO_PYTHON``, default ``<repo>/.venv-labelstudio/bin/python``) as
+``python -m operators.review.studio_client`` with JSON on stdin and stdout. This module imports nothing
+but the standard library and the SDK so that it runs there.
+
+The API key comes from ``LABEL_STUDIO_API_KEY`` only (inherited by the subprocess, never on a command
+line), and is never logged or written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "LABEL_STUDIO_API_KEY"
+PYTHON_ENV = "LABEL_STUDIO_PYTHON"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_VENV = os.path.join(REPO, ".venv-labelstudio")
+
+
+class StudioError(RuntimeError):
+    pass
+
+
+def connect(url: str):
+    """An SDK client for ``url``; the key from the environment."""
+    key = os.environ.get(API_KEY_ENV, "")
+    if not key:
+        raise StudioError(f"no Label Studio key: set {API_KEY_ENV} (Account & Settings -> Access Token)")
+    from label_studio_sdk import LabelStudio
+    return LabelStudio(base_url=url.rstrip("/"), api_key=key)
+
+
+def create_project_with_tasks(url: str, title: str, label_config: str, tasks: list[dict],
+                              storage_path: str | None) -> dict:
+    """Create the project (or reuse the one with this title) and import the tasks whose ``item_id`` it
+    does not hold yet, so re-running an export does not give reviewers the same task twice."""
+    client = connect(url)
+    project = next((p for p in client.projects.list() if p.title == title), None)
+    created = project is None
+    if created:
+        project = client.projects.create(title=title, label_config=label_config)
+    if storage_path and not any(getattr(s, "path", None) == storage_path
+                                for s in client.import_storage.local.list(project=project.id)):
+        # Label Studio serves /data/local-files/ only from registered local storages.
+        client.import_storage.local.create(project=project.id, path=storage_path, use_blob_urls=False,
+                                           title="changeforge images")
+    have = set() if created else {(t.data or {}).get("item_id") for t in client.tasks.list(project=project.id)}
+    todo = [t for t in tasks if t["data"]["item_id"] not in have]
+    if todo:
+        client.projects.import_tasks(id=project.id, request=todo)
+    return {"project_id": int(project.id), "project_url": f"{url.rstrip('/')}/projects/{project.id}",
+            "created": created, "imported": len(todo), "already_there": len(tasks) - len(todo)}
+
+
+def export_json(url: str, project_id: int) -> list[dict]:
+    """The project's tasks with annotations, as Label Studio's JSON export."""
+    data = connect(url).projects.exports.as_json(project_id)
+    if isinstance(data, (bytes, bytearray, str)):
+        data = json.loads(data)
+    return list(data)
+
+
+OPERATIONS = {"create_project_with_tasks": create_project_with_tasks, "export_json": export_json}
+
+
+def _sdk_here() -> bool:
+    try:
+        import label_studio_sdk  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def sdk_python() -> str:
+    return os.environ.get(PYTHON_ENV) or os.path.join(DEFAULT_VENV, "bin", "python")
+
+
+def call(op: str, **kwargs):
+    """Run ``OPERATIONS[op](**kwargs)`` where the SDK is: here, or in the SDK's own environment."""
+    if _sdk_here():
+        try:
+            return OPERATIONS[op](**kwargs)
+        except StudioError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - report without request details
+            raise StudioError(f"Label Studio {op} failed: {type(exc).__name__}: {str(exc)[:500]}") from None
+    python = sdk_python()
+    if not os.path.exists(python):
+        raise StudioError(f"label-studio-sdk is neither importable here nor at {python}; install it there with "
+                          f"`python tests/review/label_studio_env.py --install` or set {PYTHON_ENV}")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([python, "-m", "operators.review.studio_client"], input=json.dumps({"op": op, **kwargs}),
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise StudioError(f"Label Studio {op} failed: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout)
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    op = request.pop("op")
+    try:
+        result = OPERATIONS[op](**request)
+    except Exception as exc:  # noqa: BLE001
+        print(f"{type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr)
+        return 1
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
