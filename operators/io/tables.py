@@ -158,6 +158,8 @@ def _read_shard(store: Store, rel: str, columns: Sequence[str] | None) -> pa.Tab
     try:
         pf = pq.ParquetFile(io.BytesIO(data))
         names = pf.schema_arrow.names
+        if columns:  # the key (and run_id, resolved) always come along: the current state needs them
+            columns = list(dict.fromkeys([*columns, *table_key(pf.schema_arrow), "run_id", "resolved"]))
         t = pf.read(columns=[c for c in columns if c in names] if columns else None)
         return t.replace_schema_metadata({**(pf.schema_arrow.metadata or {})})
     except Exception as exc:  # noqa: BLE001 - reported with the shard's name
@@ -178,9 +180,7 @@ def read_table(store: Store, table: str, schema: pa.Schema | None = None, *, cur
     rels = store.list(table, suffixes=(".parquet",))  # sorted: part-<run_id>-... is chronological
     if not rels:
         return None
-    want = None
-    if columns:
-        want = list(dict.fromkeys([*columns, *(key or ()), "run_id", "resolved"]))
+    want = list(dict.fromkeys([*columns, *(key or ())])) if columns else None
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(rels)))) as pool:
         parts = list(pool.map(lambda rel: _read_shard(store, rel, want), rels))
     k = tuple(key or ()) or next((table_key(p.schema) for p in parts if table_key(p.schema)), ())
@@ -245,6 +245,87 @@ def resolve_errors(store: Store, items: Iterable[str], run_id: str, *, stages: S
                              job=job, run_id=run_id), "resolved": True} for r in rows]
     write_table_shard(store, "errors", marks, ERRORS_SCHEMA, run_id)
     return len(marks)
+
+
+# -- streaming writes: small shards where the work finishes, compacted by the driver ---------
+def persist_envelopes(envelopes: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[str]:
+    """Write ``envelopes`` to one shard per table where they were produced (a Ray task), so rows
+    survive whatever happens to the driver next. ``spec`` is :meth:`StreamingTableWriter.spec`.
+    Returns the shards written (the driver folds them into bigger ones)."""
+    store = Store(spec["root"])
+    rels = []
+    for name, recs in split_envelopes(envelopes).items():
+        if name not in spec["schemas"]:
+            raise KeyError(f"no schema declared for table {name!r}")
+        recs = [{**spec.get("constants", {}), **r} for r in recs]
+        rel = write_table_shard(store, name, recs, spec["schemas"][name], spec["run_id"])
+        if rel:
+            rels.append(rel)
+    return rels
+
+
+class StreamingTableWriter:
+    """Driver side of streamed tables: rows arrive as work finishes (already persisted in small
+    shards by the tasks, or not); every ``rows_per_shard`` rows or ``flush_s`` seconds they are
+    written as one bigger shard and the small shards it covers are deleted. The driver holds at
+    most one shard's worth of rows; a crash at any point loses no persisted row (a merged shard is
+    written before the small ones go; duplicates in between are deduplicated on read)."""
+
+    def __init__(self, store: Store, schemas: Mapping[str, pa.Schema], run_id: str, *,
+                 rows_per_shard: int = 2000, flush_s: float = 60.0,
+                 constants: Mapping[str, Any] | None = None):
+        self.store, self.run_id = store, run_id
+        self.schemas = {**dict(schemas), "errors": schemas.get("errors", ERRORS_SCHEMA)}
+        self.rows_per_shard, self.flush_s = rows_per_shard, flush_s
+        self.constants = dict(constants or {})
+        self.buffer: dict[str, list[dict]] = {}
+        self.small: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.shards_written = 0
+        self._last_flush = time.monotonic()
+
+    def spec(self) -> dict:
+        """What a task needs to persist its own rows (small, picklable)."""
+        return {"root": self.store.uri(), "schemas": self.schemas, "run_id": self.run_id,
+                "constants": self.constants}
+
+    def add(self, envelopes: Iterable[Mapping[str, Any]], persisted: Iterable[str] = ()) -> None:
+        for name, recs in split_envelopes(envelopes).items():
+            self.buffer.setdefault(name, []).extend({**self.constants, **r} for r in recs)
+            self.counts[name] = self.counts.get(name, 0) + len(recs)
+        self.small.extend(persisted)
+        if (sum(map(len, self.buffer.values())) >= self.rows_per_shard
+                or time.monotonic() - self._last_flush >= self.flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        merged = set()
+        for name, recs in self.buffer.items():
+            if name not in self.schemas:
+                raise KeyError(f"no schema declared for table {name!r}")
+            rel = write_table_shard(self.store, name, recs, self.schemas[name], self.run_id)
+            if rel:
+                merged.add(rel)
+                self.shards_written += 1
+        for rel in self.small:
+            if rel not in merged:
+                self.store.delete(rel)
+        self.buffer, self.small = {}, []
+        self._last_flush = time.monotonic()
+
+
+def _persist_block(batch: pa.Table, spec: dict) -> pa.Table:
+    rels = persist_envelopes(batch.select(["_table", "_record"]).to_pylist(), spec)
+    return batch.append_column("_shards", pa.array([json.dumps(rels)] * batch.num_rows))
+
+
+def stream_dataset_to_tables(ds, writer: StreamingTableWriter) -> None:
+    """Run a Ray dataset of envelopes, each block persisted where it is produced, into ``writer``."""
+    persisted = ds.map_batches(_persist_block, fn_kwargs={"spec": writer.spec()},
+                               batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+    for batch in persisted.iter_batches(batch_format="pyarrow", batch_size=None):
+        shards = sorted({rel for v in batch.column("_shards").to_pylist() for rel in json.loads(v)})
+        writer.add(batch.select(["_table", "_record"]).to_pylist(), shards)
 
 
 def new_run_id() -> str:
