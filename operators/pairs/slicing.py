@@ -57,18 +57,16 @@ def slice_windows(pre: dict, post: dict, slice_size: int, stride: int) -> list[t
 def slice_rows(pair: dict, pre: dict, post: dict, slice_size: int, stride: int,
                split: str) -> list[dict]:
     """The slice rows the registration stage consumes (URIs and windows, never pixels)."""
-    rows = []
-    for col, row, w, h in slice_windows(pre, post, slice_size, stride):
-        rows.append({
-            "slice_id": f"{pair['pair_id']}_r{row:05d}_c{col:05d}",
-            "pair_id": pair["pair_id"], "location": pair["location"], "split": split,
-            "pre_uri": pre["uri"], "post_uri": post["uri"],
-            "pre_scene": pre["scene_id"], "post_scene": post["scene_id"],
-            "pre_date": pre["acquired"], "post_date": post["acquired"],
-            "crs": pre["crs"], "transform": list(pre["transform"]),
-            "window": [col, row, w, h],
-            "bands_pre": list(pre["rgb_bands"]), "bands_post": list(post["rgb_bands"]),
-            "stretch_pre": [list(s) for s in pre["stretch"]],
-            "stretch_post": [list(s) for s in post["stretch"]],
-        })
-    return rows
+    # What the pair's slices share is built once (a pair has tens of slices, an archive millions).
+    shared = {
+        "pair_id": pair["pair_id"], "location": pair["location"], "split": split,
+        "pre_uri": pre["uri"], "post_uri": post["uri"],
+        "pre_scene": pre["scene_id"], "post_scene": post["scene_id"],
+        "pre_date": pre["acquired"], "post_date": post["acquired"],
+        "crs": pre["crs"], "transform": list(pre["transform"]),
+        "bands_pre": list(pre["rgb_bands"]), "bands_post": list(post["rgb_bands"]),
+        "stretch_pre": [list(s) for s in pre["stretch"]],
+        "stretch_post": [list(s) for s in post["stretch"]],
+    }
+    return [{"slice_id": f"{pair['pair_id']}_r{row:05d}_c{col:05d}", **shared, "window": [col, row, w, h]}
+            for col, row, w, h in slice_windows(pre, post, slice_size, stride)]
