@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-from affine import Affine
-
 from operators.pairs.pairing import footprint
 
 
@@ -36,8 +34,12 @@ def intersection_window(pre: dict, post: dict) -> tuple[int, int, int, int]:
     right, top = min(a[2], b[2]), min(a[3], b[3])
     if right <= left or top <= bottom:
         return 0, 0, 0, 0
-    inv = ~Affine(*pre["transform"])
-    xs, ys = zip(*(inv @ (x, y) for x, y in ((left, top), (right, bottom), (left, bottom), (right, top))))
+    # The inverse affine by hand: affine.Affine's operators cost more than the rest of the plan.
+    a, b, c, d, e, f = (float(v) for v in pre["transform"][:6])
+    det = a * e - b * d
+    corners = ((left, top), (right, bottom), (left, bottom), (right, top))
+    xs = [(e * (x - c) - b * (y - f)) / det for x, y in corners]
+    ys = [(a * (y - f) - d * (x - c)) / det for x, y in corners]
     eps = 1e-6  # float noise must not cost a whole pixel on exactly aligned grids
     col0, col1 = math.ceil(min(xs) - eps), math.floor(max(xs) + eps)
     row0, row1 = math.ceil(min(ys) - eps), math.floor(max(ys) + eps)
