@@ -10,7 +10,8 @@ Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (p
 are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
 the feature and matching settings) so a resumed run with the same settings reuses them;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
-complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
+complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes
+(of the graph's first window; later windows in ``<run_id>-w<window>.json``).
 The regional method runs as one Ray task graph (features -> matches -> slices, each task waiting
 only for the tasks it needs), not as three Ray Data passes with barriers in between.
 """
@@ -314,7 +315,7 @@ class _Window:
                  run_id: str, cfg_ref, persist: dict | None):
         self.index = index
         self.graph = _TileGraph(plan_tiles(rows, cfg), cfg, out_root, run_id, cfg_ref,
-                                audit_name=f"{run_id}-w{index:05d}")
+                                audit_name=run_id if index == 0 else f"{run_id}-w{index:05d}")
         # A slice task waits for the matching tasks of its slices' tiles only.
         self.tasks: dict[Any, list[dict]] = {}
         for chunk in _chunks(rows, cfg.slices_per_task):

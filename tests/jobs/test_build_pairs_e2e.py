@@ -260,15 +260,15 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
         return ready, rest
 
     monkeypatch.setattr(ray, "wait", wait_then_die)
-    with pytest.raises(_Killed):
-        run(small_job(archive, out), pairing, reg)
+    with pytest.raises(_Killed):  # one pair per window: three windows, two in flight
+        run(small_job(archive, out, window_slices=6), pairing, reg)
     monkeypatch.setattr(ray, "wait", real_wait)
     store = Store(str(out))
     kept = read_table(store, "metadata")
     # Every slice task that had finished when the driver died left its rows (>= 1 slice each).
     assert seen and kept is not None and kept.num_rows >= len(seen)
 
-    summary = run(small_job(archive, out), pairing, reg)
+    summary = run(small_job(archive, out, window_slices=6), pairing, reg)
     assert summary["slices_skipped_as_finished"] == kept.num_rows
     history = read_table(store, "metadata", current=False).to_pylist()
     ids = [m["slice_id"] for m in history]
@@ -276,3 +276,5 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
     accepted = sorted(m["slice_id"] for m in history if m["status"] == "accepted")
     for folder in ("A", "B"):
         assert sorted(r.split("/")[-1][:-4] for r in store.list(folder)) == accepted
+    # The tile audit of every window of the rerun that had slices to fit.
+    assert store.exists(f"_work/tile_runs/{summary['run_id']}.json")
