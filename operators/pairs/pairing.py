@@ -196,9 +196,26 @@ def candidate_pairs(scenes: Sequence[dict], cfg: "PairingConfig") -> list[tuple[
         members.sort(key=rank.get)
         out.extend(itertools.combinations(members, 2))
     sub = [scenes[i] for i in unnamed]
-    for a, b in overlapping_pairs(lonlat_boxes(sub)):
+    boxes = lonlat_boxes(sub)
+    cache: dict[tuple[int, str], tuple] = {}
+
+    def in_crs(i: int, crs: str):  # a scene meets many candidates in one other CRS: reproject once
+        if (i, crs) not in cache:
+            cache[(i, crs)] = footprint(scenes[i], crs)
+        return cache[(i, crs)]
+
+    for a, b in overlapping_pairs(boxes):
+        # Boxes overlapping by little (neighbouring tiles) are not the same place in any CRS: the
+        # exact test (a reprojection when CRSs differ) is kept for plausible candidates.
+        if box_iou(boxes[a], boxes[b]) <= cfg.min_iou / 2:
+            continue
         i, j = sorted((unnamed[a], unnamed[b]), key=rank.get)
-        if footprint_iou(scenes[i], scenes[j]) > cfg.min_iou:
+        crs = scenes[i]["crs"]
+        try:
+            iou = box_iou(in_crs(i, crs), in_crs(j, crs))
+        except Exception:  # noqa: BLE001 - as footprint_iou: bounds outside the CRS's domain
+            iou = 0.0
+        if iou > cfg.min_iou:
             out.append((i, j))
     return sorted(out, key=lambda p: (rank[p[0]], rank[p[1]]))
 
