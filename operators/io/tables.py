@@ -247,6 +247,18 @@ def resolve_errors(store: Store, items: Iterable[str], run_id: str, *, stages: S
     return len(marks)
 
 
+def prune_shards(store: Store, table: str, keep_run_id: str) -> int:
+    """Deprecated: deletes other runs' shards of ``table``. Kept only so jobs not yet moved to
+    accumulating tables still import; new code appends and reads the current state instead
+    (:func:`read_table`, :func:`resolve_errors`). The pairs and captions jobs no longer call it."""
+    n = 0
+    for rel in store.list(table, suffixes=(".parquet",)):
+        if f"part-{keep_run_id}-" not in rel:
+            store.delete(rel)
+            n += 1
+    return n
+
+
 # -- streaming writes: small shards where the work finishes, compacted by the driver ---------
 def persist_envelopes(envelopes: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[str]:
     """Write ``envelopes`` to one shard per table where they were produced (a Ray task), so rows
