@@ -6,8 +6,10 @@
 Stages (Ray Data): catalogue scenes (parallel header reads) -> select pairs (driver, small) ->
 cut slices (flat_map, windows only) -> register + screen + write PNGs (CPU map) -> Parquet tables.
 Outputs: ``A/ B/ label/ list/`` in the LEVIR-CD layout, and sharded Parquet tables ``metadata/``
-(one row per slice), ``pairs/``, ``scenes/``, ``labels/`` and ``errors/``. A rerun into the same
-output skips finished slices.
+(one row per slice), ``pairs/``, ``scenes/``, ``labels/``, ``errors/`` and ``runs/``. Tables
+accumulate across runs (every row has its ``run_id``; ``operators.io.tables.read_table`` gives the
+current state); a rerun, or a run on another chunk of the archive, into the same output skips
+finished slices.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,13 +31,15 @@ from operators.pairs.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: 
 from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
 from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
 from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
+from operators.pairs.regional_ops import run_regional  # noqa: E402
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
 from operators.pairs.registration import RegistrationConfig  # noqa: E402
-from operators.pairs.slicing import slice_windows  # noqa: E402
-from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions  # noqa: E402
+from operators.pairs.slicing import slice_rows, slice_windows  # noqa: E402
+from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
-from operators.io.tables import (ERRORS_SCHEMA, TableSink, error_record, new_run_id,  # noqa: E402
-                              prune_shards, read_table, split_envelopes, write_table_shard)
+from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, error_record,  # noqa: E402
+                                 keyed, new_run_id, read_table, resolve_errors, split_envelopes,
+                                 stream_dataset_to_tables, write_table_shard)
 
 log = logging.getLogger("changeforge.build_pairs")
 JOB = "build_pairs"
@@ -49,7 +55,9 @@ class PairsJobConfig:
     stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
     labels: str = field(default="", metadata={"help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
     split_fractions: str = field(default="0.7,0.1,0.2", metadata={"help": "train,val,test fractions of locations (paper: 70/10/20)"})
-    seed: int = field(default=0, metadata={"help": "seed of the location-to-split shuffle"})
+    seed: int = field(default=0, metadata={"help": "seed of the location-to-split draw (a hash of seed and location)"})
+    rows_per_shard: int = field(default=2000, metadata={"help": "rows per Parquet shard of the streamed tables (tasks write small shards that the driver folds into shards of this size)"})
+    window_slices: int = field(default=2000, metadata={"help": "regional method: slices (whole pairs) per window of the task graph; two windows are in flight, so driver memory stays flat"})
     num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
 
 
@@ -69,8 +77,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _json_rows(records):
-    return [json.dumps(r) for r in records]
+RUNS_SCHEMA = keyed(pa.schema([
+    ("run_id", pa.string()), ("job", pa.string()), ("status", pa.string()),  # started | finished
+    ("started", pa.string()), ("finished", pa.string()), ("input", pa.string()),
+    ("reference_date", pa.string()), ("seed", pa.int64()), ("split_fractions", pa.string()),
+    ("location_cell_deg", pa.float64()), ("method", pa.string()), ("config", pa.string()),
+    ("summary", pa.string()),
+]), "run_id")
+# Settings that decide which split a place lands in: every run into one output must share them.
+SPLIT_SETTINGS = ("seed", "split_fractions", "location_cell_deg")
+
+
+def table_schemas() -> dict[str, pa.Schema]:
+    """The pairs job's tables with their keys (the current state is the latest row per key)."""
+    return {
+        "scenes": keyed(SCENES_SCHEMA, "scene_id"),
+        "pairs": keyed(PAIRS_SCHEMA, "pair_id"),
+        "metadata": keyed(METADATA_SCHEMA.append(pa.field("reference_date", pa.string())), "slice_id"),
+        "labels": keyed(LABELS_SCHEMA, "slice_id"),
+        "errors": ERRORS_SCHEMA,
+        "runs": RUNS_SCHEMA,
+    }
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_split_settings(out: Store, run_row: dict) -> None:
+    """Refuse to mix split settings in one output: a place would be drawn into two splits."""
+    runs = read_table(out, "runs")
+    for prev in ([] if runs is None else runs.to_pylist()):
+        diff = [k for k in SPLIT_SETTINGS if prev.get(k) is not None and prev[k] != run_row[k]]
+        if diff:
+            raise SystemExit(
+                f"{out.uri()} was written by run {prev['run_id']} with "
+                + ", ".join(f"--{k.replace('_', '-')} {prev[k]}" for k in diff)
+                + "; this run has " + ", ".join(f"--{k.replace('_', '-')} {run_row[k]}" for k in diff)
+                + ". Locations would land in different splits (train/test leakage): rerun with the "
+                "output's settings, or write to a new output")
+
+
+def _check_split_conflicts(planned: dict[str, str], recorded: dict[str, str], out: Store) -> None:
+    conflicts = split_conflicts(planned, recorded)
+    if conflicts:
+        sample = ", ".join(f"{loc}: {old} in the output, {new} now"
+                           for loc, (old, new) in sorted(conflicts.items())[:5])
+        raise SystemExit(f"refusing to write split assignments that contradict {out.uri()}/metadata "
+                         f"for {len(conflicts)} location(s) ({sample}). Same --seed, "
+                         "--split-fractions and --location-cell-deg as the runs that wrote it, "
+                         "or a new output")
+
+
+def _iter_slices(work: list[tuple[dict, dict, dict, str]], job: "PairsJobConfig", finished: set[str]):
+    """Slice rows pair by pair (the regional graph windows by whole pairs), minus finished ones."""
+    for pair, pre, post, split in work:
+        for r in slice_rows(pair, pre, post, job.slice_size, job.stride, split):
+            if r["slice_id"] not in finished:
+                yield r
 
 
 def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) -> dict:
@@ -85,10 +149,22 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
     fractions = parse_fractions(job.split_fractions)
     if reg.crop_size > job.slice_size:
         raise SystemExit(f"--crop-size {reg.crop_size} is larger than --slice-size {job.slice_size}")
+    # Today's date is the paper's meaning, but it is fixed once per run and recorded everywhere.
+    pairing = dataclasses.replace(pairing, reference_date=pairing.reference().isoformat())
+    schemas = table_schemas()
+    run_row = {"run_id": run_id, "job": JOB, "status": "started", "started": _now(), "input": job.input,
+               "reference_date": pairing.reference_date, "seed": job.seed,
+               "split_fractions": ",".join(f"{f:g}" for f in fractions),
+               "location_cell_deg": pairing.location_cell_deg, "method": reg.method,
+               "config": json.dumps({"job": dataclasses.asdict(job), "pairing": dataclasses.asdict(pairing),
+                                     "registration": dataclasses.asdict(reg)}, default=str)}
+    _check_split_settings(out, run_row)
+    write_table_shard(out, "runs", [run_row], schemas["runs"], run_id)
 
     # 1. Catalogue: header reads in parallel; small records come back to the driver.
     inputs = list_scene_inputs(job.input)
-    print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}", flush=True)
+    print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}; reference "
+          f"date {pairing.reference_date}", flush=True)
     if not inputs:
         raise SystemExit(f"no scenes found under {job.input}")
     cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
@@ -98,62 +174,88 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
     ).take_all()
     tables = split_envelopes(env_rows)
     scenes, errors = tables.get("scenes", []), tables.get("errors", [])
-    # scenes/ and pairs/ are recomputed by every run: the latest run's shards replace older ones.
-    write_table_shard(out, "scenes", scenes, SCENES_SCHEMA, run_id)
-    prune_shards(out, "scenes", keep_run_id=run_id)
+    write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
+    resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
 
-    # 2. Pair selection (driver: one small record per scene).
-    pairs = select_pairs(scenes, pairing)
-    for s in lonely_scenes(scenes):
-        errors.append(error_record(s["uri"], "pairing", "no other scene of this location overlaps it; "
-                                   "it cannot form a pair", error_type="NoPartner", job=JOB, run_id=run_id))
-    by_id = {s["scene_id"]: s for s in scenes}
-    splits = assign_splits({p["location"] for p in pairs}, fractions, job.seed)
-    work = []
+    # 2. Pair selection (driver: one small record per scene). This run's scenes pair with each
+    # other and with scenes earlier runs catalogued (chunks of one archive pair across chunks);
+    # pairs of two earlier scenes were judged by the run that saw them.
+    known = read_table(out, "scenes").to_pylist()
+    new_ids = {s["scene_id"] for s in scenes}
+    pairs = select_pairs(known, pairing, new=new_ids)
+    for s in lonely_scenes(scenes, pairs):
+        errors.append(error_record(s["uri"], "pairing", "no other scene covers the same place (footprint "
+                                   f"IoU above {pairing.min_iou}); it cannot form a pair",
+                                   error_type="NoPartner", job=JOB, run_id=run_id))
+    by_id = {s["scene_id"]: s for s in known}
+    resolve_errors(out, {by_id[p[k]]["uri"] for p in pairs for k in ("pre_scene", "post_scene")},
+                   run_id, stages=["pairing"], job=JOB)
+    del known
+
+    # Splits: a pure function of the location and the seed; refuse to contradict the output.
+    meta = read_table(out, "metadata", columns=["slice_id", "location", "split"])
+    recorded = {} if meta is None else dict(zip(meta.column("location").to_pylist(),
+                                                meta.column("split").to_pylist()))
+    finished = set() if meta is None else set(meta.column("slice_id").to_pylist())
+    del meta
+    splits = assign_splits({p["location"] for p in pairs if p["status"] == "accepted"}, fractions, job.seed)
+    _check_split_conflicts(splits, recorded, out)
+    work, n_todo = [], 0
     for p in pairs:
         if p["status"] != "accepted":
             continue
         pre, post = by_id[p["pre_scene"]], by_id[p["post_scene"]]
-        if not slice_windows(pre, post, job.slice_size, job.stride):
+        windows = slice_windows(pre, post, job.slice_size, job.stride)
+        if not windows:
             p["status"] = "rejected"
             p["reason"] = f"footprint intersection is smaller than one {job.slice_size} px slice"
             continue
-        work.append({"pair": json.dumps(p), "pre": json.dumps(pre), "post": json.dumps(post),
-                     "split": splits[p["location"]]})
-    write_table_shard(out, "pairs", pairs, PAIRS_SCHEMA, run_id)
-    prune_shards(out, "pairs", keep_run_id=run_id)
+        work.append((p, pre, post, splits[p["location"]]))
+        n_todo += sum(f"{p['pair_id']}_r{r:05d}_c{c:05d}" not in finished for c, r, _, _ in windows)
+    write_table_shard(out, "pairs", pairs, schemas["pairs"], run_id)
     n_acc = sum(p["status"] == "accepted" for p in pairs)
-    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} candidate pair(s), "
-          f"{n_acc} accepted; {len(errors)} error(s) so far", flush=True)
+    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} new candidate pair(s), "
+          f"{n_acc} accepted; {n_todo} slice(s) to register, {len(finished)} finished earlier; "
+          f"{len(errors)} error(s) so far", flush=True)
 
-    # 3-5. Slices -> registration -> tables, skipping what an earlier run finished.
-    finished = _finished_slices(out)
-    counts: dict[str, int] = {}
-    if work:
-        slices = ray.data.from_items(work).flat_map(
-            _cut_fn, fn_kwargs={"slice_size": job.slice_size, "stride": job.stride,
-                                "skip": frozenset(finished)})
-        results = registration_stage(slices, reg, out.uri(), run_id)
-        sink = TableSink(out.uri(), {"metadata": METADATA_SCHEMA}, run_id)
-        results.write_datasink(sink)
-        counts = sink.counts
+    # 3-5. Slices -> registration -> tables, streamed: rows are persisted as slices finish.
+    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "errors": schemas["errors"]},
+                                  run_id, rows_per_shard=job.rows_per_shard,
+                                  constants={"reference_date": pairing.reference_date})
+    if n_todo:
+        if reg.method == "regional":
+            run_regional(_iter_slices(work, job, finished), reg, out.uri(), run_id, emit=writer.add,
+                         persist=writer.spec(), window_slices=job.window_slices, total=n_todo)
+        else:
+            items = [{"pair": json.dumps(p), "pre": json.dumps(a), "post": json.dumps(b), "split": sp}
+                     for p, a, b, sp in work]
+            slices = ray.data.from_items(items).flat_map(
+                _cut_fn, fn_kwargs={"slice_size": job.slice_size, "stride": job.stride,
+                                    "skip": frozenset(finished)})
+            stream_dataset_to_tables(registration_stage(slices, reg, out.uri(), run_id), writer)
+        writer.flush()
+    counts = dict(writer.counts)
+    del work
 
     # 6. Labels for accepted slices that do not have a merged map yet.
-    meta = read_table(out, "metadata")
+    meta = read_table(out, "metadata", columns=["slice_id", "split", "status"])
     accepted = []
     if meta is not None:
-        m = meta.select(["slice_id", "split", "status"]).to_pylist()
+        resolve_errors(out, meta.column("slice_id").to_pylist(), run_id, stages=["registration"], job=JOB)
+        m = meta.to_pylist()
         accepted = sorted({(r["slice_id"], r["split"]) for r in m if r["status"] == "accepted"})
     if job.labels:
-        errors.extend(_merge_labels(job, reg, out, accepted, run_id, counts))
+        errors.extend(_merge_labels(job, reg, out, accepted, run_id, counts, schemas["labels"]))
 
     # 7. Split lists from every accepted slice so far (idempotent).
     for split, names in list_files(accepted).items():
         out.write_bytes(f"list/{split}.txt", ("\n".join(names) + ("\n" if names else "")).encode())
 
-    write_table_shard(out, "errors", errors, ERRORS_SCHEMA, run_id)
-    prune_shards(out, "errors", keep_run_id=run_id)  # errors/ describes the latest run
-    return _summary(out, run_id, counts, len(finished), time.time() - t0)
+    write_table_shard(out, "errors", errors, schemas["errors"], run_id)
+    summary = _summary(out, run_id, counts, len(finished), time.time() - t0, pairing.reference_date)
+    write_table_shard(out, "runs", [{**run_row, "status": "finished", "finished": _now(),
+                                     "summary": json.dumps(summary)}], schemas["runs"], run_id)
+    return summary
 
 
 def _catalogue_fn(row, **kw):
@@ -171,14 +273,7 @@ def _labels_fn(row, **kw):
     return merge_slice_labels(row, **kw)
 
 
-def _finished_slices(out: Store) -> set[str]:
-    meta = read_table(out, "metadata")
-    if meta is None:
-        return set()
-    return set(meta.column("slice_id").to_pylist())
-
-
-def _merge_labels(job, reg, out: Store, accepted, run_id, counts) -> list[dict]:
+def _merge_labels(job, reg, out: Store, accepted, run_id, counts, schema) -> list[dict]:
     import ray.data
 
     labels = Store(job.labels)
@@ -198,16 +293,19 @@ def _merge_labels(job, reg, out: Store, accepted, run_id, counts) -> list[dict]:
         ds = ray.data.from_items(todo).flat_map(
             _labels_fn, fn_kwargs={"labels_root": labels.uri(), "out_root": out.uri(),
                                    "crop_size": reg.crop_size, "run_id": run_id})
-        sink = TableSink(out.uri(), {"labels": LABELS_SCHEMA}, run_id)
+        sink = TableSink(out.uri(), {"labels": schema}, run_id, rows_per_shard=job.rows_per_shard)
         ds.write_datasink(sink)
         for k, v in sink.counts.items():
             counts[k] = counts.get(k, 0) + v
+        merged = read_table(out, "labels", columns=["slice_id"])
+        resolve_errors(out, merged.column("slice_id").to_pylist(), run_id, stages=["labels"], job=JOB)
     return errors
 
 
-def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float) -> dict:
-    meta = read_table(out, "metadata")
-    errs = read_table(out, "errors")
+def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float,
+             reference_date: str) -> dict:
+    meta = read_table(out, "metadata", columns=["status", "reject_reason"])
+    errs = read_table(out, "errors", columns=["run_id"])
     status, reasons = {}, {}
     if meta is not None:
         for r in meta.select(["status", "reject_reason"]).to_pylist():
@@ -222,7 +320,9 @@ def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float
         "slices_this_run": counts.get("metadata", 0), "slices_skipped_as_finished": skipped,
         "accepted_total": status.get("accepted", 0), "rejected_total": status.get("rejected", 0),
         "reject_reasons": reasons, "labels_merged_this_run": counts.get("labels", 0),
-        "errors_this_run": 0 if errs is None else errs.num_rows, "splits": lists,
+        "errors_this_run": 0 if errs is None else errs.column("run_id").to_pylist().count(run_id),
+        "errors_open": 0 if errs is None else errs.num_rows, "splits": lists,
+        "reference_date": reference_date,
     }
 
 

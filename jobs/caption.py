@@ -53,7 +53,7 @@ from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
 from operators.io.cli import init_ray
 from operators.io.storage import Store
-from operators.io.tables import finished_keys, new_run_id, prune_shards, read_table
+from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 
 log = logging.getLogger("changeforge.caption")
 
@@ -306,14 +306,14 @@ def run(cfg: CaptionJobConfig) -> dict:
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
     else:
         ray.kill(limiter)
-    prune_shards(out, "errors", run_id)  # errors describe the latest run; finished pairs live in pairs/
-
     pairs_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"])
     pair_rows = pairs_table.to_pylist() if pairs_table is not None else []
+    # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
+    resolve_errors(out, [p["pair_id"] for p in pair_rows], run_id, job=JOB)
     out.write_bytes(LEVIR_CC_FILE, json.dumps(levir_cc_document(pair_rows), indent=1).encode())
     usage_table = read_table(out, "usage", TABLE_SCHEMAS["usage"])
     usage_rows = [r for r in (usage_table.to_pylist() if usage_table is not None else []) if r["run_id"] == run_id]
-    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])
+    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])  # current state
     error_rows = errors_table.to_pylist() if errors_table is not None else []
     caption_table = read_table(out, "captions", TABLE_SCHEMAS["captions"])
     this_run = [r for r in (caption_table.to_pylist() if caption_table is not None else []) if r["run_id"] == run_id]

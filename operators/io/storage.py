@@ -7,6 +7,7 @@ pyarrow's filesystem layer does the talking; rasterio gets the matching GDAL set
 """
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import uuid
@@ -15,6 +16,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+log = logging.getLogger(__name__)
 
 def is_s3(uri: str) -> bool:
     return str(uri).startswith("s3://")
@@ -38,6 +40,47 @@ def s3_client():
             "s3", config=Config(retries={"max_attempts": 8, "mode": "adaptive"},
                                 max_pool_connections=32))
     return _S3_CLIENTS[key]
+
+
+# Errors worth another attempt: throttling, server-side 5xx, dropped or timed-out connections.
+# botocore retries some of these inside a call, but not a body stream cut off mid-read.
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "500", "502",
+                    "503", "504"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for storage errors that a retry can cure (never for a missing object or bad data)."""
+    if isinstance(exc, FileNotFoundError):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    try:
+        from botocore import exceptions as bx
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(exc, bx.ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return str(err.get("Code")) in _TRANSIENT_CODES or int(status) >= 500
+    return isinstance(exc, (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ReadTimeoutError,
+                            bx.ConnectTimeoutError, bx.IncompleteReadError, bx.ResponseStreamingError))
+
+
+def retry_transient(fn, what: str, attempts: int = 5, base_delay_s: float = 0.2):
+    """``fn()``, retried with exponential backoff and jitter on transient storage errors."""
+    import random
+    import time
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - filtered just below
+            if attempt == attempts or not is_transient(exc):
+                raise
+            delay = base_delay_s * 2 ** (attempt - 1) * (0.5 + random.random())
+            log.warning("%s: %s (attempt %d/%d), retrying in %.1f s", what,
+                        type(exc).__name__, attempt, attempts, delay)
+            time.sleep(delay)
 
 
 def _bucket_key(path: str) -> tuple[str, str]:

@@ -1,5 +1,11 @@
 """Sharded Parquet tables in the output store, and the one sink every job writes through.
 
+Tables accumulate across runs: a run appends shards (``<table>/part-<run_id>-<content hash>.parquet``)
+and never deletes another run's rows; every row carries its ``run_id``. :func:`read_table` gives the
+current state in one call (latest row per key, resolved errors dropped); ``current=False`` gives
+the whole history. Plain ``pyarrow.parquet.read_table(<out>/<table>)`` still reads every shard
+(the history).
+
 Operators emit *envelopes*: ``{"_table": name, "_record": json}``. One Ray Data pass can then route
 every input row to the table where it ends (``metadata``, ``errors``, ``captions``...), which is how
 "every row ends somewhere" holds without running the pipeline twice. Each table has a declared
@@ -8,23 +14,26 @@ back as one table with ``pyarrow.parquet.read_table(<out>/<table>/)``.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import time
 import traceback
 import uuid
-from typing import Any, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.io.storage import Store
+from operators.io.storage import Store, retry_transient
 
 log = logging.getLogger(__name__)
 
-ERRORS_SCHEMA = pa.schema([
+_ERRORS_COLUMNS = pa.schema([
     ("item", pa.string()),        # what failed: a scene URI, a pair id, a slice id, a caption pair
     ("stage", pa.string()),       # catalogue, pairing, slicing, registration, captioning, ...
     ("error_type", pa.string()),  # exception class or a short code
@@ -32,6 +41,7 @@ ERRORS_SCHEMA = pa.schema([
     ("job", pa.string()),
     ("run_id", pa.string()),
     ("time", pa.string()),
+    ("resolved", pa.bool_()),     # true: the item succeeded later (see resolve_errors)
 ])
 
 
@@ -84,46 +94,250 @@ def records_to_table(records: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=schema)
 
 
+# -- keys, run ids and the current state -----------------------------------------------------
+# Tables accumulate: every run appends shards and never deletes another run's rows. A table's key
+# travels in its Parquet schema metadata, so any reader (and a later run) knows which rows are
+# versions of one item; the current state is the latest row per key.
+KEY_META = b"changeforge.key"
+
+
+def keyed(schema: pa.Schema, *key: str) -> pa.Schema:
+    """``schema`` declaring ``key`` (column names) as the table's key, plus a ``run_id`` column
+    (added if missing) so every row says which run wrote it."""
+    missing = [k for k in key if k not in schema.names]
+    if missing:
+        raise KeyError(f"key column(s) {missing} not in schema")
+    return with_run_id(schema).with_metadata({**(schema.metadata or {}), KEY_META: ",".join(key).encode()})
+
+
+def with_run_id(schema: pa.Schema) -> pa.Schema:
+    return schema if "run_id" in schema.names else schema.append(pa.field("run_id", pa.string()))
+
+
+def table_key(schema: pa.Schema | None) -> tuple[str, ...]:
+    raw = (schema.metadata or {}).get(KEY_META) if schema is not None else None
+    return tuple(raw.decode().split(",")) if raw else ()
+
+
+# errors/ keeps an item's error (one current row per item and stage) until the item succeeds.
+ERRORS_SCHEMA = keyed(_ERRORS_COLUMNS, "item", "stage")
+RESOLVED = "Resolved"
+
+
+def shard_name(table: str, run_id: str, records: list[dict], key: Sequence[str] = ()) -> str:
+    """Deterministic for the shard's content: the keys it holds (or all of it, for unkeyed tables),
+    so a write retried by Ray (lost node, task retry) replaces its shard instead of adding one."""
+    if key:
+        content = json.dumps(sorted([[str(r.get(k)) for k in key] for r in records]))
+    else:
+        content = json.dumps(_jsonable(records), sort_keys=True, default=str)
+    digest = hashlib.sha1(content.encode()).hexdigest()[:16]
+    return f"{table}/part-{run_id}-{digest}.parquet"
+
+
 def write_table_shard(store: Store, table: str, records: list[dict], schema: pa.Schema,
                       run_id: str) -> str | None:
+    """One Parquet shard of ``records`` (run_id filled in where the schema has the column)."""
     if not records:
         return None
+    schema = with_run_id(schema)
+    records = [r if r.get("run_id") else {**r, "run_id": run_id} for r in records]
     buf = io.BytesIO()
     pq.write_table(records_to_table(records, schema), buf, compression="zstd")
-    rel = f"{table}/part-{run_id}-{uuid.uuid4().hex[:12]}.parquet"
-    store.write_bytes(rel, buf.getvalue())
+    rel = shard_name(table, run_id, records, table_key(schema))
+    retry_transient(lambda: store.write_bytes(rel, buf.getvalue()), f"write {store.uri(rel)}")
     return rel
 
 
-def read_table(store: Store, table: str, schema: pa.Schema | None = None) -> pa.Table | None:
-    """All readable shards of ``table``; a damaged shard (crash mid-write) is skipped and logged."""
-    parts = []
-    for rel in store.list(table, suffixes=(".parquet",)):
-        try:
-            parts.append(pq.read_table(io.BytesIO(store.read_bytes(rel)), schema=schema))
-        except Exception as exc:  # noqa: BLE001 - a damaged shard must not stop a resume
-            log.warning("skipping unreadable shard %s: %s", rel, exc)
-    if not parts:
+class TableReadError(RuntimeError):
+    """A shard that exists but cannot be read: named, never skipped (skipping would hide rows)."""
+
+
+def _read_shard(store: Store, rel: str, columns: Sequence[str] | None) -> pa.Table:
+    data = retry_transient(lambda: store.read_bytes(rel), f"read {store.uri(rel)}")
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        names = pf.schema_arrow.names
+        if columns:  # the key (and run_id, resolved) always come along: the current state needs them
+            columns = list(dict.fromkeys([*columns, *table_key(pf.schema_arrow), "run_id", "resolved"]))
+        t = pf.read(columns=[c for c in columns if c in names] if columns else None)
+        return t.replace_schema_metadata({**(pf.schema_arrow.metadata or {})})
+    except Exception as exc:  # noqa: BLE001 - reported with the shard's name
+        raise TableReadError(
+            f"shard {store.uri(rel)} of table {rel.split('/')[0]!r} is not readable Parquet ({exc}). "
+            "Writes are atomic, so it was damaged after it was written: move it away and rerun "
+            "(the items it held are redone)") from None
+
+
+def read_table(store: Store, table: str, schema: pa.Schema | None = None, *, current: bool = True,
+               key: Sequence[str] | None = None, columns: Sequence[str] | None = None,
+               threads: int = 16) -> pa.Table | None:
+    """The table's **current state**: the latest row per key (key from the shards' metadata, or
+    ``key``), without rows marked ``resolved`` (errors fixed by a later run). ``current=False``
+    gives every row of every run (the history). Shards are read in parallel; transient storage
+    errors are retried; an unreadable shard raises :class:`TableReadError` naming it. None when the
+    table has no shards."""
+    rels = store.list(table, suffixes=(".parquet",))  # sorted: part-<run_id>-... is chronological
+    if not rels:
         return None
-    return pa.concat_tables(parts, promote_options="default")
+    want = list(dict.fromkeys([*columns, *(key or ())])) if columns else None
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(rels)))) as pool:
+        parts = list(pool.map(lambda rel: _read_shard(store, rel, want), rels))
+    k = tuple(key or ()) or next((table_key(p.schema) for p in parts if table_key(p.schema)), ())
+    meta = parts[0].schema.metadata
+    if schema is not None:
+        parts = [_conform(p, with_run_id(schema)) for p in parts]
+    t = pa.concat_tables(parts, promote_options="permissive")
+    if meta:
+        t = t.replace_schema_metadata(meta)
+    if current:
+        t = current_state(t, k)
+    if columns:
+        t = t.select([c for c in columns if c in t.column_names])
+    return t
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Columns of ``schema`` first (cast), nulls for the ones a (legacy) shard lacks."""
+    cols, fields = [], []
+    for f in schema:
+        if f.name in t.column_names:
+            cols.append(t.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+        fields.append(f)
+    for name in t.column_names:
+        if name not in schema.names:
+            cols.append(t.column(name))
+            fields.append(t.schema.field(name))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def current_state(t: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Latest row per ``key`` (rows are in write order), minus rows marked ``resolved``."""
+    if key and t.num_rows:
+        order = pa.array(np.arange(t.num_rows))
+        latest = (t.select(list(key)).append_column("__order", order)
+                  .group_by(list(key), use_threads=False).aggregate([("__order", "max")]))
+        t = t.take(pa.array(np.sort(latest.column("__order_max").to_numpy())))
+    if "resolved" in t.column_names and t.num_rows:
+        t = t.filter(pc.invert(pc.fill_null(t.column("resolved"), False)))
+    return t
 
 
 def finished_keys(store: Store, table: str, key: str) -> set[str]:
-    t = read_table(store, table)
+    t = read_table(store, table, columns=[key])
     if t is None or key not in t.column_names:
         return set()
     return set(v for v in t.column(key).to_pylist() if v is not None)
 
 
+def resolve_errors(store: Store, items: Iterable[str], run_id: str, *, stages: Sequence[str] | None = None,
+                   job: str = "") -> int:
+    """Mark the current errors of ``items`` (optionally only those of ``stages``) as resolved: an
+    error row stays in the current state of ``errors/`` until its item succeeds. Returns how many."""
+    items = set(items)
+    errs = read_table(store, "errors", columns=["item", "stage"])
+    if errs is None or not items:
+        return 0
+    rows = [r for r in errs.to_pylist() if r["item"] in items and (stages is None or r["stage"] in stages)]
+    marks = [{**error_record(r["item"], r["stage"], f"succeeded in run {run_id}", error_type=RESOLVED,
+                             job=job, run_id=run_id), "resolved": True} for r in rows]
+    write_table_shard(store, "errors", marks, ERRORS_SCHEMA, run_id)
+    return len(marks)
+
+
 def prune_shards(store: Store, table: str, keep_run_id: str) -> int:
-    """Delete shards of ``table`` written by runs other than ``keep_run_id`` (used for ``errors``,
-    which describe the latest run: what is finished lives in the result tables)."""
+    """Deprecated: deletes other runs' shards of ``table``. Kept only so jobs not yet moved to
+    accumulating tables still import; new code appends and reads the current state instead
+    (:func:`read_table`, :func:`resolve_errors`). The pairs and captions jobs no longer call it."""
     n = 0
     for rel in store.list(table, suffixes=(".parquet",)):
         if f"part-{keep_run_id}-" not in rel:
             store.delete(rel)
             n += 1
     return n
+
+
+# -- streaming writes: small shards where the work finishes, compacted by the driver ---------
+def persist_envelopes(envelopes: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[str]:
+    """Write ``envelopes`` to one shard per table where they were produced (a Ray task), so rows
+    survive whatever happens to the driver next. ``spec`` is :meth:`StreamingTableWriter.spec`.
+    Returns the shards written (the driver folds them into bigger ones)."""
+    store = Store(spec["root"])
+    rels = []
+    for name, recs in split_envelopes(envelopes).items():
+        if name not in spec["schemas"]:
+            raise KeyError(f"no schema declared for table {name!r}")
+        recs = [{**spec.get("constants", {}), **r} for r in recs]
+        rel = write_table_shard(store, name, recs, spec["schemas"][name], spec["run_id"])
+        if rel:
+            rels.append(rel)
+    return rels
+
+
+class StreamingTableWriter:
+    """Driver side of streamed tables: rows arrive as work finishes (already persisted in small
+    shards by the tasks, or not); every ``rows_per_shard`` rows or ``flush_s`` seconds they are
+    written as one bigger shard and the small shards it covers are deleted. The driver holds at
+    most one shard's worth of rows; a crash at any point loses no persisted row (a merged shard is
+    written before the small ones go; duplicates in between are deduplicated on read)."""
+
+    def __init__(self, store: Store, schemas: Mapping[str, pa.Schema], run_id: str, *,
+                 rows_per_shard: int = 2000, flush_s: float = 60.0,
+                 constants: Mapping[str, Any] | None = None):
+        self.store, self.run_id = store, run_id
+        self.schemas = {**dict(schemas), "errors": schemas.get("errors", ERRORS_SCHEMA)}
+        self.rows_per_shard, self.flush_s = rows_per_shard, flush_s
+        self.constants = dict(constants or {})
+        self.buffer: dict[str, list[dict]] = {}
+        self.small: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.shards_written = 0
+        self._last_flush = time.monotonic()
+
+    def spec(self) -> dict:
+        """What a task needs to persist its own rows (small, picklable)."""
+        return {"root": self.store.uri(), "schemas": self.schemas, "run_id": self.run_id,
+                "constants": self.constants}
+
+    def add(self, envelopes: Iterable[Mapping[str, Any]], persisted: Iterable[str] = ()) -> None:
+        for name, recs in split_envelopes(envelopes).items():
+            self.buffer.setdefault(name, []).extend({**self.constants, **r} for r in recs)
+            self.counts[name] = self.counts.get(name, 0) + len(recs)
+        self.small.extend(persisted)
+        if (sum(map(len, self.buffer.values())) >= self.rows_per_shard
+                or time.monotonic() - self._last_flush >= self.flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        merged = set()
+        for name, recs in self.buffer.items():
+            if name not in self.schemas:
+                raise KeyError(f"no schema declared for table {name!r}")
+            rel = write_table_shard(self.store, name, recs, self.schemas[name], self.run_id)
+            if rel:
+                merged.add(rel)
+                self.shards_written += 1
+        for rel in self.small:
+            if rel not in merged:
+                self.store.delete(rel)
+        self.buffer, self.small = {}, []
+        self._last_flush = time.monotonic()
+
+
+def _persist_block(batch: pa.Table, spec: dict) -> pa.Table:
+    rels = persist_envelopes(batch.select(["_table", "_record"]).to_pylist(), spec)
+    return batch.append_column("_shards", pa.array([json.dumps(rels)] * batch.num_rows))
+
+
+def stream_dataset_to_tables(ds, writer: StreamingTableWriter) -> None:
+    """Run a Ray dataset of envelopes, each block persisted where it is produced, into ``writer``."""
+    persisted = ds.map_batches(_persist_block, fn_kwargs={"spec": writer.spec()},
+                               batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+    for batch in persisted.iter_batches(batch_format="pyarrow", batch_size=None):
+        shards = sorted({rel for v in batch.column("_shards").to_pylist() for rel in json.loads(v)})
+        writer.add(batch.select(["_table", "_record"]).to_pylist(), shards)
 
 
 def new_run_id() -> str:
@@ -143,15 +357,22 @@ try:  # The sink needs Ray; the pure parts above do not.
     class TableSink(Datasink):
         """Ray Data sink that routes envelopes to sharded Parquet tables under ``root``.
 
-        One shard per table per write task; the driver gets back row counts per table.
+        One shard per table per write task (``rows_per_shard`` asks Ray Data to hand each write
+        task at least that many rows); the driver gets back row counts per table.
         """
 
-        def __init__(self, root: str, schemas: Mapping[str, pa.Schema], run_id: str):
+        def __init__(self, root: str, schemas: Mapping[str, pa.Schema], run_id: str,
+                     rows_per_shard: int | None = None):
             self.root = root
             self.schemas = dict(schemas)
             self.schemas.setdefault("errors", ERRORS_SCHEMA)
             self.run_id = run_id
+            self.rows_per_shard = rows_per_shard
             self.counts: dict[str, int] = {}
+
+        @property
+        def min_rows_per_write(self) -> int | None:
+            return self.rows_per_shard
 
         def write(self, blocks, ctx) -> dict[str, int]:
             store = Store(self.root)

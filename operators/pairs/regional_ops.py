@@ -10,19 +10,20 @@ Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (p
 are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
 the feature and matching settings) so a resumed run with the same settings reuses them;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
-complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes.
+complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes
+(of the graph's first window; later windows in ``<run_id>-w<window>.json``).
 The regional method runs as one Ray task graph (features -> matches -> slices, each task waiting
 only for the tasks it needs), not as three Ray Data passes with barriers in between.
 """
 from __future__ import annotations
 
+import itertools
 import json
-import time
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from operators.io.storage import Store
-from operators.io.tables import envelope, error_envelope
+from operators.io.tables import envelope, error_envelope, persist_envelopes
 from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, match_tile,
                                       neighbour_tiles, tile_core, tile_features, tile_read_window,
                                       tiles_for_window)
@@ -173,8 +174,8 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
         return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
 
 
-
-# barrier (and a Ray Data start-up) between each: a matching task depends on the feature tasks of
+# The task graph: the three passes are Ray tasks without a barrier (and a Ray Data start-up)
+# between each: a matching task depends on the feature tasks of
 # its neighbourhood and a slice task on the matching tasks of its tiles, so Ray starts each piece
 # of work as soon as what it needs exists and no core waits for a whole pass to finish. What
 # travels between tasks are the small per-tile result dicts (dependencies, and the audit trail);
@@ -193,9 +194,12 @@ def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
 
 
 def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
-                 *needs: list[dict]) -> list[dict]:
+                 persist: dict | None, *needs: list[dict]) -> tuple[list[dict], list[str]]:
+    """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
+    small shard right here, so they survive whatever happens to the driver next."""
     cfg = RegistrationConfig(**cfg_dict)
-    return [register_slice_regional(r, cfg, out_root, run_id) for r in rows]
+    envs = [register_slice_regional(r, cfg, out_root, run_id) for r in rows]
+    return envs, (persist_envelopes(envs, persist) if persist else [])
 
 
 _REMOTE: dict[str, Any] = {}
@@ -237,8 +241,9 @@ class _TileGraph:
     """Feature and matching tasks of a tile plan, submitted without waiting for either."""
 
     def __init__(self, tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,
-                 run_id: str, cfg_ref):
+                 run_id: str, cfg_ref, audit_name: str | None = None):
         self.tile_rows, self.cfg, self.out_root, self.run_id = tile_rows, cfg, out_root, run_id
+        self.audit_name = audit_name or run_id
         self.clock = Clock()
         args = (cfg_ref, out_root, run_id)
         # Features (seconds per tile) get a task each.
@@ -271,7 +276,7 @@ class _TileGraph:
         # rest until the last matching task.
         summary = {"run_id": self.run_id, "features_wall_s": features_wall,
                    "matches_wall_s": matches_wall, "features": features, "matches": results}
-        Store(self.out_root).write_bytes(f"{TILE_RUNS_DIR}/{self.run_id}.json",
+        Store(self.out_root).write_bytes(f"{TILE_RUNS_DIR}/{self.audit_name}.json",
                                          json.dumps(summary).encode())
         return results
 
@@ -289,50 +294,122 @@ def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str
     return _TileGraph(tile_rows, cfg, out_root, run_id, ray.put(asdict(cfg))).finish()
 
 
-def _wait_with_progress(sizes: dict, every_s: float = 10.0) -> None:
-    """Block until every slice task is done, printing progress: the task graph runs outside Ray
-    Data, so its progress bars do not see this work."""
-    import ray
-    pending, total, done = list(sizes), sum(sizes.values()), 0
-    t0 = last = time.time()
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=every_s)
-        done += sum(sizes[r] for r in ready)
-        now = time.time()
-        if now - last >= every_s or not pending:
-            print(f"[registration] {done}/{total} slices registered ({now - t0:.0f} s)", flush=True)
-            last = now
+def pair_windows(rows: Iterable[dict], window_slices: int) -> Iterator[list[dict]]:
+    """Slice rows (grouped by pair, as the cut yields them) in windows of about ``window_slices``,
+    never splitting a pair (its tiles are shared by its slices)."""
+    window: list[dict] = []
+    for pair_id, group in itertools.groupby(rows, key=lambda r: r["pair_id"]):
+        group = list(group)
+        if window and len(window) + len(group) > window_slices:
+            yield window
+            window = []
+        window.extend(group)
+    if window:
+        yield window
 
 
-def run_regional(rows: list[dict], cfg: RegistrationConfig, out_root: str,
-                 run_id: str) -> list[dict]:
-    """The whole regional method on slice rows as one task graph; one envelope per slice."""
+class _Window:
+    """One window of the regional graph in flight: its tile graph and its slice tasks."""
+
+    def __init__(self, index: int, rows: list[dict], cfg: RegistrationConfig, out_root: str,
+                 run_id: str, cfg_ref, persist: dict | None):
+        self.index = index
+        self.graph = _TileGraph(plan_tiles(rows, cfg), cfg, out_root, run_id, cfg_ref,
+                                audit_name=run_id if index == 0 else f"{run_id}-w{index:05d}")
+        # A slice task waits for the matching tasks of its slices' tiles only.
+        self.tasks: dict[Any, list[dict]] = {}
+        for chunk in _chunks(rows, cfg.slices_per_task):
+            needs = {self.graph.match_ref[(r["pair_id"], tc, tr)]: None for r in chunk
+                     for tc, tr in tiles_for_window(r["window"], cfg.tile_size)}
+            ref = _remote(_slices_task).remote(chunk, cfg_ref, out_root, run_id, persist, *needs)
+            self.tasks[ref] = chunk
+
+
+def _wait_with_progress(windows: list, on_done, poll_s: float = 0.5, every_s: float = 10.0,
+                        total: int | None = None, clock: Clock | None = None) -> int:
+    """Wait for every slice task of ``windows`` (a list that may grow while we wait, see
+    ``on_done``), calling ``on_done(window, ref)`` as each finishes; prints progress.
+
+    One ``ray.wait`` over the in-flight tasks per poll interval, collecting everything ready,
+    instead of one call per completion: the cost is O(in flight) per poll, not O(n) per task.
+    """
     import ray
+    done = 0
+    clock = clock or Clock()
+    last = -every_s
+    while any(w.tasks for w in windows):
+        pending = [ref for w in windows for ref in w.tasks]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
+        for ref in ready:
+            window = next(w for w in windows if ref in w.tasks)
+            done += len(window.tasks[ref])
+            on_done(window, ref)
+        if clock.wall() - last >= every_s or not any(w.tasks for w in windows):
+            print(f"[registration] {done}{'' if total is None else f'/{total}'} slices registered "
+                  f"({clock.wall():.0f} s)", flush=True)
+            last = clock.wall()
+    return done
+
+
+def run_regional(rows: Iterable[dict], cfg: RegistrationConfig, out_root: str, run_id: str,
+                 emit: Callable[[list[dict], list[str]], None] | None = None,
+                 persist: dict | None = None, window_slices: int = 2000,
+                 windows_in_flight: int = 2, total: int | None = None) -> list[dict] | None:
+    """The regional method as a task graph submitted in windows of whole pairs.
+
+    ``emit(envelopes, persisted_shards)`` is called as each slice task finishes (with ``persist``,
+    a table writer's spec, the task has already written its rows); without ``emit`` the
+    envelopes are collected and returned. The driver holds only the windows in flight, so memory
+    and scheduling stay flat as the archive grows; a window's tile audit is written when it ends.
+    If the driver is interrupted, tasks not yet finished are cancelled.
+    """
+    import ray
+    collected: list[dict] = []
+    returns = emit is None
+    emit = emit or (lambda envs, shards: collected.extend(envs))
     cfg_ref = ray.put(asdict(cfg))
-    tiles = plan_tiles(rows, cfg)
-    graph = _TileGraph(tiles, cfg, out_root, run_id, cfg_ref)
-    # A slice task waits for the matching tasks of its slices' tiles only.
-    slice_tasks = []
-    for chunk in _chunks(rows, cfg.slices_per_task):
-        needs = {graph.match_ref[(r["pair_id"], tc, tr)]: None for r in chunk
-                 for tc, tr in tiles_for_window(r["window"], cfg.tile_size)}
-        slice_tasks.append((chunk, _remote(_slices_task).remote(chunk, cfg_ref, out_root, run_id,
-                                                                 *needs)))
-    _wait_with_progress({ref: len(chunk) for chunk, ref in slice_tasks})
-    graph.finish()
+    windows: list[_Window] = []
+    source = enumerate(pair_windows(rows, window_slices))
 
     def failed(row, exc):
         return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
 
-    return [env for chunk, ref in slice_tasks for env in _get_results(ref, chunk, failed)]
+    def submit_next() -> None:
+        item = next(source, None)
+        if item is not None:
+            windows.append(_Window(item[0], item[1], cfg, out_root, run_id, cfg_ref, persist))
+
+    def on_done(window: _Window, ref) -> None:
+        chunk = window.tasks.pop(ref)
+        try:
+            envs, shards = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - a lost task: every slice still reports
+            envs, shards = [failed(r, exc) for r in chunk], []
+        emit(envs, shards)
+        if not window.tasks:
+            window.graph.finish()
+            windows.remove(window)
+            submit_next()
+
+    for _ in range(max(1, windows_in_flight)):
+        submit_next()
+    try:
+        _wait_with_progress(windows, on_done, total=total)
+    except BaseException:
+        for w in windows:
+            for ref in w.tasks:
+                ray.cancel(ref, force=True)
+        raise
+    return collected if returns else None
 
 
 def regional_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: str):
-    """The slice rows (small metadata) are collected on the driver to plan the feature tiles; the
-    feature, matching and slice tasks then run as one Ray task graph; the returned dataset holds
-    the envelopes (small records)."""
+    """Ray Data in, Ray Data out (for callers that want a dataset): the slice rows are collected
+    on the driver and run by :func:`run_regional`; the returned dataset holds the envelopes. The
+    pairs job streams instead (``run_regional`` with ``emit``)."""
     import ray.data
     rows = [plain_row(r) for r in slices.iter_rows()]
     if not rows:
         return ray.data.from_items([])
+    rows.sort(key=lambda r: r["pair_id"])
     return ray.data.from_items(run_regional(rows, cfg, out_root, run_id))

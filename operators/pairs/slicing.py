@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-from affine import Affine
-
 from operators.pairs.pairing import footprint
 
 
@@ -36,8 +34,12 @@ def intersection_window(pre: dict, post: dict) -> tuple[int, int, int, int]:
     right, top = min(a[2], b[2]), min(a[3], b[3])
     if right <= left or top <= bottom:
         return 0, 0, 0, 0
-    inv = ~Affine(*pre["transform"])
-    xs, ys = zip(*(inv @ (x, y) for x, y in ((left, top), (right, bottom), (left, bottom), (right, top))))
+    # The inverse affine by hand: affine.Affine's operators cost more than the rest of the plan.
+    a, b, c, d, e, f = (float(v) for v in pre["transform"][:6])
+    det = a * e - b * d
+    corners = ((left, top), (right, bottom), (left, bottom), (right, top))
+    xs = [(e * (x - c) - b * (y - f)) / det for x, y in corners]
+    ys = [(a * (y - f) - d * (x - c)) / det for x, y in corners]
     eps = 1e-6  # float noise must not cost a whole pixel on exactly aligned grids
     col0, col1 = math.ceil(min(xs) - eps), math.floor(max(xs) + eps)
     row0, row1 = math.ceil(min(ys) - eps), math.floor(max(ys) + eps)
@@ -57,18 +59,16 @@ def slice_windows(pre: dict, post: dict, slice_size: int, stride: int) -> list[t
 def slice_rows(pair: dict, pre: dict, post: dict, slice_size: int, stride: int,
                split: str) -> list[dict]:
     """The slice rows the registration stage consumes (URIs and windows, never pixels)."""
-    rows = []
-    for col, row, w, h in slice_windows(pre, post, slice_size, stride):
-        rows.append({
-            "slice_id": f"{pair['pair_id']}_r{row:05d}_c{col:05d}",
-            "pair_id": pair["pair_id"], "location": pair["location"], "split": split,
-            "pre_uri": pre["uri"], "post_uri": post["uri"],
-            "pre_scene": pre["scene_id"], "post_scene": post["scene_id"],
-            "pre_date": pre["acquired"], "post_date": post["acquired"],
-            "crs": pre["crs"], "transform": list(pre["transform"]),
-            "window": [col, row, w, h],
-            "bands_pre": list(pre["rgb_bands"]), "bands_post": list(post["rgb_bands"]),
-            "stretch_pre": [list(s) for s in pre["stretch"]],
-            "stretch_post": [list(s) for s in post["stretch"]],
-        })
-    return rows
+    # What the pair's slices share is built once (a pair has tens of slices, an archive millions).
+    shared = {
+        "pair_id": pair["pair_id"], "location": pair["location"], "split": split,
+        "pre_uri": pre["uri"], "post_uri": post["uri"],
+        "pre_scene": pre["scene_id"], "post_scene": post["scene_id"],
+        "pre_date": pre["acquired"], "post_date": post["acquired"],
+        "crs": pre["crs"], "transform": list(pre["transform"]),
+        "bands_pre": list(pre["rgb_bands"]), "bands_post": list(post["rgb_bands"]),
+        "stretch_pre": [list(s) for s in pre["stretch"]],
+        "stretch_post": [list(s) for s in post["stretch"]],
+    }
+    return [{"slice_id": f"{pair['pair_id']}_r{row:05d}_c{col:05d}", **shared, "window": [col, row, w, h]}
+            for col, row, w, h in slice_windows(pre, post, slice_size, stride)]

@@ -1,14 +1,14 @@
 """Train/val/test assignment by location, never by slice.
 
 Neighbouring crops of one place overlap (3000 px slices at stride 1024) and look alike, so a split
-by slice would leak test scenery into training. Locations are shuffled with a seeded RNG and cut by
-cumulative fractions (paper: 70/10/20). With very few locations the small splits can be empty; that
-is reported, never papered over by splitting a location.
+by slice would leak test scenery into training. A location's split is drawn from a hash of its id
+and the seed, cut by cumulative fractions (paper: 70/10/20): stable when a rerun or a later chunk
+adds locations. With very few locations the small splits can be empty; that is reported, never
+papered over by splitting a location.
 """
 from __future__ import annotations
 
 import hashlib
-import random
 from typing import Iterable, Sequence
 
 SPLITS = ("train", "val", "test")
@@ -22,20 +22,34 @@ def parse_fractions(text: str | Sequence[float]) -> tuple[float, float, float]:
     return tuple(v / total for v in values)  # type: ignore[return-value]
 
 
+def split_of(location: str, fractions: Sequence[float] = (0.7, 0.1, 0.2), seed: int = 0) -> str:
+    """A location's split: a pure function of its id, the fractions and the seed.
+
+    A hash of (seed, location) is read as a number u in [0, 1) and cut by cumulative fractions, so
+    a location keeps its split whatever other locations a run sees (fractions hold in expectation;
+    with few locations the realised shares can differ, and a lone location can be in any split).
+    """
+    digest = hashlib.sha256(f"{seed}\x00{location}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2 ** 64
+    total = sum(fractions)
+    edge = 0.0
+    for split, f in zip(SPLITS, fractions):
+        edge += f / total
+        if u < edge:
+            return split
+    return SPLITS[-1]
+
+
 def assign_splits(locations: Iterable[str], fractions: Sequence[float] = (0.7, 0.1, 0.2),
                   seed: int = 0) -> dict[str, str]:
-    """Location -> split. Deterministic for a given set of locations, fractions and seed."""
-    # Sort by a hash first so the order does not depend on how names happen to sort.
-    locs = sorted(set(locations), key=lambda s: hashlib.sha1(s.encode()).hexdigest())
-    rng = random.Random(seed)
-    rng.shuffle(locs)
-    n = len(locs)
-    cut_train = round(fractions[0] * n)
-    cut_val = cut_train + round(fractions[1] * n)
-    out = {}
-    for i, loc in enumerate(locs):
-        out[loc] = "train" if i < cut_train else "val" if i < cut_val else "test"
-    return out
+    """Location -> split, each by :func:`split_of` (independent of the other locations)."""
+    return {loc: split_of(loc, fractions, seed) for loc in set(locations)}
+
+
+def split_conflicts(planned: dict[str, str], recorded: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{location: (recorded split, planned split)} where this run would contradict the output."""
+    return {loc: (recorded[loc], s) for loc, s in planned.items()
+            if loc in recorded and recorded[loc] != s}
 
 
 def list_files(accepted: Iterable[tuple[str, str]]) -> dict[str, list[str]]:

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from operators.io.storage import Store, gdal_env, read_uri
-from operators.io.tables import (ERRORS_SCHEMA, TableSink, envelope, error_envelope, finished_keys,
-                              prune_shards, read_table, write_table_shard)
+from operators.io.tables import (ERRORS_SCHEMA, TableSink, envelope, error_envelope, error_record,
+                                 finished_keys, read_table, write_table_shard)
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.float64()), ("tags", pa.list_(pa.int64()))])
 
@@ -45,11 +45,73 @@ def test_shards_share_one_schema_even_when_a_column_is_all_null(tmp_path):
     t = pq.read_table(str(tmp_path / "t"))
     assert sorted(t.column("key").to_pylist()) == ["a", "b"] and t.schema.field("value").type == pa.float64()
     assert finished_keys(store, "t", "key") == {"a", "b"}
-    # A damaged shard (a crash mid-write on some filesystem) is skipped, not fatal.
+
+
+def test_runs_accumulate_and_one_call_gives_the_current_state(tmp_path):
+    from operators.io.tables import keyed
+    store = Store(str(tmp_path))
+    schema = keyed(SCHEMA, "key")
+    write_table_shard(store, "t", [{"key": "a", "value": 1.0}, {"key": "b", "value": 1.0}], schema,
+                      "20260101T000000-aaaaaa")
+    write_table_shard(store, "t", [{"key": "b", "value": 2.0}, {"key": "c", "value": 2.0}], schema,
+                      "20260102T000000-bbbbbb")
+    now = {r["key"]: (r["value"], r["run_id"]) for r in read_table(store, "t").to_pylist()}
+    assert now == {"a": (1.0, "20260101T000000-aaaaaa"), "b": (2.0, "20260102T000000-bbbbbb"),
+                   "c": (2.0, "20260102T000000-bbbbbb")}
+    assert read_table(store, "t", current=False).num_rows == 4  # the history stays
+    assert pq.read_table(str(tmp_path / "t")).num_rows == 4
+
+
+def test_errors_stay_until_their_item_succeeds(tmp_path):
+    from operators.io.tables import resolve_errors
+    store = Store(str(tmp_path))
+    write_table_shard(store, "errors", [error_record("x", "s1", "bad"), error_record("y", "s1", "bad")],
+                      ERRORS_SCHEMA, "20260101T000000-aaaaaa")
+    write_table_shard(store, "errors", [error_record("x", "s1", "still bad")], ERRORS_SCHEMA,
+                      "20260102T000000-bbbbbb")
+    rows = read_table(store, "errors").to_pylist()
+    assert sorted((r["item"], r["message"]) for r in rows) == [("x", "still bad"), ("y", "bad")]
+    assert resolve_errors(store, ["y"], "20260103T000000-cccccc") == 1
+    assert [r["item"] for r in read_table(store, "errors").to_pylist()] == ["x"]
+
+
+def test_retried_shard_write_leaves_one_shard(tmp_path):
+    store = Store(str(tmp_path))
+    rows = [{"key": "a", "value": 1.0}, {"key": "b", "value": 2.0}]
+    write_table_shard(store, "t", rows, SCHEMA, "run1")
+    write_table_shard(store, "t", rows, SCHEMA, "run1")  # Ray retried the task that wrote it
+    assert len(store.list("t")) == 1 and read_table(store, "t", current=False).num_rows == 2
+
+
+def test_corrupt_shard_fails_loudly_by_name(tmp_path):
+    store = Store(str(tmp_path))
+    write_table_shard(store, "t", [{"key": "a", "value": 1.0}], SCHEMA, "run1")
     (tmp_path / "t" / "part-run3-broken.parquet").write_bytes(b"PAR1 garbage")
-    assert read_table(store, "t").num_rows == 2
-    assert prune_shards(store, "t", keep_run_id="run2") == 2
-    assert read_table(store, "t").column("key").to_pylist() == ["b"]
+    with pytest.raises(Exception, match="part-run3-broken.parquet"):
+        read_table(store, "t")
+
+
+class FlakyStore(Store):
+    """Fault injection: the first GET of every shard fails as a dropped S3 connection would."""
+
+    failed: set = set()
+
+    def read_bytes(self, rel: str = "") -> bytes:
+        from botocore.exceptions import EndpointConnectionError
+        if rel.endswith(".parquet") and rel not in self.failed:
+            self.failed.add(rel)
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1/injected")
+        return super().read_bytes(rel)
+
+
+def test_transient_s3_error_on_shard_read_is_retried(s3_bucket):
+    root = f"s3://{s3_bucket}/tables"
+    for i in range(3):
+        write_table_shard(Store(root), "t", [{"key": f"k{i}", "value": float(i)}], SCHEMA, f"run{i}")
+    flaky = FlakyStore(root)
+    t = read_table(flaky, "t")
+    assert sorted(t.column("key").to_pylist()) == ["k0", "k1", "k2"]
+    assert len(FlakyStore.failed) == 3  # every shard did fail once
 
 
 def test_table_sink_routes_every_row(tmp_path, ray_session):

@@ -92,10 +92,14 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
     for m in meta:
         if m["status"] == "rejected":
             assert not store.exists(f"A/{m['slice_id']}.png")
-    # One location, so every accepted slice is in train (splits are by location, never by slice).
-    train = store.read_bytes("list/train.txt").decode().split()
-    assert sorted(train) == sorted(f"{m['slice_id']}.png" for m in ok)
-    assert store.read_bytes("list/test.txt").decode().split() == []
+    # One location, so every accepted slice is in one split (splits are by location, never by
+    # slice), the one its metadata rows name; the reference date used is on every row.
+    [split] = {m["split"] for m in meta}
+    lists = {s: store.read_bytes(f"list/{s}.txt").decode().split() for s in ("train", "val", "test")}
+    assert sorted(lists[split]) == sorted(f"{m['slice_id']}.png" for m in ok)
+    assert sum(map(len, lists.values())) == len(ok)
+    assert {m["reference_date"] for m in meta} == {p["reference_date"] for p in pairs} == {"2021-01-01"}
+    assert summary["reference_date"] == "2021-01-01"
 
 
 def test_registered_crops_line_up(local_run):
@@ -119,7 +123,7 @@ def test_rerun_skips_finished_work_and_adds_labels(local_run, tmp_path):
     store = Store(str(out))
     meta = pq.read_table(str(out / "metadata")).to_pylist()
     ok = sorted(m["slice_id"] for m in meta if m["status"] == "accepted")
-    before_errors = pq.read_table(str(out / "errors")).num_rows
+    before_errors = read_table(store, "errors").num_rows
 
     labels = Store(str(tmp_path / "labels"))
     rng = np.random.default_rng(0)
@@ -142,16 +146,18 @@ def test_rerun_skips_finished_work_and_adds_labels(local_run, tmp_path):
                   RegistrationConfig(crop_size=CROP))
     assert summary["slices_this_run"] == 0 and summary["slices_skipped_as_finished"] == len(meta)
     assert pq.read_table(str(out / "metadata")).num_rows == len(meta)  # no duplicates
-    assert len(pq.read_table(str(out / "scenes")).to_pylist()) == 5  # replaced, not appended
+    assert read_table(store, "scenes").num_rows == 5  # the current state: one row per scene
+    assert read_table(store, "scenes", current=False).num_rows == 10  # both runs' rows are kept
     assert summary["labels_merged_this_run"] == 2
     for sid, mask in expected.items():
         merged = decode_image(store.read_bytes(f"label/{sid}.png"), grey=True)
         assert set(np.unique(merged)) <= {0, 255} and np.array_equal(merged > 0, mask)
-    errors = pq.read_table(str(out / "errors")).to_pylist()
+    errors = read_table(store, "errors").to_pylist()
     msgs = {e["item"]: e["message"] for e in errors if e["stage"] == "labels"}
     assert "slice crop is 256x256" in msgs[bad] or "257" in msgs[bad]
     assert "not an accepted slice" in msgs["not_a_slice"]
-    # errors/ describes the latest run: the scene errors again, plus the two label errors.
+    # The current errors: the scene errors (once each, though both runs hit them) plus the two
+    # label errors.
     assert len(errors) == before_errors + 2
 
 
@@ -161,11 +167,13 @@ def test_s3_in_s3_out(s3_bucket, ray_session, s3_client):
         s3_client.upload_file(str(NAIP[year]), s3_bucket, f"archive/{NAIP[year].name}")
     s3_client.put_object(Bucket=s3_bucket, Key="archive/broken_20200101.tif", Body=b"II*\x00garbage")
     out = f"s3://{s3_bucket}/out"
-    summary = run(small_job(f"s3://{s3_bucket}/archive", out), PairingConfig(),
+    summary = run(small_job(f"s3://{s3_bucket}/archive", out), PairingConfig(reference_date="2021-01-01"),
                   RegistrationConfig(crop_size=CROP, method="per-slice"))
     assert summary["slices_this_run"] == 6
     store = Store(out)
     meta = read_table(store, "metadata").to_pylist()
+    # Streamed in small shards by the tasks, folded by the driver into one shard.
+    assert len(store.list("metadata")) == 1
     assert {m["pre_date"] for m in meta} == {"2017-08-27"}
     ok = [m for m in meta if m["status"] == "accepted"]
     assert ok and all(store.exists(f"A/{m['slice_id']}.png") and store.exists(f"B/{m['slice_id']}.png")
@@ -184,3 +192,89 @@ def _s3fs():
     import pyarrow.fs as pafs
     ep = urlparse(os.environ["AWS_ENDPOINT_URL"])
     return pafs.S3FileSystem(endpoint_override=ep.netloc, scheme=ep.scheme, region="us-east-1")
+
+
+def _manifest(path, names, extra=""):
+    path.write_text("uri,acquired\n" + "".join(f"{NAIP[n]},\n" for n in names) + extra)
+    return path
+
+
+@pytest.mark.slow
+def test_two_manifest_chunks_into_one_output_keep_both_chunks(tmp_path, ray_session):
+    out = tmp_path / "out"
+    (tmp_path / "broken_20190101.tif").write_bytes(b"II*\x00garbage")
+    one = _manifest(tmp_path / "chunk1.csv", ["2016", "2020"], f"{tmp_path / 'broken_20190101.tif'},\n")
+    two = _manifest(tmp_path / "chunk2.csv", ["2017"], "/nonexistent/gone_20190101.tif,\n")
+    pairing = PairingConfig(reference_date="2021-01-01")
+    reg = RegistrationConfig(crop_size=CROP)
+    first = run(small_job(one, out, stride=512), pairing, reg)
+    second = run(small_job(two, out, stride=512), pairing, reg)
+    store = Store(str(out))
+    runs = {first["run_id"], second["run_id"]}
+    scenes = read_table(store, "scenes").to_pylist()
+    assert sorted(s["acquired"][:4] for s in scenes) == ["2016", "2017", "2020"]
+    # Chunk 2's scene pairs with chunk 1's scenes: three pairs, judged once each.
+    pairs = read_table(store, "pairs").to_pylist()
+    assert len(pairs) == 3 and {p["run_id"] for p in pairs} == runs
+    assert read_table(store, "pairs", current=False).num_rows == 3
+    meta = read_table(store, "metadata").to_pylist()
+    assert {m["run_id"] for m in meta} == runs and len(meta) == 3 * 4
+    assert len({m["slice_id"] for m in meta}) == len(meta)
+    errors = {e["item"].rsplit("/", 1)[-1] for e in read_table(store, "errors").to_pylist()}
+    assert errors == {"broken_20190101.tif", "gone_20190101.tif"}
+    accepted = {f"{m['slice_id']}.png" for m in meta if m["status"] == "accepted"}
+    listed = {n for s in ("train", "val", "test") for n in store.read_bytes(f"list/{s}.txt").decode().split()}
+    assert listed == accepted
+    # Another seed would draw this output's locations into other splits: refused, nothing written.
+    with pytest.raises(SystemExit, match="different splits"):
+        run(small_job(two, out, stride=512, seed=7), pairing, reg)
+    assert {r["run_id"] for r in read_table(store, "runs").to_pylist()} == runs
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+@pytest.mark.slow
+def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(tmp_path, ray_session,
+                                                                              monkeypatch):
+    import sys
+
+    import ray
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for year in ("2016", "2017", "2020"):
+        shutil.copy(NAIP[year], archive / NAIP[year].name)
+    out = tmp_path / "out"
+    pairing = PairingConfig(reference_date="2021-01-01")
+    reg = RegistrationConfig(crop_size=CROP)
+    real_wait = ray.wait
+    seen = []
+
+    def wait_then_die(refs, *args, **kw):
+        ready, rest = real_wait(refs, *args, **kw)
+        if sys._getframe(1).f_globals["__name__"] == "operators.pairs.regional_ops" and ready:
+            seen.extend(ready)
+            raise _Killed("driver killed while the regional graph runs")
+        return ready, rest
+
+    monkeypatch.setattr(ray, "wait", wait_then_die)
+    with pytest.raises(_Killed):  # one pair per window: three windows, two in flight
+        run(small_job(archive, out, window_slices=6), pairing, reg)
+    monkeypatch.setattr(ray, "wait", real_wait)
+    store = Store(str(out))
+    kept = read_table(store, "metadata")
+    # Every slice task that had finished when the driver died left its rows (>= 1 slice each).
+    assert seen and kept is not None and kept.num_rows >= len(seen)
+
+    summary = run(small_job(archive, out, window_slices=6), pairing, reg)
+    assert summary["slices_skipped_as_finished"] == kept.num_rows
+    history = read_table(store, "metadata", current=False).to_pylist()
+    ids = [m["slice_id"] for m in history]
+    assert len(ids) == len(set(ids)) == 3 * 6  # every slice once, over both runs
+    accepted = sorted(m["slice_id"] for m in history if m["status"] == "accepted")
+    for folder in ("A", "B"):
+        assert sorted(r.split("/")[-1][:-4] for r in store.list(folder)) == accepted
+    # The tile audit of every window of the rerun that had slices to fit.
+    assert store.exists(f"_work/tile_runs/{summary['run_id']}.json")
