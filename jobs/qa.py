@@ -30,7 +30,7 @@ from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
 from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, run_stages
 from operators.io.storage import Store
-from operators.io.tables import finished_keys, new_run_id, read_table
+from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.language.caption_ops import PrepareConfig, discover_pairs
 from operators.language.captions import load_template
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_document
@@ -154,6 +154,8 @@ def run(cfg: QAJobConfig) -> dict:
         return table.to_pylist() if table is not None else []
 
     pair_rows, qa_rows = rows("pairs"), rows("qa")
+    # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
+    resolve_errors(out, [p["pair_id"] for p in pair_rows], run_id, job=JOB)
     out.write_bytes(VQA_FILE, json.dumps(vqa_document(pair_rows, qa_rows), indent=1).encode())
     this_run = [r for r in qa_rows if r["run_id"] == run_id]
     caught = rule_counts(json.loads(r["validator_violations"]) for r in this_run if r["validator_violations"])
