@@ -184,7 +184,7 @@ def slice_matches(matches: TileMatches, window: Sequence[int]) -> tuple[np.ndarr
 def fit_slice(matches: TileMatches, window: Sequence[int], cfg: RegistrationConfig) -> HomographyFit:
     """One RANSAC homography (post-slice -> pre-slice) from the regional matches in a slice."""
     post_xy, pre_xy = slice_matches(matches, window)
-    fit = fit_homography(post_xy, pre_xy, cfg)
+    fit = fit_homography(post_xy, pre_xy, cfg, slice_side=int(window[2]))
     if fit.homography is not None:
         reason = homography_problem(fit.homography, int(window[2]), cfg.crop_size, cfg)
         if reason:
