@@ -100,10 +100,11 @@ class RegistrationConfig:
                                     "tile the whole crop at half-window steps")
     screen_search_px: int = _opt(128, "largest displacement a window searches for when the "
                                       "nearby search finds no confident match")
-    screen_min_ncc: float = _opt(0.5, "normalised cross-correlation a window's match needs")
+    screen_min_ncc: float = _opt(0.3, "normalised cross-correlation a window's match needs (real "
+                                      "pairs years apart: median ~0.4 on NAIP farmland)")
     screen_min_texture: float = _opt(0.03, "grey standard deviation (unit range, after the "
                                            "crop's percentile stretch) both windows need")
-    screen_min_assessed: float = _opt(0.5, "fraction of the textured windows that must be "
+    screen_min_assessed: float = _opt(0.3, "fraction of the textured windows that must be "
                                            "measured confidently; below: insufficient evidence")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")

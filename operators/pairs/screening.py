@@ -14,9 +14,10 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   displacement, and the displacement at the crop's four corners extrapolated from an affine field
   fitted to the windows (window centres sit half a window inside the corners, where a rotation's
   error is largest).
-* Rejections: a displaced region above ``max_residual_px`` (two neighbouring windows agreeing on
-  the displacement; one window alone may be a repeated texture), a corner above it, or too little
-  of the textured area measured ("insufficient evidence", with the fraction): nothing passes
+* Only displacements a neighbouring window agrees with count (one window alone may have latched
+  onto a repeated texture or a change); that is what "confidently measured" means below.
+* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little of
+  the textured area measured ("insufficient evidence", with the fraction): nothing passes
   unchecked.
 
 ``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
@@ -127,15 +128,30 @@ def affine_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
     A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
     return A
 
-def displaced_region(shifts: list[WindowShift], limit: float) -> Optional[WindowShift]:
-    """A window displaced by more than ``limit`` whose grid neighbour agrees with it, or None."""
-    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
-    for s in big:
-        for t in big:
-            if t is not s and abs(t.row - s.row) <= 1 and abs(t.col - s.col) <= 1 and \
-                    np.hypot(t.dx - s.dx, t.dy - s.dy) <= AGREE_PX:
-                return s
-    return None
+def supported(shifts: list[WindowShift]) -> list[WindowShift]:
+    """Windows whose displacement an adjacent, non-overlapping window agrees with (within
+    ``AGREE_PX``): two grid steps away, so the two share no pixels.
+
+    One window alone may have latched onto a repeated texture or a change (and its overlapping
+    neighbours share half its pixels, so they would agree for the same reason); a region of the
+    crop moving as a whole shows in independent windows alike.
+    """
+    by_pos = {(s.row, s.col): s for s in shifts}
+    out = []
+    for s in shifts:
+        for dr in (-2, -1, 0, 1, 2):
+            for dc in (-2, -1, 0, 1, 2):
+                if max(abs(dr), abs(dc)) != 2:
+                    continue
+                t = by_pos.get((s.row + dr, s.col + dc))
+                if t is not None and t is not s and np.hypot(t.dx - s.dx, t.dy - s.dy) <= AGREE_PX:
+                    out.append(s)
+                    break
+            else:
+                continue
+            break
+    return out
+
 
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
                      cfg: RegistrationConfig) -> ScreeningResult:
@@ -170,34 +186,28 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
             if found is not None:
                 dx, dy, ncc = found
                 shifts.append(WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j))
-    n = len(shifts)
+    trusted = supported(shifts)
+    n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {fraction:.0%} of the textured area "
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
-                               f"{n_textured} windows)", fraction, shifts)
-    mags = np.hypot([s.dx for s in shifts], [s.dy for s in shifts])
-    # Single windows above the limit without an agreeing neighbour are repeated texture, not a
-    # region; they do not set the residual.
-    region = displaced_region(shifts, cfg.max_residual_px)
-    supported = mags[mags <= cfg.max_residual_px]
-    residual = float(supported.max()) if supported.size else 0.0
-    median = float(np.median(mags))
-    A = affine_field(shifts)
+                               f"{n_textured} windows)", fraction, trusted)
+    mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
+    worst = trusted[int(np.argmax(mags))]
+    residual, median = float(mags.max()), float(np.median(mags))
+    A = affine_field(trusted)
     corner = 0.0
     if A is not None:
         corners = np.array([[1.0, -0.5, -0.5], [1.0, w - 0.5, -0.5], [1.0, -0.5, h - 0.5],
                             [1.0, w - 0.5, h - 0.5]])
         corner = float(np.hypot(*(corners @ A).T).max())
     reason = None
-    if region is not None:
-        residual = max(residual, float(np.hypot(region.dx, region.dy)))
+    if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
-                  f"({region.x:.0f}, {region.y:.0f}) of the crop")
+                  f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
     elif corner > cfg.max_residual_px:
         reason = f"residual {corner:.1f} px at a crop corner > {cfg.max_residual_px:g} px"
-    residual = max(residual, corner)
-    if reason is None and residual > cfg.max_residual_px:
-        reason = f"residual {residual:.1f} px > {cfg.max_residual_px:g} px"
-    return ScreeningResult(residual, median, n_textured, n, reason, fraction, shifts)
+    return ScreeningResult(max(residual, corner), median, n_textured, n, reason, fraction,
+                           trusted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import shutil
 
+import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -75,7 +76,9 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
     assert {m["pair_id"] for m in meta} == {p["pair_id"] for p in accepted}
     assert len({m["slice_id"] for m in meta}) == len(meta)
     ok = [m for m in meta if m["status"] == "accepted"]
-    assert len(ok) >= 3, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
+    # Same-season pairs of one quarter-quad: most of their slices register (the count is exact
+    # for given inputs since output is deterministic; this floor leaves room for OpenCV versions).
+    assert len(ok) >= len(meta) // 2, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
     contract = {"slice_id", "pair_id", "pre_scene", "post_scene", "pre_date", "post_date", "crs",
                 "bounds", "homography", "n_matches", "n_inliers", "residual_px", "split", "status",
                 "reject_reason"}
@@ -85,10 +88,14 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
         assert (m["reject_reason"] is None) == (m["status"] == "accepted")
         assert len(m["homography"] or [0] * 9) == 9 and m["crs"] == "EPSG:26914"
     for m in ok:
-        assert m["residual_px"] <= 8.0
         a = decode_image(store.read_bytes(f"A/{m['slice_id']}.png"))
         b = decode_image(store.read_bytes(f"B/{m['slice_id']}.png"))
         assert a.shape == b.shape == (CROP, CROP, 3) and a.dtype == np.uint8
+        # Independent of the job's screening: the written crops agree everywhere to within the
+        # reported residual (global phase correlation of the PNGs cannot exceed the local maximum).
+        (dx, dy), _ = cv2.phaseCorrelate(a.mean(axis=2).astype(np.float32),
+                                         b.mean(axis=2).astype(np.float32))
+        assert np.hypot(dx, dy) <= m["residual_px"] + 0.5 and np.hypot(dx, dy) < 2.0
     for m in meta:
         if m["status"] == "rejected":
             assert not store.exists(f"A/{m['slice_id']}.png")
