@@ -422,12 +422,28 @@ def register_slice_pair(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: 
     pre_xy, pre_desc = detect_features(pre_grey, pre_valid, cfg)
     post_xy, post_desc = detect_features(post_grey, post_valid, cfg)
     qi, ti, _ = match_descriptors(post_desc, pre_desc, cfg)
-    fit = fit_homography(post_xy[qi], pre_xy[ti], cfg, slice_side=pre_grey.shape[0])
-    if fit.homography is not None:
-        reason = homography_problem(fit.homography, pre_grey.shape[0], cfg.crop_size, cfg)
-        if reason:
-            return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
-    return fit
+    return checked_fit(post_xy[qi], pre_xy[ti], pre_grey.shape[0], cfg)
+
+
+def checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
+                cfg: RegistrationConfig) -> HomographyFit:
+    """:func:`fit_homography` plus the plausibility checks. A homography that fails them (few or
+    noisy inliers make its perspective terms wild) is replaced by a similarity fitted to the same
+    inliers when that passes; screening then judges the result on the pixels."""
+    fit = fit_homography(post_xy, pre_xy, cfg, slice_side=slice_size)
+    if fit.homography is None:
+        return fit
+    reason = homography_problem(fit.homography, slice_size, cfg.crop_size, cfg)
+    if reason is None:
+        return fit
+    H = fit.homography
+    inl = np.hypot(*(apply_homography(H, post_xy) - np.asarray(pre_xy, np.float64)).T) \
+        <= cfg.ransac_threshold_px
+    S = similarity_fit(np.asarray(post_xy)[inl], np.asarray(pre_xy)[inl], cfg) \
+        if inl.sum() >= cfg.min_inliers else None
+    if S is not None and homography_problem(S, slice_size, cfg.crop_size, cfg) is None:
+        return HomographyFit(S, fit.n_matches, fit.n_inliers)
+    return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
 
 
 def nodata_fraction(*valids: np.ndarray) -> float:
