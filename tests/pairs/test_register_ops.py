@@ -20,6 +20,7 @@ from operators.pairs.radiometry import scene_stretch
 from operators.pairs.regional_ops import matches_rel, plan_tiles, run_tile_stage
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
 from operators.pairs.registration import RegistrationConfig, translation
+from operators.pairs.raster_io import Grid, read_window
 from operators.pairs.slice_io import read_registered_post
 from operators.io.storage import Store
 from operators.io.tables import records_to_table, split_envelopes
@@ -194,6 +195,25 @@ def test_registered_post_is_resampled_once_from_its_own_pixels(tmp_path):
     assert np.abs(out.astype(int) - expect.astype(int)).max() <= 1
 
 
+def test_alpha_band_post_reads_on_the_grid(tmp_path):
+    """A GeoTIFF with an alpha band (ExtraSamples) resampled onto a grid: WarpedVRT refused to add
+    a second alpha band ("The VRT already has an alpha band"); alpha 0 must come back invalid."""
+    data = np.full((4, 64, 64), 200, np.uint8)
+    data[3, :, :10] = 0
+    profile = {"driver": "GTiff", "dtype": "uint8", "count": 4, "width": 64, "height": 64,
+               "crs": "EPSG:32633", "transform": Affine(10, 0, 500000, 0, -10, 5000000),
+               "photometric": "RGB", "alpha": "YES"}
+    path = str(tmp_path / "rgba.tif")
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+    with rasterio.open(path) as src:
+        assert src.colorinterp[3] == ColorInterp.alpha
+    grid = Grid("EPSG:32633", (10, 0, 500000, 0, -10, 5000000))
+    out, valid = read_window(path, (0, 0, 32, 32), [1, 2, 3], grid=grid)
+    assert out.shape == (3, 32, 32)
+    assert not valid[:, :9].any() and valid[:, 11:].all()
+
+
 def test_post_scene_with_alpha_band_registers(ray_session, scenes, tmp_path):
     """An RGBA post scene (alpha, no nodata): WarpedVRT must not add a second alpha band, and the
     alpha band marks nodata."""
@@ -202,11 +222,10 @@ def test_post_scene_with_alpha_band_registers(ray_session, scenes, tmp_path):
         rgb = src.read([1, 2, 3])
         profile = src.profile
     alpha = np.where(rgb.any(axis=0), 255, 0).astype(np.uint8)
-    profile.update(count=4, nodata=None, photometric="RGB")
+    profile.update(count=4, nodata=None, photometric="RGB", alpha="YES")
     rgba = str(tmp_path / "post_rgba.tif")
     with rasterio.open(rgba, "w", **profile) as dst:
         dst.write(np.concatenate([rgb, alpha[None]]))
-        dst.colorinterp = [ColorInterp.red, ColorInterp.green, ColorInterp.blue, ColorInterp.alpha]
     paths = {**paths, "rgba": rgba}
     rows = [slice_row(paths, crs, transform, "alpha", "rgba", (256, 200, SLICE, SLICE))]
     for method in ("per-slice", "regional"):
