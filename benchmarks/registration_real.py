@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -132,9 +133,33 @@ def write_case(case: Case, data: Path, out: Path):
     return paths, warp, profile, pre_valid, ok
 
 
+def inverse_positions(warp: KnownWarp, x: np.ndarray, y: np.ndarray):
+    """Post pixels q with F(q) = (x, y), by fixed-point iteration (F is near a translation)."""
+    qx, qy = x.astype(np.float64), y.astype(np.float64)
+    for _ in range(20):
+        fx, fy = warp(qx, qy)
+        qx, qy = qx - (fx - x), qy - (fy - y)
+    return qx, qy
+
+
+def coverable(warp: KnownWarp, post_valid: np.ndarray, window, step: int = 8) -> bool:
+    """Whether the later date has valid pixels for every pixel of a pre-grid window."""
+    col, row, w, h = window
+    y, x = np.mgrid[row:row + h:step, col:col + w:step]
+    x = np.append(x.ravel(), [col + w - 1, col, col + w - 1])
+    y = np.append(y.ravel(), [row, row + h - 1, row + h - 1])
+    qx, qy = inverse_positions(warp, x, y)
+    ix, iy = np.rint(qx).astype(int), np.rint(qy).astype(int)
+    inside = (ix >= 1) & (iy >= 1) & (ix < post_valid.shape[1] - 1) & (iy < post_valid.shape[0] - 1)
+    if not inside.all():
+        return False
+    return bool(all(post_valid[iy + dy, ix + dx].all() for dy in (-1, 0, 1) for dx in (-1, 0, 1)))
+
+
 def slice_rows_for(case: Case, paths: dict, profile: dict, pre_valid, post_valid, crop: int,
-                   limit: int | None) -> list[dict]:
-    """Slices on the pre grid whose kept crop is valid in both dates (the scored population)."""
+                   limit: int | None, warp: KnownWarp) -> list[dict]:
+    """Slices on the pre grid whose kept crop both dates cover (the scored population): valid in
+    the earlier date, and its later-date content (at ``F^-1``) valid in the warped later date."""
     w, h, size, stride = profile["width"], profile["height"], case.slice_size, case.stride
     starts = lambda n: sorted(set(list(range(0, n - size + 1, stride)) + [n - size]))  # noqa: E731
     bands = list(range(1, len(case.bands) + 1))
@@ -144,7 +169,8 @@ def slice_rows_for(case: Case, paths: dict, profile: dict, pre_valid, post_valid
     for r in starts(h):
         for c in starts(w):
             sl = np.s_[r + off:r + off + crop, c + off:c + off + crop]
-            if not (pre_valid[sl].all() and post_valid[sl].all()):
+            if not (pre_valid[sl].all() and
+                    coverable(warp, post_valid, (c + off, r + off, crop, crop))):
                 continue
             rows.append({
                 "slice_id": f"{case.name}_r{r:05d}_c{c:05d}", "pair_id": case.name,
@@ -180,7 +206,7 @@ def score(records: list[dict], errors: list[dict], warp: KnownWarp, crop: int) -
     reasons: dict[str, int] = {}
     for r in records:
         if r["reject_reason"]:
-            key = r["reject_reason"].split(":")[0].split("(")[0].strip()
+            key = re.sub(r"[\d.]+%?", "#", r["reject_reason"].split(":")[0].split("(")[0]).strip()
             reasons[key] = reasons.get(key, 0) + 1
     return {"slices": len(records) + len(errors), "accepted": len(acc), "errors": len(errors),
             "median": float(np.median(allerr)), "max": float(np.max(allerr)),
@@ -211,7 +237,7 @@ def main(argv=None) -> None:
         paths, warp, profile, pre_valid, post_valid = write_case(case, data, work / case.name)
         crop = int(case.slice_size * args.crop_fraction)
         rows = slice_rows_for(case, paths, profile, pre_valid, post_valid, crop,
-                              6 if args.quick else None)
+                              6 if args.quick else None, warp)
         margin = int(np.ceil(np.hypot(*case.offset))) + 16
         tile = max(256, margin)
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
