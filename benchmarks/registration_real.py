@@ -43,7 +43,6 @@ from rasterio.vrt import WarpedVRT
 
 from benchmarks._scenes import KnownWarp
 from benchmarks.registration import run_stage, start_ray
-from operators.pairs.catalogue import default_rgb_bands
 from operators.pairs.radiometry import scene_stretch
 from operators.pairs.registration import RegistrationConfig, apply_homography, crop_offset
 

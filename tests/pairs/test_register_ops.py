@@ -170,7 +170,6 @@ def test_registered_post_is_resampled_once_from_its_own_pixels(tmp_path):
     """Post scene on another grid (origin shifted by 0.5 px, so the VRT copy on the pre grid is
     interpolated): the B crop must equal one bilinear resampling of the post scene's own pixels
     at the composed positions, not a resampling of that resampled copy."""
-    rng = np.random.default_rng(4)
     with rasterio.open(NAIP) as src:
         data = src.read([1, 2, 3])[:, :400, :400]
         profile = src.profile

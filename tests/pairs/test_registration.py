@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import rasterio
 
-from operators.pairs.radiometry import band_percentiles
 from operators.pairs.registration import (RegistrationConfig, apply_homography, crop_corners,
                                           crop_offset, crop_positions_on_grid, detect_features,
                                           feature_grey, fit_homography, grey_from_bands,
