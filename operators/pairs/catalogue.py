@@ -142,13 +142,39 @@ def scene_id_for(uri: str) -> str:
     return f"{stem}-{hashlib.sha1(str(uri).encode()).hexdigest()[:6]}"
 
 
-def default_rgb_bands(count: int, rgb_bands: Sequence[int] | None) -> list[int]:
+_COLOUR_NAMES = {  # band description -> colour; B02-B04 is Sentinel-2 and Landsat 8/9 naming
+    "red": "red", "b04": "red", "b4": "red",
+    "green": "green", "b03": "green", "b3": "green",
+    "blue": "blue", "b02": "blue", "b2": "blue",
+}
+
+
+def _colour_of(interp: str | None, description: str | None) -> str | None:
+    if interp in ("red", "green", "blue", "alpha"):
+        return interp
+    words = re.findall(r"[a-z0-9]+", str(description or "").lower())
+    named = {_COLOUR_NAMES[w] for w in words if w in _COLOUR_NAMES}
+    return named.pop() if len(named) == 1 else None
+
+
+def default_rgb_bands(count: int, rgb_bands: Sequence[int] | None,
+                      colorinterp: Sequence[str] | None = None,
+                      descriptions: Sequence[str | None] | None = None) -> list[int]:
+    """``--rgb-bands`` if given; else red, green, blue found by the bands' colour interpretation or
+    descriptions; else the first three (or first) bands that are not alpha."""
     if rgb_bands:
         bad = [b for b in rgb_bands if b < 1 or b > count]
         if bad:
             raise ValueError(f"--rgb-bands {list(rgb_bands)} asks for band(s) {bad} of a {count}-band scene")
         return list(rgb_bands)
-    return [1, 2, 3] if count >= 3 else [1]
+    interp = list(colorinterp or [None] * count)
+    desc = list(descriptions or [None] * count)
+    colours = [_colour_of(interp[i], desc[i]) for i in range(count)]
+    found = {c: i + 1 for i, c in reversed(list(enumerate(colours))) if c}
+    if all(c in found for c in ("red", "green", "blue")):
+        return [found["red"], found["green"], found["blue"]]
+    plain = [i + 1 for i, c in enumerate(colours) if c != "alpha"] or [1]
+    return plain[:3] if len(plain) >= 3 else plain[:1]
 
 
 def read_scene_header(scene: SceneInput, rgb_bands: Sequence[int] | None = None,
@@ -174,12 +200,14 @@ def read_scene_header(scene: SceneInput, rgb_bands: Sequence[int] | None = None,
                     dtype=src.dtypes[0], count=src.count,
                     nodata=None if src.nodata is None else float(src.nodata),
                 )
+                colorinterp = [c.name for c in src.colorinterp]
+                descriptions = list(src.descriptions)
     except rasterio.errors.RasterioIOError as exc:
         raise ValueError(f"not a readable raster: {exc}") from None
     if not header["crs"]:
         raise ValueError("raster has no CRS (not georeferenced): cannot pair or slice it")
     acquired, source = acquisition_date(scene, tags)
-    bands = default_rgb_bands(header["count"], rgb_bands)
+    bands = default_rgb_bands(header["count"], rgb_bands, colorinterp, descriptions)
     try:
         # Reading pixels (decimated) here also catches truncated files whose header is intact.
         stretch = scene_stretch(scene.uri, bands, percentiles=stretch_percentiles)

@@ -7,10 +7,10 @@ from dataclasses import asdict
 import numpy as np
 
 from operators.io.tables import envelope, error_envelope
-from operators.pairs.registration import (RegistrationConfig, crop_offset, grey_from_bands,
-                                          register_slice_pair, warp_post_to_crop)
+from operators.pairs.registration import (RegistrationConfig, crop_offset, feature_grey,
+                                          register_slice_pair)
 from operators.pairs.slice_io import (STAGE, Clock, finish_crop, plain_row, read_post, read_pre,
-                                      single_thread, slice_record)
+                                      read_registered_post, single_thread, slice_record)
 
 
 def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
@@ -23,16 +23,16 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
         size = window[2]
         pre, pre_valid = read_pre(row, window)
         post, post_valid = read_post(row, window)
-        fit = register_slice_pair(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
-                                  grey_from_bands(post, row["stretch_post"], post_valid),
-                                  post_valid, cfg)
+        fit = register_slice_pair(feature_grey(pre, pre_valid, cfg), pre_valid,
+                                  feature_grey(post, post_valid, cfg), post_valid, cfg)
         if fit.homography is None:
             return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
                                                 fit.reject_reason))
         off = crop_offset(size, cfg.crop_size)
         sl = np.s_[off:off + cfg.crop_size, off:off + cfg.crop_size]
-        post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (0, 0),
-                                                       (off, off), cfg.crop_size, cfg.resampling)
+        # The post slice above was resampled onto the grid for SIFT; the crop is resampled once
+        # from the post scene's own pixels.
+        post_crop, post_crop_valid = read_registered_post(row, fit.homography, cfg)
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre[(slice(None),) + sl],
                            pre_valid[sl], post_crop, post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope

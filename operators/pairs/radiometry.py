@@ -1,14 +1,23 @@
-"""Radiometry: per-scene percentile stretch and the 16-bit (or any dtype) to 8-bit conversion.
+"""Radiometry: per-scene percentile stretch and the 16-bit (or any dtype) to 8-bit conversion, and
+the local normalisation of feature-detection input.
 
 The stretch is computed once per *scene* from a decimated read of the whole raster, never per slice,
 so every slice of a scene shares one mapping and neighbouring crops do not flicker in brightness.
 Default: the 2nd and 98th percentiles of each band's valid pixels map to 0 and 255, linearly, with
 values outside clipped (S2Looking does not state its conversion; this is the common choice).
+
+SIFT's input has another need: local texture must survive. A scene-wide stretch of a cloudy date
+maps the clouds to most of the range and leaves the land texture in a few grey levels, so features
+are computed on a *local* normalisation instead (:func:`local_unit`): per feature tile or slice,
+a robust percentile stretch over the pixels that are valid, not saturated and not otherwise masked
+(clouds, once a cloud mask is given), optionally followed by CLAHE. The 8-bit PNGs keep the
+per-scene stretch.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+import cv2
 import numpy as np
 import rasterio
 from rasterio.enums import Resampling
@@ -64,3 +73,49 @@ def to_uint8(data: np.ndarray, stretch: Sequence[Sequence[float]],
     if valid is not None:
         out[:, ~valid] = 0
     return np.moveaxis(out, 0, -1)
+
+
+def usable_pixels(data: np.ndarray, valid: np.ndarray | None,
+                  invalid: np.ndarray | None = None) -> np.ndarray:
+    """Pixels a local statistic may use: valid in every band, not saturated (integer data at its
+    type's maximum in any band), and not flagged by ``invalid`` (e.g. a cloud mask)."""
+    ok = np.ones(data.shape[1:], bool) if valid is None else np.asarray(valid, bool).copy()
+    if np.issubdtype(data.dtype, np.integer):
+        ok &= ~np.any(data >= np.iinfo(data.dtype).max, axis=0)
+    if invalid is not None:
+        ok &= ~np.asarray(invalid, bool)
+    return ok
+
+
+def local_unit(data: np.ndarray, valid: np.ndarray | None, method: str = "clahe",
+               percentiles: Sequence[float] = (1.0, 99.0), clahe_clip: float = 2.0,
+               clahe_tile_px: int = 128, invalid: np.ndarray | None = None,
+               min_pixels: int = 64) -> np.ndarray:
+    """(bands, H, W) any dtype -> (H, W) float32 grey in [0, 1] normalised on this window alone.
+
+    Each band is stretched by its own ``percentiles`` over :func:`usable_pixels` and the bands are
+    averaged; ``method="clahe"`` then equalises contrast locally (CLAHE on a 16-bit copy, tiles of
+    about ``clahe_tile_px``, clip limit ``clahe_clip``), which lifts land texture next to bright
+    clouds or in haze. Unusable pixels are filled with the median grey so they draw no edge
+    (keypoints there are also kept out by the detection mask).
+    """
+    if method not in ("percentile", "clahe"):
+        raise ValueError(f"normalisation must be 'percentile' or 'clahe', got {method!r}")
+    ok = usable_pixels(data, valid, invalid)
+    h, w = data.shape[1:]
+    if ok.sum() < min_pixels:
+        return np.zeros((h, w), np.float32)
+    grey = np.zeros((h, w), np.float32)
+    for band in data:
+        lo, hi = np.percentile(band[ok].astype(np.float32), list(percentiles))
+        grey += np.clip((band.astype(np.float32) - lo) / max(float(hi - lo), 1e-6), 0.0, 1.0)
+    grey /= len(data)
+    fill = float(np.median(grey[ok]))
+    grey[~ok] = fill
+    if method == "clahe":
+        grid = (max(1, int(round(w / clahe_tile_px))), max(1, int(round(h / clahe_tile_px))))
+        u16 = np.rint(grey * 65535.0).astype(np.uint16)
+        grey = cv2.createCLAHE(clipLimit=float(clahe_clip), tileGridSize=grid).apply(u16)
+        grey = grey.astype(np.float32) / 65535.0
+        grey[~ok] = float(np.median(grey[ok]))
+    return grey

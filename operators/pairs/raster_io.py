@@ -1,9 +1,11 @@
 """Windowed raster reads on a common grid (local paths and s3:// through GDAL's /vsis3/).
 
 The pairs job never moves whole scenes: operators carry a URI, a grid (CRS + affine transform of the
-*pre* scene) and a pixel window, and read just that window here. The pre scene is read natively; the
-post scene is resampled onto the pre scene's grid through a ``WarpedVRT``, so slices of both dates
-share pixel coordinates before registration refines them.
+*pre* scene) and a pixel window, and read just that window here. The pre scene is read natively; for
+feature detection the post scene is resampled onto the pre scene's grid through a ``WarpedVRT``, so
+slices of both dates share pixel coordinates before registration refines them. The registered
+post crop is *not* made from that resampled copy: :func:`read_at` reads the post scene's own pixels
+and resamples them once, at positions that compose the grid-to-scene mapping with the homography.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import numpy as np
 import rasterio
 from affine import Affine
 from rasterio.crs import CRS
-from rasterio.enums import Resampling
+from rasterio.enums import ColorInterp, Resampling
 from rasterio.vrt import WarpedVRT
+from rasterio.warp import transform as transform_points
 from rasterio.windows import Window
 
 from operators.io.storage import gdal_env, gdal_path
@@ -69,18 +72,101 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
             # Warp onto the target grid; a large-enough VRT covers the requested window.
             vrt_width = max(col + width, 1)
             vrt_height = max(row + height, 1)
+            # A scene with its own alpha band keeps it (WarpedVRT refuses to add a second one);
+            # without nodata or alpha, an added alpha band marks where the source has pixels.
+            add_alpha = src.nodata is None and not has_alpha(src)
             with WarpedVRT(src, crs=CRS.from_user_input(grid.crs), transform=grid.affine,
                            width=vrt_width, height=vrt_height, resampling=Resampling.bilinear,
                            src_nodata=src.nodata if src.nodata is not None else None,
-                           nodata=src.nodata if src.nodata is not None else 0,
-                           add_alpha=src.nodata is None) as vrt:
+                           nodata=src.nodata if src.nodata is not None else None,
+                           add_alpha=add_alpha) as vrt:
                 data = vrt.read(idx, window=win)
-                if src.nodata is None:
-                    alpha = vrt.read(vrt.count, window=win)
-                    valid = alpha > 0
+                if add_alpha:
+                    valid = vrt.read(vrt.count, window=win) > 0
                 else:
                     valid = vrt.dataset_mask(window=win) > 0
                 return data, valid
+
+
+def has_alpha(src) -> bool:
+    return ColorInterp.alpha in src.colorinterp
+
+
+def scene_positions(uri: str, grid: Grid, grid_x: np.ndarray, grid_y: np.ndarray,
+                    step: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel positions in the scene's own raster of points given in ``grid`` pixel coordinates.
+
+    Same CRS: exact (two affine maps). Other CRS: reprojected on every ``step``-th point of the
+    (H, W) position arrays and interpolated linearly in between (reprojection is smooth at that
+    scale: errors far below a hundredth of a pixel).
+    """
+    with rasterio.Env(**gdal_env()):
+        with rasterio.open(gdal_path(uri)) as src:
+            src_crs, inv = src.crs, ~src.transform
+    to_world = grid.affine
+    target = CRS.from_user_input(grid.crs)
+    if src_crs == target:
+        wx = to_world.a * (grid_x + 0.5) + to_world.b * (grid_y + 0.5) + to_world.c
+        wy = to_world.d * (grid_x + 0.5) + to_world.e * (grid_y + 0.5) + to_world.f
+        return _to_pixels(inv, wx, wy)
+    h, w = grid_x.shape
+    ys = np.unique(np.r_[np.arange(0, h, step), h - 1])
+    xs = np.unique(np.r_[np.arange(0, w, step), w - 1])
+    gx, gy = grid_x[np.ix_(ys, xs)], grid_y[np.ix_(ys, xs)]
+    wx = to_world.a * (gx + 0.5) + to_world.b * (gy + 0.5) + to_world.c
+    wy = to_world.d * (gx + 0.5) + to_world.e * (gy + 0.5) + to_world.f
+    tx, ty = transform_points(target, src_crs, wx.ravel().tolist(), wy.ravel().tolist())
+    px, py = _to_pixels(inv, np.reshape(tx, gx.shape), np.reshape(ty, gx.shape))
+    fine_y, fine_x = np.arange(h), np.arange(w)
+    return (_interp2(ys, xs, px, fine_y, fine_x), _interp2(ys, xs, py, fine_y, fine_x))
+
+
+def _to_pixels(inv: Affine, wx: np.ndarray, wy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """World -> pixel-centre coordinates (centres at integers) under an inverse affine."""
+    return (inv.a * wx + inv.b * wy + inv.c - 0.5, inv.d * wx + inv.e * wy + inv.f - 0.5)
+
+
+def _interp2(ys, xs, values, fine_y, fine_x) -> np.ndarray:
+    """Separable linear interpolation of a coarse lattice onto every pixel."""
+    rows = np.stack([np.interp(fine_x, xs, v) for v in values])
+    return np.stack([np.interp(fine_y, ys, c) for c in rows.T], axis=1)
+
+
+def read_at(uri: str, bands: Sequence[int], grid: Grid, grid_x: np.ndarray, grid_y: np.ndarray,
+            resample) -> tuple[np.ndarray, np.ndarray]:
+    """The scene sampled at (H, W) positions given in ``grid`` pixel coordinates, resampling its
+    own pixels once (``resample(data, valid, map_x, map_y)``, e.g. ``registration.remap_bands``)."""
+    px, py = scene_positions(uri, grid, grid_x, grid_y)
+    finite = np.isfinite(px) & np.isfinite(py)
+    if not finite.any():
+        return np.zeros((len(bands),) + grid_x.shape, np.uint8), np.zeros(grid_x.shape, bool)
+    margin = 2  # bilinear/bicubic support around the outermost positions
+    c0 = int(np.floor(px[finite].min())) - margin
+    r0 = int(np.floor(py[finite].min())) - margin
+    c1 = int(np.ceil(px[finite].max())) + margin + 1
+    r1 = int(np.ceil(py[finite].max())) + margin + 1
+    data, valid = read_window_anywhere(uri, (c0, r0, c1 - c0, r1 - r0), bands)
+    return resample(data, valid, (px - c0).astype(np.float32), (py - r0).astype(np.float32))
+
+
+def read_window_anywhere(uri: str, window: Sequence[int], bands: Sequence[int] | None = None,
+                         grid: Grid | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`read_window` that also takes windows starting left of / above the raster (or grid)
+    origin; the part outside comes back invalid."""
+    col, row, width, height = (int(v) for v in window)
+    c0, r0 = max(col, 0), max(row, 0)
+    w, h = width - (c0 - col), height - (r0 - row)
+    n = len(bands) if bands else 1
+    if w <= 0 or h <= 0:
+        return np.zeros((n, height, width), np.uint8), np.zeros((height, width), bool)
+    data, valid = read_window(uri, (c0, r0, w, h), bands, grid=grid)
+    if (c0, r0) == (col, row):
+        return data, valid
+    out = np.zeros((data.shape[0], height, width), data.dtype)
+    ok = np.zeros((height, width), bool)
+    out[:, r0 - row:, c0 - col:] = data
+    ok[r0 - row:, c0 - col:] = valid
+    return out, ok
 
 
 def _has_internal_mask(src) -> bool:

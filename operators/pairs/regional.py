@@ -27,8 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from operators.pairs.registration import (HomographyFit, RegistrationConfig, detect_features,
-                                    fit_homography, homography_problem, match_descriptors)
+from operators.pairs.registration import (HomographyFit, RegistrationConfig, checked_fit,
+                                          detect_features, match_descriptors)
 
 
 @dataclass
@@ -184,9 +184,4 @@ def slice_matches(matches: TileMatches, window: Sequence[int]) -> tuple[np.ndarr
 def fit_slice(matches: TileMatches, window: Sequence[int], cfg: RegistrationConfig) -> HomographyFit:
     """One RANSAC homography (post-slice -> pre-slice) from the regional matches in a slice."""
     post_xy, pre_xy = slice_matches(matches, window)
-    fit = fit_homography(post_xy, pre_xy, cfg)
-    if fit.homography is not None:
-        reason = homography_problem(fit.homography, int(window[2]), cfg.crop_size, cfg)
-        if reason:
-            return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
-    return fit
+    return checked_fit(post_xy, pre_xy, int(window[2]), cfg)

@@ -27,10 +27,9 @@ from operators.io.tables import envelope, error_envelope, persist_envelopes
 from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, match_tile,
                                       neighbour_tiles, tile_core, tile_features, tile_read_window,
                                       tiles_for_window)
-from operators.pairs.registration import (RegistrationConfig, crop_offset, grey_from_bands,
-                                          post_footprint, warp_post_to_crop)
+from operators.pairs.registration import RegistrationConfig, feature_grey
 from operators.pairs.slice_io import (STAGE, Clock, crop_window, finish_crop, plain_row, read_post,
-                                      read_pre, single_thread, slice_record)
+                                      read_pre, read_registered_post, single_thread, slice_record)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
@@ -88,8 +87,8 @@ def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id:
         window = tile_read_window(tc, tr, cfg)
         pre, pre_valid = read_pre(row, window)
         post, post_valid = read_post(row, window)
-        feats = tile_features(grey_from_bands(pre, row["stretch_pre"], pre_valid), pre_valid,
-                              grey_from_bands(post, row["stretch_post"], post_valid), post_valid,
+        feats = tile_features(feature_grey(pre, pre_valid, cfg), pre_valid,
+                              feature_grey(post, post_valid, cfg), post_valid,
                               window, tile_core(tc, tr, cfg.tile_size), cfg)
         store.write_bytes(rel, feats.to_bytes())
         out.update(n=len(feats.pre_xy) + len(feats.post_xy))
@@ -160,14 +159,8 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
         if fit.homography is None:
             return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
                                                 fit.reject_reason))
-        off = crop_offset(window[2], cfg.crop_size)
-        kept = crop_window(row, cfg)
-        pre_crop, pre_valid = read_pre(row, kept)
-        fx, fy, fw, fh = post_footprint(fit.homography, (off, off), cfg.crop_size,
-                                        cfg.crop_read_margin_px)
-        post, post_valid = read_post(row, (window[0] + fx, window[1] + fy, fw, fh))
-        post_crop, post_crop_valid = warp_post_to_crop(post, post_valid, fit.homography, (fx, fy),
-                                                       (off, off), cfg.crop_size, cfg.resampling)
+        pre_crop, pre_valid = read_pre(row, crop_window(row, cfg))
+        post_crop, post_crop_valid = read_registered_post(row, fit.homography, cfg)
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre_crop, pre_valid, post_crop,
                            post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope

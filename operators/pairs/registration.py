@@ -12,12 +12,21 @@ Conventions used throughout:
 * ``homography`` is a 3x3 matrix ``H`` mapping **post-slice** pixel coordinates to **pre-slice**
   pixel coordinates: ``[x_pre, y_pre, 1] ~ H @ [x_post, y_post, 1]``. The registered post crop is
   ``post`` resampled at ``H^-1(p)`` for every pre pixel ``p`` of the kept crop.
-* Grey for features: each band is mapped to [0, 1] by its scene's percentile stretch and the bands
-  are averaged as float32 ("SIFT on floating-point grey values"). OpenCV 5's SIFT refuses anything
-  but CV_8U input (``incorrect depth (!=CV_8U)``), so the float grey is quantised once,
-  ``rint(255 * grey)``, right before detection; SIFT converts it back to float internally. With a
-  per-scene 2-98 % stretch the quantisation step (1/255 of the scene's range) is far below the
-  contrast threshold, so nothing measurable is lost.
+* Grey for features is normalised on the window being processed (a feature tile or a slice), not
+  by the scene's stretch: ``radiometry.local_unit`` stretches each band by robust percentiles over
+  the valid, non-saturated, unmasked pixels of that window, averages the bands, and by default
+  applies CLAHE. A scene-wide stretch of a cloudy date leaves the land in a few grey levels after
+  the 8-bit quantisation SIFT needs (OpenCV 5's SIFT takes CV_8U only), which is what made every
+  slice of a cloudy Sentinel-2 pair fail. The 8-bit PNGs keep the per-scene stretch.
+* The fitted model follows the inliers' support: a full homography (the paper's model) when the
+  inliers span the slice in both directions; otherwise a similarity fitted to the same inliers.
+  A homography's 8 parameters are not determined by inliers crowded into a strip or a corner (a
+  cloud-free band, a nodata edge): RANSAC then returns a matrix that agrees with 164 inliers and
+  is mirrored or singular elsewhere in the slice. The plausibility checks are evaluated at the kept
+  crop, not at the slice origin.
+* Matching is deterministic: FLANN's randomised kd-trees draw from OpenCV's per-thread RNG; it
+  is reseeded right before every index build, so the same inputs give the same matches on any
+  number of CPUs and in any task order.
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ from typing import Optional, Sequence
 import cv2
 import numpy as np
 
-from operators.pairs.radiometry import stretch_to_unit
+from operators.pairs.radiometry import local_unit, stretch_to_unit
 
 METHODS = ("regional", "per-slice")
 
@@ -55,6 +64,14 @@ class RegistrationConfig:
     sift_sigma: float = _opt(1.6, "SIFT base Gaussian sigma")
     mask_erode_px: int = _opt(8, "erode the valid-data mask by this many px before detection so "
                                  "nodata edges yield no keypoints")
+    sift_normalisation: str = _opt("clahe", "feature input normalisation per tile/slice: percentile "
+                                            "(robust stretch over valid, non-saturated pixels) or "
+                                            "clahe (that stretch, then CLAHE)")
+    sift_stretch_low: float = _opt(1.0, "lower percentile of the per-tile/slice feature stretch")
+    sift_stretch_high: float = _opt(99.0, "upper percentile of the per-tile/slice feature stretch")
+    sift_clahe_clip: float = _opt(2.0, "CLAHE clip limit (sift_normalisation=clahe)")
+    sift_clahe_tile_px: int = _opt(128, "CLAHE tile side in px (sift_normalisation=clahe)")
+    flann_seed: int = _opt(0, "seed of FLANN's randomised kd-trees (deterministic matches)")
     # -- matching ----------------------------------------------------------------------------
     ratio: float = _opt(0.75, "Lowe ratio test threshold for FLANN 2-NN matches")
     flann_trees: int = _opt(4, "FLANN kd-tree count (brute force fails at >= 2^18 descriptors)")
@@ -64,6 +81,9 @@ class RegistrationConfig:
     ransac_confidence: float = _opt(0.999, "RANSAC confidence")
     # -- rejection of fits -------------------------------------------------------------------
     min_inliers: int = _opt(30, "reject a slice with fewer RANSAC inliers (good fits have hundreds)")
+    min_inlier_spread: float = _opt(0.08, "inliers whose spread (std along their thinnest direction) "
+                                          "is below this fraction of the slice side get a "
+                                          "similarity instead of a homography (underdetermined)")
     max_scale_change: float = _opt(1.15, "reject if the homography's scale leaves [1/x, x]")
     max_anisotropy: float = _opt(1.05, "reject if the ratio of its singular values exceeds this")
     max_perspective: float = _opt(0.02, "reject if |h20|+|h21| times the slice size exceeds this "
@@ -74,14 +94,18 @@ class RegistrationConfig:
                                            "lacks data in either date")
     resampling: str = _opt("linear", "interpolation for the post warp: nearest|linear|cubic")
     # -- screening (independent of the SIFT fit) ---------------------------------------------
-    max_residual_px: float = _opt(8.0, "reject if screening's largest local shift exceeds this "
-                                       "(paper: 8 px)")
-    screen_window_px: int = _opt(128, "side of the phase-correlation windows in the kept crop")
-    screen_grid: int = _opt(6, "windows per side of the screening grid")
-    screen_min_response: float = _opt(0.3, "phase-correlation peak needed to trust a window")
-    screen_min_texture: float = _opt(0.02, "grey standard deviation (unit range) both windows "
-                                           "need to be used")
-    screen_min_windows: int = _opt(4, "confident windows needed; fewer = screening inconclusive")
+    max_residual_px: float = _opt(8.0, "reject if screening finds a displacement above this "
+                                       "anywhere in the crop, corners included (paper: 8 px)")
+    screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8); they "
+                                    "tile the whole crop at half-window steps")
+    screen_search_px: int = _opt(128, "largest displacement a window searches for when the "
+                                      "nearby search finds no confident match")
+    screen_min_ncc: float = _opt(0.3, "normalised cross-correlation a window's match needs (real "
+                                      "pairs years apart: median ~0.4 on NAIP farmland)")
+    screen_min_texture: float = _opt(0.03, "grey standard deviation (unit range, after the "
+                                           "crop's percentile stretch) both windows need")
+    screen_min_assessed: float = _opt(0.3, "fraction of the textured windows that must be "
+                                           "measured confidently; below: insufficient evidence")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
     tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")
@@ -93,7 +117,6 @@ class RegistrationConfig:
                                         "Ray's per-task overhead")
     slices_per_task: int = _opt(4, "slices per task for the regional method's (cheap) slice fits; "
                                    "the per-slice recipe always uses 1")
-    crop_read_margin_px: int = _opt(8, "extra post pixels read around the warped crop footprint")
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -106,6 +129,13 @@ class RegistrationConfig:
             raise ValueError("match_tiles_per_task and slices_per_task must be >= 1")
         if not 0 <= self.search_margin_px <= self.tile_size:
             raise ValueError("search_margin_px must be within [0, tile_size]")
+        if self.sift_normalisation not in ("percentile", "clahe"):
+            raise ValueError("sift_normalisation must be 'percentile' or 'clahe'")
+
+    def screen_window(self) -> int:
+        """Screening window side: at most 1/8 of the crop side."""
+        auto = max(16, self.crop_size // 8)
+        return min(self.screen_window_px, auto) if self.screen_window_px > 0 else auto
 
     def features_key(self) -> str:
         """Short hash of every setting that changes tile features or matches.
@@ -139,6 +169,18 @@ def grey_from_bands(data: np.ndarray, stretch: Sequence[Sequence[float]],
     if valid is not None:
         grey[~valid] = 0.0
     return grey
+
+
+def feature_grey(data: np.ndarray, valid: Optional[np.ndarray], cfg: RegistrationConfig,
+                 invalid: Optional[np.ndarray] = None) -> np.ndarray:
+    """(bands, H, W) any dtype -> (H, W) float32 in [0, 1] for SIFT, normalised on this window.
+
+    ``invalid``: optional extra per-pixel mask (clouds, shadows) kept out of the statistics; pass
+    it to :func:`detect_features` too (``valid & ~invalid``) to keep keypoints out of it.
+    """
+    return local_unit(data, valid, cfg.sift_normalisation,
+                      (cfg.sift_stretch_low, cfg.sift_stretch_high), cfg.sift_clahe_clip,
+                      cfg.sift_clahe_tile_px, invalid)
 
 
 def detection_mask(valid: np.ndarray, erode_px: int) -> np.ndarray:
@@ -177,6 +219,12 @@ def detect_features(grey: np.ndarray, valid: Optional[np.ndarray],
     return xy, np.clip(np.rint(desc), 0, 255).astype(np.uint8)
 
 
+def seed_flann(seed: int) -> None:
+    """Seed OpenCV's per-thread RNG, which its bundled FLANN draws from for the kd-trees (split
+    dimensions and point order); without it matches depend on what ran before in the thread."""
+    cv2.setRNGSeed(int(seed))
+
+
 def match_descriptors(query: np.ndarray, train: np.ndarray,
                       cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FLANN kd-tree 2-NN with Lowe's ratio test -> (query_idx, train_idx, distance).
@@ -188,6 +236,7 @@ def match_descriptors(query: np.ndarray, train: np.ndarray,
         return empty
     flann = cv2.FlannBasedMatcher({"algorithm": 1, "trees": int(cfg.flann_trees)},
                                   {"checks": int(cfg.flann_checks)})
+    seed_flann(cfg.flann_seed)  # the kd-trees are built inside knnMatch
     pairs = flann.knnMatch(np.ascontiguousarray(query, np.float32),
                            np.ascontiguousarray(train, np.float32), k=2)
     qi, ti, dist = [], [], []
@@ -211,13 +260,20 @@ class HomographyFit:
     reject_reason: Optional[str] = None
 
 
-def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationConfig) -> HomographyFit:
-    """RANSAC homography from matched points (post -> pre), with the inlier-count rule applied."""
+def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationConfig,
+                   slice_side: Optional[float] = None) -> HomographyFit:
+    """RANSAC homography from matched points (post -> pre), with the inlier-count rule applied.
+
+    When the inliers do not span ``slice_side`` (default: the points' own extent) in both
+    directions, the homography is replaced by a similarity fitted to the same inliers.
+    """
+    post_xy = np.asarray(post_xy, np.float64).reshape(-1, 2)
+    pre_xy = np.asarray(pre_xy, np.float64).reshape(-1, 2)
     n = int(len(post_xy))
     if n < max(4, cfg.min_inliers):
         return HomographyFit(None, n, 0, f"too few matches ({n} < {max(4, cfg.min_inliers)})")
-    H, inliers = cv2.findHomography(np.asarray(post_xy, np.float64).reshape(-1, 1, 2),
-                                    np.asarray(pre_xy, np.float64).reshape(-1, 1, 2),
+    seed_flann(cfg.flann_seed)  # RANSAC/LMedS sampling: same inputs, same fit
+    H, inliers = cv2.findHomography(post_xy.reshape(-1, 1, 2), pre_xy.reshape(-1, 1, 2),
                                     cv2.RANSAC, float(cfg.ransac_threshold_px),
                                     maxIters=int(cfg.ransac_max_iters),
                                     confidence=float(cfg.ransac_confidence))
@@ -228,7 +284,33 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
         return HomographyFit(None, n, n_in, f"too few inliers ({n_in} < {cfg.min_inliers})")
     if not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
         return HomographyFit(None, n, n_in, "degenerate homography (not finite)")
+    keep = inliers.ravel().astype(bool)
+    span = max(float(np.ptp(post_xy[:, 0])), float(np.ptp(post_xy[:, 1])), 1.0)
+    if inlier_spread(post_xy[keep]) < cfg.min_inlier_spread * max(slice_side or span, 1.0):
+        S = similarity_fit(post_xy[keep], pre_xy[keep], cfg)
+        if S is None:
+            return HomographyFit(None, n, n_in, "inliers too concentrated for any fit")
+        return HomographyFit(S, n, n_in)
     return HomographyFit(H / H[2, 2], n, n_in)
+
+
+def inlier_spread(xy: np.ndarray) -> float:
+    """Standard deviation of points along their thinnest direction (0 for fewer than 3)."""
+    xy = np.asarray(xy, np.float64).reshape(-1, 2)
+    if len(xy) < 3:
+        return 0.0
+    return float(np.sqrt(max(np.linalg.eigvalsh(np.cov(xy.T))[0], 0.0)))
+
+
+def similarity_fit(post_xy: np.ndarray, pre_xy: np.ndarray,
+                   cfg: RegistrationConfig) -> Optional[np.ndarray]:
+    """Rotation + uniform scale + shift (post -> pre) by least squares on given inliers, as 3x3."""
+    M, _ = cv2.estimateAffinePartial2D(np.asarray(post_xy, np.float64).reshape(-1, 1, 2),
+                                       np.asarray(pre_xy, np.float64).reshape(-1, 1, 2),
+                                       method=cv2.LMEDS)
+    if M is None or not np.all(np.isfinite(M)):
+        return None
+    return np.vstack([M, [0.0, 0.0, 1.0]])
 
 
 def apply_homography(H: np.ndarray, xy: np.ndarray) -> np.ndarray:
@@ -251,10 +333,28 @@ def crop_corners(offset: int, crop_size: int) -> np.ndarray:
     return np.array([[lo, lo], [hi, lo], [hi, hi], [lo, hi]], np.float64)
 
 
+def homography_jacobian(H: np.ndarray, x: float, y: float) -> np.ndarray:
+    """2x2 derivative of the homography mapping at (x, y)."""
+    H = np.asarray(H, np.float64)
+    w = H[2, 0] * x + H[2, 1] * y + H[2, 2]
+    u = (H[0, 0] * x + H[0, 1] * y + H[0, 2]) / w
+    v = (H[1, 0] * x + H[1, 1] * y + H[1, 2]) / w
+    return (H[:2, :2] - np.outer([u, v], H[2, :2])) / w
+
+
 def homography_problem(H: np.ndarray, slice_size: int, crop_size: int,
                        cfg: RegistrationConfig) -> Optional[str]:
-    """Why ``H`` is not a plausible between-dates mapping of this slice, or None when it is."""
-    A = H[:2, :2]
+    """Why ``H`` is not a plausible between-dates mapping of this slice, or None when it is.
+
+    Scale, anisotropy and orientation are judged on the Jacobian at the kept crop's centre (where
+    the mapping is used), not on ``H[:2, :2]``, which is the Jacobian at the slice origin only.
+    """
+    H = np.asarray(H, np.float64)
+    if not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
+        return "degenerate homography (not finite)"
+    H = H / H[2, 2]
+    centre = (slice_size - 1) / 2.0
+    A = homography_jacobian(H, centre, centre)
     try:
         s = np.linalg.svd(A, compute_uv=False)
     except np.linalg.LinAlgError:
@@ -282,46 +382,33 @@ def translation(dx: float, dy: float) -> np.ndarray:
     return np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
 
 
-def warp_post_to_crop(post: np.ndarray, post_valid: np.ndarray, H: np.ndarray,
-                      post_origin: Sequence[float], crop_origin: Sequence[float], crop_size: int,
-                      resampling: str = "linear") -> tuple[np.ndarray, np.ndarray]:
-    """Resample post (bands, h, w) onto the crop of the pre slice.
+def crop_positions_on_grid(H: np.ndarray, window: Sequence[int], offset: int,
+                           crop_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(H, W) common-grid positions of the post pixels each kept-crop pixel takes its value from:
+    crop pixel -> pre slice (+ ``offset``) -> post slice (``H^-1``) -> grid (+ slice origin)."""
+    v, u = np.mgrid[0:crop_size, 0:crop_size].astype(np.float64)
+    src = apply_homography(np.linalg.inv(np.asarray(H, np.float64)),
+                           np.stack([u.ravel() + offset, v.ravel() + offset], axis=1))
+    gx = src[:, 0].reshape(crop_size, crop_size) + window[0]
+    gy = src[:, 1].reshape(crop_size, crop_size) + window[1]
+    return gx, gy
 
-    ``H`` maps post-slice to pre-slice coordinates; ``post_origin`` / ``crop_origin`` are the
-    slice coordinates of ``post[:, 0, 0]`` and of the crop's first pixel, so the same function
-    serves a whole post slice (origin 0, 0) and a small post window around the crop footprint.
-    Returns (bands, crop, crop) in post's dtype and a validity mask (False where any source
-    pixel of the interpolation was nodata or outside the window).
+
+def remap_bands(data: np.ndarray, valid: np.ndarray, map_x: np.ndarray, map_y: np.ndarray,
+                resampling: str = "linear") -> tuple[np.ndarray, np.ndarray]:
+    """Sample (bands, h, w) at float positions (map_x, map_y) (pixel centres at integers).
+
+    Returns (bands, H, W) in the input dtype and a validity mask (False where any interpolation
+    source was invalid or outside the array).
     """
-    # output crop pixel -> pre slice -> post slice -> post array
-    M = translation(-crop_origin[0], -crop_origin[1]) @ H @ translation(*post_origin)
     flags = _INTERP[resampling]
-    size = (int(crop_size), int(crop_size))
-    bands = []
-    for band in post:  # per band: warpPerspective handles any dtype one channel at a time
-        bands.append(cv2.warpPerspective(np.ascontiguousarray(band), M, size, flags=flags,
-                                         borderMode=cv2.BORDER_CONSTANT, borderValue=0))
-    warped = np.stack(bands)
-    # A pixel is valid only if every interpolation source was valid: warp the mask linearly
-    # and keep full-weight pixels.
-    vm = cv2.warpPerspective(post_valid.astype(np.uint8) * 255, M, size, flags=cv2.INTER_LINEAR,
-                             borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    return warped, vm >= 255
-
-
-def post_footprint(H: np.ndarray, crop_origin: Sequence[float], crop_size: int,
-                   margin: int) -> tuple[int, int, int, int]:
-    """Integer window (x0, y0, w, h) of post-slice pixels the crop's warp needs, plus a margin."""
-    lo_x, lo_y = crop_origin
-    corners = np.array([[lo_x, lo_y], [lo_x + crop_size - 1, lo_y],
-                        [lo_x + crop_size - 1, lo_y + crop_size - 1],
-                        [lo_x, lo_y + crop_size - 1]], np.float64)
-    src = apply_homography(np.linalg.inv(H), corners)
-    x0 = int(np.floor(src[:, 0].min())) - margin
-    y0 = int(np.floor(src[:, 1].min())) - margin
-    x1 = int(np.ceil(src[:, 0].max())) + margin + 1
-    y1 = int(np.ceil(src[:, 1].max())) + margin + 1
-    return x0, y0, x1 - x0, y1 - y0
+    out = np.stack([cv2.remap(np.ascontiguousarray(b), map_x, map_y, flags,
+                              borderMode=cv2.BORDER_CONSTANT, borderValue=0) for b in data])
+    # Valid only where every interpolation source was valid: remap the mask linearly, keep full
+    # weight (cubic support is wider; its extra ring is covered by the nodata rule's margin).
+    vm = cv2.remap(np.asarray(valid, np.uint8) * 255, map_x, map_y, cv2.INTER_LINEAR,
+                   borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return out, vm >= 255
 
 
 # ---- the per-slice recipe ----------------------------------------------------------------------
@@ -335,12 +422,28 @@ def register_slice_pair(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: 
     pre_xy, pre_desc = detect_features(pre_grey, pre_valid, cfg)
     post_xy, post_desc = detect_features(post_grey, post_valid, cfg)
     qi, ti, _ = match_descriptors(post_desc, pre_desc, cfg)
-    fit = fit_homography(post_xy[qi], pre_xy[ti], cfg)
-    if fit.homography is not None:
-        reason = homography_problem(fit.homography, pre_grey.shape[0], cfg.crop_size, cfg)
-        if reason:
-            return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
-    return fit
+    return checked_fit(post_xy[qi], pre_xy[ti], pre_grey.shape[0], cfg)
+
+
+def checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
+                cfg: RegistrationConfig) -> HomographyFit:
+    """:func:`fit_homography` plus the plausibility checks. A homography that fails them (few or
+    noisy inliers make its perspective terms wild) is replaced by a similarity fitted to the same
+    inliers when that passes; screening then judges the result on the pixels."""
+    fit = fit_homography(post_xy, pre_xy, cfg, slice_side=slice_size)
+    if fit.homography is None:
+        return fit
+    reason = homography_problem(fit.homography, slice_size, cfg.crop_size, cfg)
+    if reason is None:
+        return fit
+    H = fit.homography
+    inl = np.hypot(*(apply_homography(H, post_xy) - np.asarray(pre_xy, np.float64)).T) \
+        <= cfg.ransac_threshold_px
+    S = similarity_fit(np.asarray(post_xy)[inl], np.asarray(pre_xy)[inl], cfg) \
+        if inl.sum() >= cfg.min_inliers else None
+    if S is not None and homography_problem(S, slice_size, cfg.crop_size, cfg) is None:
+        return HomographyFit(S, fit.n_matches, fit.n_inliers)
+    return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
 
 
 def nodata_fraction(*valids: np.ndarray) -> float:

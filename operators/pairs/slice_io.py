@@ -4,6 +4,7 @@ PNGs, and the slice's metadata row. Shared by both registration methods (``per_s
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 import cv2
@@ -15,9 +16,10 @@ from operators.io.images import write_png
 from operators.io.storage import Store
 from operators.io.tables import envelope
 from operators.pairs.radiometry import to_uint8
-from operators.pairs.raster_io import Grid, read_window
+from operators.pairs.raster_io import Grid, read_at, read_window_anywhere
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
-                                          grey_from_bands, nodata_fraction)
+                                          crop_positions_on_grid, feature_grey, nodata_fraction,
+                                          remap_bands)
 from operators.pairs.screening import screen_alignment
 
 STAGE = "registration"
@@ -38,9 +40,10 @@ METADATA_SCHEMA = pa.schema([
     ("homography", pa.list_(pa.float64())),   # 9 floats row-major, post-slice px -> pre-slice px
     ("n_matches", pa.int64()),
     ("n_inliers", pa.int64()),
-    ("residual_px", pa.float64()),            # screening: largest local shift in the kept crop
+    ("residual_px", pa.float64()),            # screening: largest displacement anywhere in the crop
     ("residual_median_px", pa.float64()),
-    ("screen_windows", pa.int64()),           # confident phase-correlation windows behind it
+    ("screen_windows", pa.int64()),           # screening windows measured confidently
+    ("screen_assessed_fraction", pa.float64()),  # of the textured windows, the share measured
     ("status", pa.string()),                  # accepted | rejected
     ("reject_reason", pa.string()),           # null when accepted
     ("image_a", pa.string()),                 # A/<slice_id>.png when accepted
@@ -54,35 +57,30 @@ METADATA_SCHEMA = pa.schema([
 
 # ---- reading ----------------------------------------------------------------------------------
 
-def _read(uri: str, window: Sequence[int], bands: Sequence[int], grid: Optional[Grid]):
-    """read_window that also tolerates windows starting left of / above the grid origin.
-
-    Tiles and crop footprints near a scene edge reach outside it; the part outside comes back
-    invalid.
-    """
-    col, row, width, height = (int(v) for v in window)
-    c0, r0 = max(col, 0), max(row, 0)
-    w, h = width - (c0 - col), height - (r0 - row)
-    if w <= 0 or h <= 0:
-        return (np.zeros((len(bands), height, width), np.uint8), np.zeros((height, width), bool))
-    data, valid = read_window(uri, (c0, r0, w, h), bands, grid=grid)
-    if (c0, r0) == (col, row):
-        return data, valid
-    out = np.zeros((data.shape[0], height, width), data.dtype)
-    ok = np.zeros((height, width), bool)
-    out[:, r0 - row:, c0 - col:] = data
-    ok[r0 - row:, c0 - col:] = valid
-    return out, ok
-
-
 def read_pre(row: dict, window: Sequence[int]):
-    return _read(row["pre_uri"], window, row["bands_pre"], None)
+    return read_window_anywhere(row["pre_uri"], window, row["bands_pre"], None)
+
+
+def common_grid(row: dict) -> Grid:
+    return Grid(str(row["crs"]), tuple(float(v) for v in row["transform"]))
 
 
 def read_post(row: dict, window: Sequence[int]):
-    """Post scene resampled onto the common (pre) grid."""
-    return _read(row["post_uri"], window, row["bands_post"],
-                 Grid(str(row["crs"]), tuple(float(v) for v in row["transform"])))
+    """Post scene resampled onto the common (pre) grid: for feature detection only."""
+    return read_window_anywhere(row["post_uri"], window, row["bands_post"], common_grid(row))
+
+
+def read_registered_post(row: dict, H: np.ndarray, cfg: RegistrationConfig):
+    """The registered post crop, made from the post scene's own pixels by one resampling.
+
+    Crop pixel -> pre slice (+ crop offset) -> post slice (``H^-1``) -> common grid (+ slice
+    offset) -> post scene pixel (its own CRS and transform), composed per pixel and sampled once.
+    """
+    window = [int(v) for v in row["window"]]
+    off = crop_offset(window[2], cfg.crop_size)
+    gx, gy = crop_positions_on_grid(H, window, off, cfg.crop_size)
+    return read_at(row["post_uri"], row["bands_post"], common_grid(row), gx, gy,
+                   lambda data, valid, mx, my: remap_bands(data, valid, mx, my, cfg.resampling))
 
 
 # ---- records ----------------------------------------------------------------------------------
@@ -134,6 +132,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "residual_px": None if screen is None else screen.residual_px,
         "residual_median_px": None if screen is None else screen.residual_median_px,
         "screen_windows": None if screen is None else screen.n_confident,
+        "screen_assessed_fraction": None if screen is None else screen.assessed_fraction,
         "status": status, "reject_reason": reason,
         "image_a": images[0], "image_b": images[1],
         "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
@@ -150,16 +149,24 @@ def _rgb(image: np.ndarray) -> np.ndarray:
 
 def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, clock: Clock,
                 fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
-                post_crop: np.ndarray, post_valid: np.ndarray) -> dict:
-    """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair."""
+                post_crop: np.ndarray, post_valid: np.ndarray,
+                invalid: Optional[np.ndarray] = None) -> dict:
+    """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair.
+
+    ``invalid``: optional per-pixel mask of the crop (clouds, shadows) kept out of screening.
+    """
     frac = nodata_fraction(pre_valid, post_valid)
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
     both = pre_valid & post_valid
-    pre_grey = grey_from_bands(pre_crop, row["stretch_pre"], both)
-    post_grey = grey_from_bands(post_crop, row["stretch_post"], both)
-    screen = screen_alignment(pre_grey, post_grey, both, cfg)
+    if invalid is not None:
+        both &= ~invalid
+    # Screening's grey: each crop stretched on its own usable pixels (gain/offset do not matter
+    # to the correlation; a cloud-dominated scene stretch would flatten the land's texture).
+    unit = replace(cfg, sift_normalisation="percentile")
+    screen = screen_alignment(feature_grey(pre_crop, both, unit),
+                              feature_grey(post_crop, both, unit), both, cfg)
     if screen.reject_reason:
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
                                             screen.reject_reason, screen))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import shutil
 
+import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -75,7 +76,10 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
     assert {m["pair_id"] for m in meta} == {p["pair_id"] for p in accepted}
     assert len({m["slice_id"] for m in meta}) == len(meta)
     ok = [m for m in meta if m["status"] == "accepted"]
-    assert len(ok) >= 3, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
+    # Output is deterministic (seeded FLANN/RANSAC), so this is the count measured with OpenCV
+    # 5.0.0, not a loose floor: fewer accepted slices is a regression in registration/screening
+    # (most rejections here are the regional pooled ratio test at this small geometry).
+    assert len(ok) >= 5, [m["reject_reason"] for m in meta if m["status"] != "accepted"]
     contract = {"slice_id", "pair_id", "pre_scene", "post_scene", "pre_date", "post_date", "crs",
                 "bounds", "homography", "n_matches", "n_inliers", "residual_px", "split", "status",
                 "reject_reason"}
@@ -83,12 +87,24 @@ def test_every_scene_pair_and_slice_ends_somewhere(local_run):
     for m in meta:
         assert m["status"] in ("accepted", "rejected")
         assert (m["reject_reason"] is None) == (m["status"] == "accepted")
-        assert len(m["homography"] or [0] * 9) == 9 and m["crs"] == "EPSG:26914"
+        assert m["crs"] == "EPSG:26914"
+        # A fit exists exactly when the slice got past fitting: accepted, screened-out and
+        # nodata-rejected slices carry 9 finite floats; slices rejected by the fit carry none.
+        before_fit = m["status"] == "rejected" and m["reject_reason"].startswith(
+            ("too few", "degenerate", "RANSAC", "inliers too concentrated"))
+        if before_fit:
+            assert m["homography"] is None
+        else:
+            assert len(m["homography"]) == 9 and np.all(np.isfinite(m["homography"]))
     for m in ok:
-        assert m["residual_px"] <= 8.0
         a = decode_image(store.read_bytes(f"A/{m['slice_id']}.png"))
         b = decode_image(store.read_bytes(f"B/{m['slice_id']}.png"))
         assert a.shape == b.shape == (CROP, CROP, 3) and a.dtype == np.uint8
+        # Independent of the job's screening: the written crops agree everywhere to within the
+        # reported residual (global phase correlation of the PNGs cannot exceed the local maximum).
+        (dx, dy), _ = cv2.phaseCorrelate(a.mean(axis=2).astype(np.float32),
+                                         b.mean(axis=2).astype(np.float32))
+        assert np.hypot(dx, dy) <= m["residual_px"] + 0.5 and np.hypot(dx, dy) < 2.0
     for m in meta:
         if m["status"] == "rejected":
             assert not store.exists(f"A/{m['slice_id']}.png")

@@ -260,12 +260,19 @@ def test_real_uint16_band_stretch_is_per_scene():
         full = src.read(1)
     assert np.percentile(full, 2) == pytest.approx(lo, rel=0.05)
     assert np.percentile(full, 98) == pytest.approx(hi, rel=0.05)
-    a = to_uint8(full[None, :100, :100], [[lo, hi]])
-    b = to_uint8(full[None, 300:400, 300:400], [[lo, hi]])
-    # Same value, same byte, wherever the slice is.
-    v = full[0, 0]
-    assert a[0, 0, 0] == to_uint8(np.array([[[v]]], np.uint16), [[lo, hi]])[0, 0, 0]
+    wa, wb = full[:100, :100], full[300:400, 300:400]
+    a = to_uint8(wa[None], [[lo, hi]])[:, :, 0]
+    b = to_uint8(wb[None], [[lo, hi]])[:, :, 0]
     assert a.dtype == b.dtype == np.uint8
+    # The scene's linear mapping, computed independently, in both windows.
+    for window, out in ((wa, a), (wb, b)):
+        expect = np.clip(np.rint(255 * (window.astype(float) - lo) / (hi - lo)), 0, 255)
+        assert np.abs(out.astype(int) - expect).max() <= 1
+    # Same value, same byte, wherever the slice is: a DN present in both windows.
+    shared = np.intersect1d(wa, wb)
+    assert shared.size
+    v = shared[len(shared) // 2]
+    assert set(a[wa == v].tolist()) == set(b[wb == v].tolist()) and len(set(a[wa == v].tolist())) == 1
 
 
 # -- labels ---------------------------------------------------------------------------------
