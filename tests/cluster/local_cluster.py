@@ -1,0 +1,195 @@
+"""A real multi-node Ray cluster on 127.0.0.1 for tests: a head and extra worker nodes started with
+the ``ray`` CLI (token authentication on, as Ray 2.59+ does for local clusters), jobs submitted with
+``ray job submit --working-dir``, and nodes killed on purpose.
+
+Test equipment. Everything it starts lives under its own temporary directory and ports, and it
+stops only what it started (``ray stop`` would kill every Ray on the machine, including other test
+sessions').
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    status: str
+    logs: str
+    seconds: float
+
+
+@dataclass
+class LocalRayCluster:
+    head_cpus: int = 1
+    temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="cf-ray-"))
+    gcs_port: int = field(default_factory=_free_port)
+    dashboard_port: int = field(default_factory=_free_port)
+    env: dict = field(default_factory=dict)
+    nodes: dict = field(default_factory=dict)   # name -> resources marker
+
+    def __post_init__(self):
+        base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        self._ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
+                  "--num-cpus", str(self.head_cpus), "--dashboard-host", "127.0.0.1",
+                  "--dashboard-port", str(self.dashboard_port),
+                  "--ray-client-server-port", str(_free_port()),
+                  "--dashboard-agent-listen-port", str(_free_port()),
+                  "--min-worker-port", "0", "--max-worker-port", "0",
+                  "--temp-dir", self.temp_dir, "--disable-usage-stats")
+
+    # -- nodes ------------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def add_node(self, name: str, cpus: int = 1) -> None:
+        """A worker node on this machine, tagged with a custom resource ``node_<name>``."""
+        # Its own temp dir: nodes sharing one would share (and garbage-collect) each other's
+        # runtime_env packages, which no two real machines do.
+        node_dir = os.path.join(self.temp_dir, f"node-{name}")
+        os.makedirs(node_dir, exist_ok=True)
+        self._ray("start", "--address", self.address, "--node-ip-address", "127.0.0.1",
+                  "--temp-dir", node_dir, "--dashboard-agent-listen-port", str(_free_port()),
+                  "--num-cpus", str(cpus), "--resources", json.dumps({f"node_{name}": 1}),
+                  "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats")
+        self.nodes[name] = cpus
+        self.wait_for_nodes(1 + len(self.nodes))
+
+    def alive_nodes(self) -> int:
+        out = self._ray("list", "nodes", "--address", self.dashboard, "--format", "json",
+                        "--filter", "state=ALIVE", check=False)
+        try:
+            return len(json.loads(out))
+        except ValueError:
+            return 0
+
+    def wait_for_nodes(self, n: int, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while self.alive_nodes() < n:
+            if time.time() > deadline:
+                raise RuntimeError(f"cluster did not reach {n} alive nodes")
+            time.sleep(1)
+
+    def kill_node(self, name: str) -> int:
+        """SIGKILL a worker node's raylet and every process under it (its workers): a lost node.
+        Returns the number of processes killed."""
+        raylet = self._raylet_of(name)
+        victims = [raylet] + raylet.children(recursive=True)
+        for p in victims:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        self.nodes.pop(name, None)
+        return len(victims)
+
+    def _raylet_of(self, name: str) -> psutil.Process:
+        """The raylet whose static resources carry ``node_<name>``."""
+        for p in self._own_processes():
+            cmd = p.info["cmdline"] or []
+            if cmd and cmd[0].endswith("raylet") and any(
+                    a.startswith("--static_resource_list=") and f"node_{name}," in a for a in cmd):
+                return p
+        raise LookupError(f"no raylet for node {name}")
+
+    # -- jobs ---------------------------------------------------------------------------------------
+    def submit(self, entrypoint: list[str], working_dir: str, env_vars: dict | None = None,
+               wait: bool = True, timeout: float = 600) -> str:
+        runtime_env = {"env_vars": env_vars or {}}
+        deadline = time.time() + 120
+        while True:
+            try:
+                out = self._ray("job", "submit", "--address", self.dashboard,
+                                "--working-dir", working_dir,
+                                "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--",
+                                *entrypoint, timeout=timeout, both=True)
+                break
+            except RuntimeError as exc:
+                # The head's job agent comes up some seconds after `ray start` returns.
+                if "No available agent" not in str(exc) or time.time() > deadline:
+                    raise
+                time.sleep(3)
+        job_id = next(line.split("'")[1] for line in out.splitlines()
+                      if "submitted successfully" in line)
+        if wait:
+            self.wait(job_id, timeout)
+        return job_id
+
+    def status(self, job_id: str) -> str:
+        out = self._ray("job", "status", "--address", self.dashboard, job_id, both=True)
+        # The CLI says "Job '<id>' succeeded" / "failed" / "was stopped" / "is currently running".
+        text = out.lower()
+        for word in ("succeeded", "failed", "stopped", "running", "pending"):
+            if f"{word}" in text.split(job_id.lower(), 1)[-1]:
+                return word.upper()
+        return "UNKNOWN"
+
+    def wait(self, job_id: str, timeout: float = 600) -> JobResult:
+        t0 = time.time()
+        while True:
+            status = self.status(job_id)
+            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                return JobResult(job_id, status, self.logs(job_id), time.time() - t0)
+            if time.time() - t0 > timeout:
+                raise TimeoutError(f"job {job_id} still {status} after {timeout}s")
+            time.sleep(1)
+
+    def logs(self, job_id: str) -> str:
+        return self._ray("job", "logs", "--address", self.dashboard, job_id, check=False)
+
+    def stop_job(self, job_id: str) -> None:
+        self._ray("job", "stop", "--address", self.dashboard, job_id, check=False)
+
+    # -- teardown ---------------------------------------------------------------------------------
+    def _own_processes(self) -> list[psutil.Process]:
+        marks = (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
+        own = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(m in cmd for m in marks):
+                own.append(p)
+        return own
+
+    def shutdown(self) -> None:
+        procs = self._own_processes()
+        for p in procs:
+            for q in [p] + p.children(recursive=True):
+                try:
+                    q.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+        psutil.wait_procs(procs, timeout=10)
+
+    def _ray(self, *args: str, check: bool = True, timeout: float = 180, both: bool = False) -> str:
+        """Run the ``ray`` CLI; its stdout (and stderr, where it logs statuses, with ``both``)."""
+        proc = subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"ray {' '.join(args[:3])} failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return proc.stdout + proc.stderr if both else proc.stdout
