@@ -36,9 +36,12 @@ def s3_client():
 
     key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
     if key not in _S3_CLIENTS:
-        _S3_CLIENTS[key] = boto3.client(
-            "s3", config=Config(retries={"max_attempts": 8, "mode": "adaptive"},
-                                max_pool_connections=32))
+        # Throttling (503 SlowDown), 5xx and dropped connections are retried inside each call,
+        # adaptive mode also slowing this client down; AWS_MAX_ATTEMPTS / AWS_RETRY_MODE override.
+        retries = {"total_max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "10")),
+                   "mode": os.environ.get("AWS_RETRY_MODE", "adaptive")}
+        _S3_CLIENTS[key] = boto3.client("s3", config=Config(retries=retries,
+                                                            max_pool_connections=32))
     return _S3_CLIENTS[key]
 
 
@@ -240,6 +243,10 @@ def gdal_env() -> dict[str, str]:
         # Listing a "directory" before every open costs a request per scene on S3.
         "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
         "CPL_VSIL_CURL_ALLOWED_EXTENSIONS": "",
+        # GDAL reads windows of scenes over HTTP: retry throttling and server errors as boto3 does.
+        "GDAL_HTTP_MAX_RETRY": os.environ.get("GDAL_HTTP_MAX_RETRY", "10"),
+        "GDAL_HTTP_RETRY_DELAY": os.environ.get("GDAL_HTTP_RETRY_DELAY", "0.5"),
+        "GDAL_HTTP_RETRY_CODES": os.environ.get("GDAL_HTTP_RETRY_CODES", "429,500,502,503,504"),
     }
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
