@@ -85,7 +85,74 @@ def run_change(cfg: ChangeScoreConfig) -> dict:
     return doc
 
 
-COMMANDS = {"change": (ChangeScoreConfig, run_change, "change-detection masks: precision, recall, F1, IoU, OA, kappa, mF1, mIoU")}
+@dataclass
+class CaptionScoreConfig:
+    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
+    refs: str = field(default="", metadata={"required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
+    output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
+    split: str = field(default="test", metadata={"help": "split of the references to score; all = every split"})
+    masks: str = field(default="", metadata={"help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
+
+
+def _write_tables(out: Store, tables: dict, run_id: str) -> dict[str, int]:
+    """Small tables written from the driver with pyarrow, one shard each; older runs' shards removed."""
+    from operators.io.tables import write_table_shard
+
+    counts = {}
+    for name, (records, schema) in tables.items():
+        write_table_shard(out, name, records, schema, run_id)
+        prune_shards(out, name, run_id)
+        counts[name] = len(records)
+    return counts
+
+
+def _error_rows(problems: list[dict], stage: str, job: str, run_id: str) -> list[dict]:
+    from operators.io.tables import error_record
+
+    return [error_record(p["item"], stage, p["message"], error_type=p["error_type"], job=job, run_id=run_id)
+            for p in problems]
+
+
+def run_captions(cfg: CaptionScoreConfig) -> dict:
+    """Score change captions; returns the metrics document (also written to ``metrics.json``)."""
+    from operators.io.tables import ERRORS_SCHEMA
+    from operators.scoring.caption_metrics import require_java
+    from operators.scoring.caption_scoring import (PER_IMAGE_SCHEMA, caption_metrics_document,
+                                                   change_flags_from_masks, score_caption_set)
+    from operators.scoring.caption_sets import (load_json, match_captions, read_caption_predictions,
+                                                read_references)
+    from operators.scoring.change_ops import dumps
+
+    require_java()  # before any work: a missing Java is the commonest failure
+    out, run_id = Store(cfg.output), new_run_id()
+    images, problems = read_references(load_json(cfg.refs), cfg.split)
+    preds, pred_problems = read_caption_predictions(load_json(cfg.pred))
+    matched = match_captions(images, preds, cfg.split)
+    problems += pred_problems + matched.problems
+    if cfg.masks:
+        flags, mask_problems = change_flags_from_masks(matched.images, cfg.masks)
+        problems += mask_problems
+        source = "masks"
+    elif any(img.changeflag is not None for img in matched.images):
+        flags, source = {img.key: img.changeflag for img in matched.images}, "changeflag"
+    else:
+        flags, source = {}, None
+        log.warning("no --masks and no changeflag in the references: change/no_change subsets are empty")
+    log.info("%d images to score in split %s, %d problems", len(matched.images), cfg.split, len(problems))
+    if not matched.images:
+        raise SystemExit("jobs.score captions: no prediction matches a reference image (see the names)")
+    scores, rows = score_caption_set(matched.images, matched.predictions, flags)
+    errors = _error_rows(problems, "score_captions", "score_captions", run_id)
+    _write_tables(out, {"per_image": (rows, PER_IMAGE_SCHEMA), "errors": (errors, ERRORS_SCHEMA)}, run_id)
+    doc = caption_metrics_document(scores, len(errors), cfg.split, source)
+    out.write_bytes("metrics.json", dumps(doc))
+    return doc
+
+
+COMMANDS = {
+    "change": (ChangeScoreConfig, run_change, "change-detection masks: precision, recall, F1, IoU, OA, kappa, mF1, mIoU"),
+    "captions": (CaptionScoreConfig, run_captions, "change captions: BLEU-1..4, METEOR, ROUGE-L, CIDEr-D (pycocoevalcap)"),
+}
 
 
 def parse_args(argv: list[str] | None = None):
