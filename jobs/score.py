@@ -95,13 +95,17 @@ class CaptionScoreConfig:
 
 
 def _write_tables(out: Store, tables: dict, run_id: str) -> dict[str, int]:
-    """Small tables written from the driver with pyarrow, one shard each; older runs' shards removed."""
+    """Small tables written from the driver with pyarrow, one shard each, replacing every earlier shard
+    (the new one is written first, so a crash never leaves a table empty)."""
     from operators.io.tables import write_table_shard
 
     counts = {}
     for name, (records, schema) in tables.items():
-        write_table_shard(out, name, records, schema, run_id)
-        prune_shards(out, name, run_id)
+        old = out.list(name, suffixes=(".parquet",))
+        new = write_table_shard(out, name, records, schema, run_id)
+        for rel in old:
+            if rel != new:
+                out.delete(rel)
         counts[name] = len(records)
     return counts
 
@@ -149,9 +153,119 @@ def run_captions(cfg: CaptionScoreConfig) -> dict:
     return doc
 
 
+@dataclass
+class QAScoreConfig:
+    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
+    refs: str = field(default="", metadata={"required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
+    output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_question/, errors/, judge tables and cache)"})
+    split: str = field(default="test", metadata={"help": "split of the references to score; all = every split"})
+    yes_no_types: str = field(default="YES/NO", metadata={"help": "comma-separated question types scored by yes/no accuracy; every other type is open (caption metrics)"})
+    judge_model: str = field(default="", metadata={"help": "model name for an LLM judge score per answer (default: no judge); endpoint from OPENAI_BASE_URL or --base-url, key from OPENAI_API_KEY"})
+    base_url: str = field(default="", metadata={"help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
+    judge_template: str = field(default="score_qa_judge.v1", metadata={"help": "judge prompt template (file stem under prompts/)"})
+    rpm: float = field(default=500.0, metadata={"help": "judge requests per minute for the whole pool (0 = unlimited)"})
+    tpm: float = field(default=2_000_000.0, metadata={"help": "judge tokens per minute for the whole pool (0 = unlimited)"})
+    max_in_flight: int = field(default=64, metadata={"help": "judge requests outstanding at once"})
+    temperature: float = field(default=0.0, metadata={"help": "judge sampling temperature (negative: the endpoint's default)"})
+    max_tokens: int = field(default=300, metadata={"help": "completion token cap per judge request"})
+    price_per_mtok_in: float | None = field(default=None, metadata={"help": "USD per million prompt tokens (optional)"})
+    price_per_mtok_out: float | None = field(default=None, metadata={"help": "USD per million completion tokens (optional)"})
+    no_cache: bool = field(default=False, metadata={"help": "do not read or write the judge's response cache"})
+    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
+
+
+def _load_qa_refs(uri: str) -> list:
+    from operators.scoring.caption_sets import load_json
+
+    if uri.lower().endswith(".json"):
+        return [load_json(uri)]
+    store = Store(uri)
+    names = store.list(suffixes=(".json",))
+    if not names:
+        raise SystemExit(f"jobs.score qa: no .json file at {uri}")
+    return [load_json(store.uri(n)) for n in names]
+
+
+def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str) -> dict[str, dict]:
+    """LLM judge over the answered questions; returns {qid: judge fields}. Failures are error rows."""
+    from functools import partial
+
+    from operators.language.captions import PROMPTS_DIR, load_template
+    from operators.llm.client import LLMConfig, Secret
+    from operators.llm.ratelimit import RateLimits, start_rate_limiter
+    from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
+    from operators.llm.usage import USAGE_SCHEMA
+    from operators.io.tables import TableSink, read_table
+    from operators.scoring.qa_judge import (JUDGEMENTS_SCHEMA, INPUT_TABLE, STAGE, build_judge_request,
+                                            handle_judge_result, judge_input)
+
+    base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
+    if not base_url:
+        raise SystemExit("jobs.score qa: --judge-model needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or pass --base-url")
+    template = load_template(cfg.judge_template, PROMPTS_DIR)
+    _ensure_ray(cfg.num_cpus)
+    import ray
+    import ray.data
+
+    limiter_name = f"changeforge-llm-{run_id}"
+    limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
+    llm = LLMConfig(model=cfg.judge_model, base_url=base_url, temperature=cfg.temperature if cfg.temperature >= 0 else None,
+                    max_tokens=cfg.max_tokens, price_per_mtok_in=cfg.price_per_mtok_in,
+                    price_per_mtok_out=cfg.price_per_mtok_out, use_cache=not cfg.no_cache)
+    spec = StageSpec(name=STAGE, input_table=INPUT_TABLE, build_request=partial(build_judge_request, template),
+                     handle_result=partial(handle_judge_result, template, cfg.judge_model, run_id), llm=llm,
+                     limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(),
+                     api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job="score_qa")
+    sink = TableSink(out.uri(), {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}, run_id)
+    try:
+        ds = ray.data.from_items([judge_input(r) for r in rows], override_num_blocks=max(1, min(64, len(rows) // 16)))
+        apply_llm_stage(ds, spec, PoolConfig()).write_datasink(sink)
+    finally:
+        ray.kill(limiter)
+    table = read_table(out, "judgements", JUDGEMENTS_SCHEMA)
+    return {r["qid"]: r for r in (table.to_pylist() if table is not None else []) if r["run_id"] == run_id}
+
+
+def run_qa(cfg: QAScoreConfig) -> dict:
+    """Score QA answers; returns the metrics document (also written to ``metrics.json``)."""
+    from operators.io.tables import ERRORS_SCHEMA, read_table
+    from operators.scoring.caption_metrics import require_java
+    from operators.scoring.caption_sets import load_json
+    from operators.scoring.change_ops import dumps
+    from operators.scoring.qa import match_answers, read_qa_references
+    from operators.scoring.qa_judge import judge_summary
+    from operators.scoring.qa_scoring import PER_QUESTION_SCHEMA, score_qa
+
+    out, run_id = Store(cfg.output), new_run_id()
+    yes_no_types = tuple(t.strip() for t in cfg.yes_no_types.split(",") if t.strip())
+    questions, problems = read_qa_references(_load_qa_refs(cfg.refs), cfg.split)
+    matched = match_answers(questions, load_json(cfg.pred))
+    if any(q.type.lower() not in {t.lower() for t in yes_no_types} for q in matched.questions):
+        require_java()  # open types are scored with the caption metrics
+    doc, rows = score_qa(matched, yes_no_types)
+    judge = None
+    if cfg.judge_model and rows:
+        judged = _run_qa_judge(cfg, rows, out, run_id)
+        for r in rows:
+            j = judged.get(r["qid"], {})
+            r.update({k: j.get(k) for k in ("judge_score", "judge_correct", "judge_reason")})
+        judge = {"model": cfg.judge_model, **judge_summary(rows)}
+    errors = _error_rows(problems + matched.problems, "score_qa", "score_qa", run_id)
+    if cfg.judge_model:  # the judge's own failures, written by the LLM stage into errors/ for this run
+        t = read_table(out, "errors", ERRORS_SCHEMA)
+        errors += [r for r in (t.to_pylist() if t is not None else []) if r["run_id"] == run_id]
+    _write_tables(out, {"per_question": (rows, PER_QUESTION_SCHEMA), "errors": (errors, ERRORS_SCHEMA)}, run_id)
+    if cfg.judge_model:
+        prune_shards(out, "judgements", run_id)  # judgements describe the latest run (answers stay cached)
+    doc.update(n_errors=len(errors), split=cfg.split, judge=judge)
+    out.write_bytes("metrics.json", dumps(doc))
+    return doc
+
+
 COMMANDS = {
     "change": (ChangeScoreConfig, run_change, "change-detection masks: precision, recall, F1, IoU, OA, kappa, mF1, mIoU"),
     "captions": (CaptionScoreConfig, run_captions, "change captions: BLEU-1..4, METEOR, ROUGE-L, CIDEr-D (pycocoevalcap)"),
+    "qa": (QAScoreConfig, run_qa, "QA answers: yes/no accuracy per type and overall, caption metrics per open type, optional LLM judge"),
 }
 
 
@@ -171,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = runner(cfg)
     top = {k: v for k, v in doc.items() if isinstance(v, (int, float)) or v is None}
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in top.items()))
-    print(f"outputs: {cfg.output}/metrics.json and {cfg.output}/{{per_image,errors}}/")
+    table = "per_question" if command == "qa" else "per_image"
+    print(f"outputs: {cfg.output}/metrics.json and {cfg.output}/{{{table},errors}}/")
     return 0
 
 
