@@ -14,7 +14,9 @@ dir named after count and size) and reused by later runs. Then, side by side in 
    confusion matrix with ``np.count_nonzero`` and sums it: the best plain loop we know (the same decode
    and counting as the job, no per-file overhead beyond the read);
 2. the job (``jobs.score.run_change``) with a local Ray of each ``--cpus`` value (Ray started before
-   the clock starts; its start-up time is printed apart).
+   the clock starts; its start-up time is printed apart);
+3. the loop again: the faster of the two loop runs is the baseline reported (load drifts on a shared
+   machine; this errs in the loop's favour).
 
 Both must give the same summed confusion matrix. Ends with the line
 
@@ -138,7 +140,15 @@ def run_job(workdir: Path, cpus: int, masks_per_task: int) -> tuple[dict, float,
     from jobs.score import ChangeScoreConfig, run_change
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    for attempt in range(3):  # on a heavily shared machine the raylet can miss Ray's 30 s start window
+        try:
+            ray.init(num_cpus=cpus, include_dashboard=False, configure_logging=False, log_to_driver=False)
+            break
+        except Exception as exc:  # noqa: BLE001
+            print(f"  Ray did not start ({exc}); retrying", flush=True)
+            ray.shutdown()
+            if attempt == 2:
+                raise
     ray.data.DataContext.get_current().enable_progress_bars = False
     startup = time.perf_counter() - t0
     out = Path(tempfile.mkdtemp(prefix="score-bench-out-"))
@@ -168,7 +178,7 @@ def main() -> None:
 
     loop_counts, loop_s = numpy_loop(workdir)
     loop_rate = args.count / loop_s
-    print(f"numpy loop (1 process): {loop_s:.1f} s, {loop_rate:.1f} masks/s")
+    print(f"numpy loop (1 process), before the job: {loop_s:.1f} s, {loop_rate:.1f} masks/s")
     rates = {}
     for c in cpus:
         doc, elapsed, startup = run_job(workdir, c, args.masks_per_task)
@@ -180,6 +190,11 @@ def main() -> None:
               f"{rates[c] / loop_rate:.2f}x the loop, f1={doc['f1']:.4f}, same scores as the loop: {same}")
         if not same or doc["n_images"] != args.count or doc["n_errors"]:
             raise SystemExit("job and loop disagree")
+    # Again after the job: on a shared machine the load drifts, and the faster of the two loop runs
+    # is the baseline (the comparison errs in the loop's favour).
+    _, loop_s2 = numpy_loop(workdir)
+    print(f"numpy loop (1 process), after the job: {loop_s2:.1f} s, {args.count / loop_s2:.1f} masks/s")
+    loop_rate = max(loop_rate, args.count / loop_s2)
     if len(cpus) > 1:
         lo, hi = min(cpus), max(cpus)
         print(f"scaling {lo}->{hi} CPUs: {rates[hi] / rates[lo]:.2f}x (linear: {hi / lo:.2f}x)")
