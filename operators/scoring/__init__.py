@@ -1,0 +1,1 @@
+"""Scoring of predictions against this project's datasets: change masks, change captions, QA answers."""

@@ -1,0 +1,104 @@
+"""Change-detection scoring on Ray Data: one map over (prediction, label) file pairs that turns each
+pair into a row of confusion counts and per-image scores (pixels never leave the task that decoded
+them), then one Ray Data aggregation that sums the counts over the set."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from operators.io.storage import read_uri
+from operators.io.tables import envelope, error_record
+from operators.scoring.confusion import COUNT_KEYS, SCORE_KEYS, confusion_counts, scores_from_counts
+from operators.scoring.masks import decode_mask
+
+JOB = "score_change"
+STAGE = "score_change"
+
+PER_IMAGE_SCHEMA = pa.schema(
+    [("name", pa.string()), ("pred", pa.string()), ("label", pa.string()), ("height", pa.int64()),
+     ("width", pa.int64())]
+    + [(k, pa.int64()) for k in COUNT_KEYS] + [(k, pa.float64()) for k in SCORE_KEYS])
+TABLE_SCHEMAS = {"per_image": PER_IMAGE_SCHEMA}
+
+# Columns of a scored row; error rows carry zeros/nulls there and the reason in error_type/message.
+ROW_KEYS = ("name", "pred", "label", "height", "width", *COUNT_KEYS, *SCORE_KEYS, "scored",
+            "error_type", "message")
+
+
+def score_pair(row: dict) -> dict:
+    """One (prediction, label) pair -> counts and scores, or the reason it cannot be scored."""
+    out = {k: row.get(k) for k in ("name", "pred", "label")}
+    out.update({k: 0 for k in (*COUNT_KEYS, "height", "width", "scored")})
+    out.update({k: None for k in (*SCORE_KEYS, "error_type", "message")})
+    if row.get("error_type"):  # found by the matching on the driver: passes through to errors
+        out.update(error_type=row["error_type"], message=row["message"])
+        return out
+    try:
+        pred = decode_mask(read_uri(row["pred"]))
+    except Exception as exc:  # noqa: BLE001 - an unreadable file is one error row, not a failed job
+        out.update(error_type="unreadable_prediction", message=f"{row['pred']}: {exc}")
+        return out
+    try:
+        label = decode_mask(read_uri(row["label"]))
+    except Exception as exc:  # noqa: BLE001
+        out.update(error_type="unreadable_label", message=f"{row['label']}: {exc}")
+        return out
+    if pred.shape != label.shape:
+        out.update(error_type="size_mismatch",
+                   message=f"prediction is {pred.shape[1]}x{pred.shape[0]}, label is {label.shape[1]}x{label.shape[0]}")
+        return out
+    counts = confusion_counts(pred, label)
+    out.update(dict(zip(COUNT_KEYS, counts)), height=label.shape[0], width=label.shape[1], scored=1)
+    out.update(scores_from_counts(*counts))
+    return out
+
+
+def score_batch(batch: dict) -> dict:
+    """``map_batches`` UDF: columns name/pred/label(/error_type/message) -> :data:`ROW_KEYS` columns."""
+    keys = list(batch.keys())
+    n = len(batch[keys[0]]) if keys else 0
+    rows = [score_pair({k: _py(batch[k][i]) for k in keys}) for i in range(n)]
+    return {k: [r[k] for r in rows] for k in ROW_KEYS}
+
+
+def _py(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def to_envelopes(batch: dict, run_id: str) -> dict:
+    """Scored rows -> ``per_image`` envelopes, failed rows -> ``errors`` envelopes (for TableSink)."""
+    out = []
+    n = len(batch["name"])
+    for i in range(n):
+        row = {k: _py(batch[k][i]) for k in ROW_KEYS}
+        if row["scored"]:
+            out.append(envelope("per_image", {k: row[k] for k in PER_IMAGE_SCHEMA.names}))
+        else:
+            out.append(envelope("errors", error_record(row["name"], STAGE, row["message"] or "",
+                                                       error_type=row["error_type"], job=JOB, run_id=run_id)))
+    return {"_table": [e["_table"] for e in out], "_record": [e["_record"] for e in out]}
+
+
+def aggregations() -> list:
+    """The Ray Data aggregation: summed confusion counts, mean per-image scores, images scored."""
+    from ray.data.aggregate import Mean, Sum
+
+    return [Sum(k, alias_name=k) for k in (*COUNT_KEYS, "scored")] + \
+           [Mean(k, alias_name=f"mean_{k}") for k in SCORE_KEYS]
+
+
+def metrics_document(agg: dict, n_errors: int) -> dict:
+    """``metrics.json``: global scores (summed confusion matrix) at the top level, ``per_image_mean``
+    beside them, ``n_images`` and ``n_errors`` (the summed counts are the sums of ``per_image/``)."""
+    counts = {k: int(agg.get(k) or 0) for k in COUNT_KEYS}
+    n_images = int(agg.get("scored") or 0)
+    doc: dict = scores_from_counts(*(counts[k] for k in COUNT_KEYS))
+    doc["per_image_mean"] = {k: (None if n_images == 0 or agg.get(f"mean_{k}") is None else float(agg[f"mean_{k}"]))
+                             for k in SCORE_KEYS}
+    doc.update(n_images=n_images, n_errors=int(n_errors))
+    return doc
+
+
+def dumps(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
