@@ -89,13 +89,14 @@ class ServerState:
         self.spans: list[tuple[float, float]] = []           # (arrival, reply) of every request
         self.in_flight = self.max_in_flight = 0
         self.models: Counter = Counter()
+        self.auth: Counter = Counter()                       # sha256 of the Authorization header, counted
         self.requests: list[dict] = []                       # the last few request bodies, for inspection
 
     def stats(self) -> dict:
         return {"total": self.total, "by_status": dict(self.by_status), "seen_by_key": dict(self.seen_by_key),
                 "ok_by_key": dict(self.ok_by_key), "timestamps": self.timestamps,
                 "items_by_key": self.items_by_key, "times_by_key": self.times_by_key, "charges": self.charges,
-                "spans": self.spans, "max_in_flight": self.max_in_flight, "models": dict(self.models),
+                "spans": self.spans, "max_in_flight": self.max_in_flight, "models": dict(self.models), "auth": dict(self.auth),
                 "requests": self.requests}
 
     def admit(self, now: float, tokens: int) -> float | None:
@@ -281,6 +282,7 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
         state.by_status[400] += 1
         return _error(400, "request body is not JSON")
     state.models[str(body.get("model"))] += 1
+    state.auth[hashlib.sha256(request.headers.get("Authorization", "").encode()).hexdigest()[:16]] += 1
     state.requests = (state.requests + [{k: v for k, v in body.items() if k != "messages"} |
                                         {"n_messages": len(body.get("messages") or [])}])[-20:]
     messages = body.get("messages") or []

@@ -314,3 +314,16 @@ def test_strict_schema_closes_objects_and_makes_optional_fields_nullable():
     assert s["properties"]["b"]["type"] == ["integer", "null"] and "minLength" not in s["properties"]["a"]
     assert s["properties"]["c"]["additionalProperties"] is False and s["properties"]["c"]["required"] == ["d"]
     assert strict_schema({"type": "array"}) is None
+
+
+def test_caption_mask_is_sent_at_low_detail():
+    from operators.language.caption_ops import CaptionPrompts, build_generate_request
+    from operators.language.captions import load_template
+    prompts = CaptionPrompts(generate=load_template("caption_generate.v1"), judge=load_template("caption_judge.v1"),
+                             detail="high")
+    url = data_url(np.zeros((16, 16, 3), np.uint8))
+    record = {"pair_id": "p", "car": 0.1, "change_region": "center", "components": 1, "hashes": {},
+              "a_url": url, "b_url": url, "mask_url": url}
+    parts = build_generate_request(prompts, record).messages[1]["content"]
+    details = [p["image_url"]["detail"] for p in parts if p["type"] == "image_url"]
+    assert details == ["high", "high", "low"]
