@@ -359,7 +359,7 @@ class LLMCaller:
         while True:
             if fmt == "json_schema":
                 messages = conversation
-                strict = strict_schema(request.schema) if self.strict else None
+                strict = self._strict_schema(request.schema) if self.strict else None
                 response_format = {"type": "json_schema", "json_schema": {
                     "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}
             else:
@@ -461,6 +461,16 @@ class LLMCaller:
                 {"role": "assistant", "content": (content or "")[:4000]},
                 {"role": "user", "content": f"Your reply was not usable: {problem}. Reply again with only "
                                             "the JSON object, conforming to the schema."}]
+
+    def _strict_schema(self, schema: dict) -> dict | None:
+        """Strict form of ``schema``, computed once per schema object (stages reuse theirs)."""
+        memo = self.__dict__.setdefault("_strict_memo", {})
+        hit = memo.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            if len(memo) > 256:
+                memo.clear()
+            hit = memo[id(schema)] = (schema, strict_schema(schema))
+        return hit[1]
 
     def _problem(self, content: str | None, request: LLMRequest) -> str | None:
         try:
