@@ -3,15 +3,20 @@
 :class:`LLMCaller` wraps ``openai.AsyncOpenAI`` (its own retries off: ours honour the pool's limits).
 For each :class:`LLMRequest` it
 
-1. looks the answer up in the response cache (a hit sends and pays nothing);
-2. leases a permit from the pool's rate limiter with a token estimate, sends the request with
-   ``response_format`` json_schema (or JSON mode, after an endpoint rejected json_schema with 400 once:
-   the schema then goes into the prompt), and books the API's ``usage`` against the estimate;
-3. retries 429/5xx/timeouts/connection errors with exponential backoff and full jitter, honouring
-   ``Retry-After``; re-asks a bounded number of times when the reply is not JSON or violates the schema
-   (telling the model what was wrong); and then gives up with an error result, never an exception.
+1. looks the answer up in the response cache, keyed on the rendered request (a hit sends and pays
+   nothing);
+2. leases a permit from the pool's rate limiter charged what the provider charges on arrival (prompt
+   text + images by the model family's rule + the completion cap), sends the request with
+   ``response_format`` json_schema in strict mode (or plain json_schema, or JSON mode with the schema in
+   the prompt, after the endpoint rejected the former with 400 once);
+3. adapts once to 400s naming ``max_tokens`` (-> ``max_completion_tokens``) or ``temperature`` (left
+   out); reports 429s to the limiter, which pauses and slows the whole pool; retries 5xx/timeouts/
+   connection errors with exponential backoff and jitter; re-asks a bounded number of times when the
+   reply is not JSON or violates the schema (telling the model what was wrong), or with twice the room
+   when it was cut off at the cap; and then gives up with an error result, never an exception.
 
-The API key is wrapped in :class:`Secret` (its repr hides it) and scrubbed from every error message.
+The API key is a :class:`Secret` read where it is used (its repr hides it, a pickle carries only its
+source) and scrubbed from every error message. Usage an endpoint does not report is unknown (None).
 """
 from __future__ import annotations
 

@@ -290,6 +290,12 @@ def test_missing_usage_is_unknown_not_free(openai_server):
     openai_server.configure(omit_usage=True)
     (result,) = run(openai_server, [ask(0)], price_per_mtok_in=1.0, price_per_mtok_out=2.0)
     assert result.ok and result.prompt_tokens is None and result.cost_usd is None
+    from operators.llm.stage import StageSpec, usage_record
+    from operators.llm.usage import summarize_usage
+    spec = StageSpec(name="s", input_table="t", build_request=None, handle_result=None, llm=LLMConfig())
+    row = usage_record(spec, result)
+    assert row["total_tokens"] is None and row["cost_usd"] is None
+    assert summarize_usage([row])["usage_unknown"] == 1
 
 
 def test_strict_json_schema_where_supported(openai_server):
