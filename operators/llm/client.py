@@ -1,6 +1,7 @@
 """One structured LLM call, done properly: cache, pool-wide rate limits, retries, re-asks, accounting.
 
-:class:`LLMCaller` wraps ``openai.AsyncOpenAI`` (its own retries off: ours honour the pool's limits).
+:class:`LLMCaller` posts OpenAI-compatible chat completions through a lean HTTP transport
+(:mod:`operators.llm.transport`: plain JSON, no SDK models; retries are ours and honour the pool's limits).
 For each :class:`LLMRequest` it
 
 1. looks the answer up in the response cache, keyed on the rendered request (a hit sends and pays
@@ -36,6 +37,7 @@ from operators.llm.cache import ResponseCache, cache_key
 from operators.llm.images import image_token_rule, request_image_tokens
 from operators.llm.ratelimit import LeaseClient
 from operators.llm.schema import parse_json_reply, schema_errors, strict_schema
+from operators.llm.transport import ChatTransport, ConnectionFailed, HTTPStatus, Timeout
 from operators.llm.usage import Prices
 
 log = logging.getLogger(__name__)
@@ -271,9 +273,6 @@ def _mentions(message: str, *words: str) -> bool:
 class LLMCaller:
     def __init__(self, config: LLMConfig, api_key: Secret | None = None, lease: LeaseClient | None = None,
                  cache: ResponseCache | None = None, max_connections: int = 512):
-        import httpx2
-        import openai
-
         self.config = config
         self.secret = api_key if api_key is not None else Secret.from_source()
         self.lease = lease or LeaseClient(None)
@@ -286,13 +285,9 @@ class LLMCaller:
         self.strict = config.strict_schema
         self.max_tokens_field = config.max_tokens_field
         self.send_temperature = config.temperature is not None
-        self._openai = openai
-        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.client = openai.AsyncOpenAI(
-            api_key=self.secret.get() or "not-needed",  # local servers often take no key
-            base_url=self.base_url or None,
-            timeout=config.timeout_s, max_retries=0,
-            http_client=httpx2.AsyncClient(limits=limits, timeout=config.timeout_s))
+        if not self.base_url:
+            raise ValueError("no endpoint: set base_url or OPENAI_BASE_URL")
+        self.transport = ChatTransport(self.base_url, self.secret.get(), config.timeout_s, max_connections)
 
     def key_for(self, request: LLMRequest) -> str:
         """Everything that determines the answer: endpoint, model, the rendered messages (images by
@@ -377,13 +372,12 @@ class LLMCaller:
             result.attempts += 1
             result.response_format = fmt
             try:
-                kwargs = {self.max_tokens_field: max_tokens}
+                body = {"model": cfg.model, "messages": messages, "response_format": response_format,
+                        self.max_tokens_field: max_tokens}
                 if self.send_temperature:
-                    kwargs["temperature"] = cfg.temperature
-                reply = await self.client.chat.completions.create(
-                    model=cfg.model, messages=messages, response_format=response_format,
-                    extra_headers={ITEM_HEADER: header_safe(request.item)}, **kwargs)
-            except self._openai.APIStatusError as exc:
+                    body["temperature"] = cfg.temperature
+                reply = await self.transport.post(body, {ITEM_HEADER: header_safe(request.item)})
+            except HTTPStatus as exc:
                 self.lease.release()
                 status = exc.status_code
                 if status == 400:
@@ -404,7 +398,7 @@ class LLMCaller:
                     rate_limited += 1
                     if rate_limited > cfg.max_rate_limit_retries:
                         raise TransportError(f"HTTP 429 after {rate_limited} attempts") from None
-                    retry_after = _retry_after(exc.response.headers)
+                    retry_after = _retry_after(exc.headers)
                     if self.lease.limiter is not None:
                         await self.lease.throttle(retry_after)   # the whole pool waits, then slows down
                         await asyncio.sleep(random.uniform(0, 0.05))
@@ -415,14 +409,14 @@ class LLMCaller:
                     retries += 1
                     if retries > cfg.max_retries:
                         raise TransportError(f"HTTP {status} after {retries} attempts") from None
-                    await self._backoff(retries, _retry_after(exc.response.headers))
+                    await self._backoff(retries, _retry_after(exc.headers))
                     continue
                 raise RequestRejected(f"HTTP {status}: {self._message(exc)}") from None
-            except (self._openai.APITimeoutError, self._openai.APIConnectionError) as exc:
+            except (Timeout, ConnectionFailed) as exc:
                 self.lease.release()
                 retries += 1
                 if retries > cfg.max_retries:
-                    kind = "timeout" if isinstance(exc, self._openai.APITimeoutError) else "connection error"
+                    kind = "timeout" if isinstance(exc, Timeout) else "connection error"
                     raise TransportError(f"{kind} after {retries} attempts") from None
                 await self._backoff(retries, None)
                 continue
@@ -433,25 +427,26 @@ class LLMCaller:
                 log.warning("endpoint rejected response_format json_schema (%s); using JSON mode",
                             schema_rejected[:200])
                 self.response_format = "json_object"
-            usage = reply.usage
-            if usage is None or getattr(usage, "prompt_tokens", None) is None:
+            usage = reply.get("usage") if isinstance(reply, dict) else None
+            if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
                 # No usage reported: unknown (cost null), not zero. The estimate stays charged.
                 result.prompt_tokens = result.completion_tokens = None
                 self.lease.release()
             else:
-                p, c = int(usage.prompt_tokens or 0), int(getattr(usage, "completion_tokens", 0) or 0)
+                p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                 if result.prompt_tokens is not None:
                     result.prompt_tokens += p
                     result.completion_tokens += c
                 self.lease.release(p - prompt_estimate)   # only an under-estimate is booked
-            choice = reply.choices[0] if reply.choices else None
-            content = choice.message.content if choice else None
+            choices = reply.get("choices") if isinstance(reply, dict) else None
+            choice = choices[0] if choices and isinstance(choices[0], dict) else None
+            content = (choice.get("message") or {}).get("content") if choice else None
             problem = self._problem(content, request)
             if problem is None:
                 result.ok, result.value = True, parse_json_reply(content)
                 return
             reasks += 1
-            cut_off = choice is not None and choice.finish_reason == "length"
+            cut_off = choice is not None and choice.get("finish_reason") == "length"
             if reasks > cfg.max_reasks:
                 if cut_off:
                     problem += f" (cut off at {max_tokens} tokens: raise --max-tokens)"
@@ -487,12 +482,8 @@ class LLMCaller:
             return "; ".join(errors)
         return request.check(value) if request.check else None
 
-    def _message(self, exc) -> str:
-        body = getattr(exc, "body", None)
-        msg = body.get("message") if isinstance(body, dict) else None
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            msg = body["error"].get("message")
-        return redact(str(msg or exc.message or ""), self.secret)[:500]
+    def _message(self, exc: HTTPStatus) -> str:
+        return redact(str(exc.message or ""), self.secret)[:500]
 
     async def _backoff(self, attempt: int, retry_after: float | None) -> None:
         cfg = self.config
@@ -504,4 +495,4 @@ class LLMCaller:
 
     async def aclose(self) -> None:
         await self.lease.flush()
-        await self.client.close()
+        await self.transport.aclose()
