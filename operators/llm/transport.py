@@ -1,10 +1,11 @@
-"""The HTTP side of one chat-completions call, lean: a JSON body posted with httpx, a JSON reply read
+"""The HTTP side of one chat-completions call, lean: a JSON body posted with aiohttp, a JSON reply read
 back as a dict. The openai SDK builds and validates every request and reply through its typed models,
 which cost several times the CPU of the request itself (see the README's LLM pool benchmark); our
 replies are validated against their own schema anyway, so plain JSON is all we need.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 
 
@@ -40,31 +41,42 @@ def error_message(body: bytes) -> str:
 
 
 class ChatTransport:
+    """aiohttp rather than httpx: httpx's connection pool checks every pooled connection on every
+    request (O(connections) per request, the largest CPU cost left in our path after the SDK's models)."""
+
     def __init__(self, base_url: str, api_key: str, timeout_s: float, max_connections: int = 512):
-        import httpx2
-        self._httpx = httpx2
         self.url = f"{base_url.rstrip('/')}/chat/completions"
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.client = httpx2.AsyncClient(limits=limits, timeout=timeout_s)
+        self.timeout_s, self.max_connections = timeout_s, max_connections
+        self._session = None
+
+    def _client(self):
+        import aiohttp
+        if self._session is None or self._session.closed:   # made in the running event loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
 
     async def post(self, body: dict, headers: dict | None = None) -> dict:
-        httpx = self._httpx
+        import aiohttp
         try:
-            resp = await self.client.post(self.url, content=json.dumps(body).encode(),
-                                          headers={**self.headers, **(headers or {})})
-        except httpx.TimeoutException:
+            async with self._client().post(self.url, data=json.dumps(body).encode(),
+                                           headers={**self.headers, **(headers or {})}) as resp:
+                status, resp_headers, content = resp.status, resp.headers, await resp.read()
+        except asyncio.TimeoutError:
             raise Timeout("timeout") from None
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise ConnectionFailed(type(exc).__name__) from None
-        if resp.status_code >= 300:
-            raise HTTPStatus(resp.status_code, resp.headers, error_message(resp.content))
+        if status >= 300:
+            raise HTTPStatus(status, resp_headers, error_message(content))
         try:
-            return json.loads(resp.content)
+            return json.loads(content)
         except ValueError:
-            raise HTTPStatus(502, resp.headers, "reply is not JSON") from None
+            raise HTTPStatus(502, resp_headers, "reply is not JSON") from None
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
