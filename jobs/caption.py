@@ -3,8 +3,9 @@ change captions out, through any OpenAI-compatible endpoint.
 
     python -m jobs.caption --input data/levir-cd --output out/captions-run --model <name>
 
-Endpoint and key come from OPENAI_BASE_URL and OPENAI_API_KEY (or --base-url; the key only from the
-environment, so it never sits in shell history or process lists). Outputs under --output:
+Endpoint and key come from OPENAI_BASE_URL and OPENAI_API_KEY (or --base-url, and --api-key-source
+for a secret file or an AWS Secrets Manager secret read on each worker; never a command-line value,
+so the key sits in no shell history, process list, actor argument or dashboard). Outputs under --output:
 ``captions/`` (every candidate with scores and the selection), ``pairs/`` (one row per pair: mask stats
 and selected captions), ``usage/`` (tokens and cost per request), ``errors/`` (this run's failures),
 ``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice).
@@ -75,7 +76,7 @@ class CaptionJobConfig:
     max_image_side: int = 1024
     detail: str = "auto"
     image_format: str = "png"
-    overall: str = "judge"
+    overall: str = "criteria"
     validators: str = "flag"
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
@@ -84,9 +85,14 @@ class CaptionJobConfig:
     max_tokens_field: str = "max_tokens"
     timeout_s: float = 120.0
     max_retries: int = 6
+    max_rate_limit_retries: int = 30
     max_reasks: int = 2
     backoff_base_s: float = 1.0
     response_format: str = "json_schema"
+    no_strict_schema: bool = False
+    image_token_rule: str = ""
+    max_request_bytes: int = 20_000_000
+    api_key_source: str = "env:OPENAI_API_KEY"
     generate_template: str = "caption_generate.v1"
     judge_template: str = "caption_judge.v1"
     prompts_dir: str = str(PROMPTS_DIR)
@@ -102,7 +108,7 @@ HELP = {
     "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/): folder or s3:// prefix",
     "output": "output folder or s3:// prefix (tables, LEVIR-CC json, response cache)",
     "model": "multimodal model name at the endpoint (e.g. gpt-4o-mini, kimi-k2.6, Qwen/Qwen2.5-VL-7B-Instruct)",
-    "judge_model": "model for the judging stage (default: --model)",
+    "judge_model": "model for the judging stage, e.g. a different model than the generator (default: --model)",
     "base_url": "OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 (default: $OPENAI_BASE_URL)",
     "list_file": "only the pairs named in this file (one file name per line; relative to --input or a URI)",
     "default_split": "split of pairs without a split folder or train_/val_/test_ name prefix",
@@ -112,8 +118,10 @@ HELP = {
     "max_image_side": "images are downscaled so that their longer side is at most this many pixels",
     "detail": "image detail level sent with each image: low, high or auto",
     "image_format": "encoding of the pre/post images in the data URLs: png (lossless) or jpeg",
-    "overall": "how a candidate's overall score is formed: judge = the judge's own overall score, "
-               "mean = mean of the five criteria, min = lowest criterion; < 7 is rejected, top 3 kept (ties kept)",
+    "overall": "how a candidate's overall score is formed: criteria = mean of the five criteria, but a caption "
+               "with accuracy <= 4 (hallucinated) scores its accuracy, so it is never selected; judge = the "
+               "judge's own overall score; mean = mean of the five criteria; min = lowest criterion; "
+               "< 7 is rejected, top 3 kept (ties kept)",
     "validators": "grounded validators on every caption (see README): reject = a caption that breaks a rule is "
                   "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
@@ -121,12 +129,23 @@ HELP = {
     "temperature": "sampling temperature of both stages; a negative value sends none (the endpoint's default, "
                    "which some reasoning models require)",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
-    "max_tokens_field": "request field carrying the cap: max_tokens, or max_completion_tokens for OpenAI reasoning models",
+    "max_tokens_field": "request field carrying the cap: max_tokens, or max_completion_tokens (switched to by "
+                        "itself when a model rejects max_tokens)",
     "timeout_s": "per-request timeout in seconds",
-    "max_retries": "retries on 429, 5xx, timeouts and connection errors (exponential backoff with jitter, Retry-After honoured)",
+    "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
+    "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
+                              "and lowers its rate, which recovers while no 429 comes)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
     "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
+    "no_strict_schema": "send json_schema without strict mode (by default strict, dropped by itself where rejected)",
+    "image_token_rule": "how the endpoint counts an image's tokens, if the model name does not tell: "
+                        "tile:<base>:<per_tile> (e.g. tile:2833:5667 for gpt-4o-mini), "
+                        "patch:<patch_px>:<cap>:<multiplier>, or a model name to borrow its rule",
+    "max_request_bytes": "requests larger than this are not sent: the pair becomes an error row "
+                         "(lower --max-image-side or use --image-format jpeg)",
+    "api_key_source": "where each worker reads the API key: env:NAME, file:/path (a secret file on every node) "
+                      "or aws-sm:<secret id or ARN>[#json-field] (AWS Secrets Manager)",
     "generate_template": "prompt template (file stem under --prompts-dir) for caption generation",
     "judge_template": "prompt template (file stem under --prompts-dir) for caption judging",
     "prompts_dir": "folder holding the prompt templates",
@@ -196,6 +215,8 @@ def require_endpoint(cfg: CaptionJobConfig) -> str:
 
 def _llm_config(cfg: CaptionJobConfig, base_url: str, model: str) -> LLMConfig:
     return LLMConfig(model=model, base_url=base_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                     max_rate_limit_retries=cfg.max_rate_limit_retries, strict_schema=not cfg.no_strict_schema,
+                     image_token_rule=cfg.image_token_rule, max_request_bytes=cfg.max_request_bytes,
                      max_reasks=cfg.max_reasks, backoff_base_s=cfg.backoff_base_s,
                      temperature=cfg.temperature if cfg.temperature >= 0 else None,
                      max_tokens=cfg.max_tokens, max_tokens_field=cfg.max_tokens_field, response_format=cfg.response_format, detail=cfg.detail,
@@ -225,11 +246,17 @@ class ProgressReporter(threading.Thread):
 
     def run(self) -> None:
         import ray
+        try:   # the limiter may serve other jobs on this account too: report this run's share
+            base = ray.get(self.limiter.stats.remote(), timeout=5)
+        except Exception:  # noqa: BLE001
+            base = {}
         while not self.stop.wait(self.every_s):
             try:
-                s = ray.get(self.limiter.stats.remote(), timeout=5)
+                now = ray.get(self.limiter.stats.remote(), timeout=5)
             except Exception:  # noqa: BLE001 - progress is best effort
                 continue
+            s = {k: (v - base.get(k, 0) if isinstance(v, (int, float)) and k != "in_flight" else v)
+                 for k, v in now.items()} if now.get("epoch") == base.get("epoch") else now
             rate = s["released"] / max(s["elapsed_s"], 1e-9)
             log.info("llm progress: %d requests done (%.1f/s), %d answered from cache, %d failed, "
                      "%d in flight, tokens %d+%d, cost $%.4f (%d pairs in this run)", s["released"], rate,
@@ -239,9 +266,9 @@ class ProgressReporter(threading.Thread):
 
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
                limiter, progress_every_s: float) -> dict[str, int]:
-    """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress and
-    stops the rate limiter at the end. Returns rows written per table. (Shared with the QA job.)"""
-    import ray
+    """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
+    Returns rows written per table. (Shared with the QA job.) The rate limiter is left running: it is
+    the account's, shared by every job against the same endpoint and key."""
     import ray.data
     # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
     ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
@@ -254,8 +281,24 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
         ds.write_datasink(sink)
     finally:
         reporter.stop.set()
-        ray.kill(limiter)
     return sink.counts
+
+
+def account_limiter(cfg: CaptionJobConfig, base_url: str, run_id: str, job: str, cache_root: str | None):
+    """The account's rate limiter and the StageSpec settings every LLM stage of a job shares.
+
+    The key is read here only to name the limiter (by a hash of endpoint and key); workers read it
+    themselves from ``--api-key-source``. Detached and in a fixed namespace: every job against this
+    endpoint and key on the cluster shares it (one account, one budget), and it is left running for
+    the next job (it holds no CPU). (Shared with the QA job.)"""
+    from operators.llm.ratelimit import NAMESPACE, limiter_name, start_rate_limiter
+    api_key = Secret.from_source(cfg.api_key_source)
+    name = limiter_name(base_url, api_key.get())
+    limiter = start_rate_limiter(name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight),
+                                 namespace=NAMESPACE, detached=True)
+    common = dict(limiter_name=name, limiter_namespace=NAMESPACE, cache_root=cache_root, api_key=api_key,
+                  run_id=run_id, job=job)
+    return limiter, common
 
 
 def run(cfg: CaptionJobConfig) -> dict:
@@ -264,9 +307,6 @@ def run(cfg: CaptionJobConfig) -> dict:
     if cfg.overall not in OVERALL_MODES:
         raise ValueError(f"--overall must be one of {OVERALL_MODES}")
     _ensure_ray(cfg)
-    import ray
-    import ray.data
-    from operators.llm.ratelimit import start_rate_limiter
     from operators.io.tables import TableSink
 
     out = Store(cfg.output)
@@ -285,11 +325,7 @@ def run(cfg: CaptionJobConfig) -> dict:
                              max_image_side=cfg.max_image_side, image_format=cfg.image_format,
                              overall_mode=cfg.overall, model=cfg.model,
                              judge_model=judge_model, run_id=run_id, validators=cfg.validators)
-    limiter_name = f"changeforge-llm-{run_id}"
-    limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
-    api_key = Secret(os.environ.get("OPENAI_API_KEY"))
-    common = dict(limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(), api_key=api_key,
-                  run_id=run_id, job=JOB)
+    limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
     generate = StageSpec(name="caption_generate", input_table="_generate",
                          build_request=partial(build_generate_request, prompts),
                          handle_result=partial(handle_generate_result, prompts),
@@ -304,8 +340,6 @@ def run(cfg: CaptionJobConfig) -> dict:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
-    else:
-        ray.kill(limiter)
     pairs_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"])
     pair_rows = pairs_table.to_pylist() if pairs_table is not None else []
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.

@@ -28,7 +28,7 @@ from functools import partial
 
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
-from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, run_stages
+from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, account_limiter, run_stages
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.language.caption_ops import PrepareConfig, discover_pairs
@@ -38,8 +38,6 @@ from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, Q
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
 from operators.language.validators import rule_counts
-from operators.llm.client import Secret
-from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec
 from operators.llm.usage import format_summary, summarize_usage
 
@@ -110,7 +108,6 @@ def run(cfg: QAJobConfig) -> dict:
     dataset, captions_source = resolve_inputs(cfg)
     _ensure_ray(cfg)
     from operators.io.tables import TableSink
-    from operators.llm.ratelimit import start_rate_limiter
 
     out = Store(cfg.output)
     run_id = new_run_id()
@@ -131,10 +128,7 @@ def run(cfg: QAJobConfig) -> dict:
                         validators=cfg.validators)
     counts: dict[str, int] = {}
     if todo:
-        limiter_name = f"changeforge-llm-{run_id}"
-        limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
-        common = dict(limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(),
-                      api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job=JOB)
+        limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
         generate = StageSpec(name="qa_generate", input_table="_qa_generate",
                              build_request=partial(build_generate_request, prompts),
                              handle_result=partial(handle_generate_result, prompts),

@@ -105,7 +105,7 @@ def openai_test_server_process():
 def openai_server(openai_test_server_process):
     """The test server with counters cleared and no faults, no latency, json_schema accepted."""
     server = openai_test_server_process
-    server.configure(latency_ms=0, reject_json_schema=False, retry_after_s=1, timeout_s=30, faults=[])
+    server.restore_defaults()
     server.reset()
     yield server
-    server.configure(latency_ms=0, reject_json_schema=False, faults=[])
+    server.restore_defaults()

@@ -17,8 +17,23 @@ Faults are injected at runtime through ``POST /control/faults`` (or ``--faults '
 Whether a fault fires is a deterministic draw from (request hash, how often that exact request was
 seen, fault kind), so a retried request can succeed and two runs of a test behave the same.
 
+Provider behaviour, also set through ``/control/faults``:
+
+    {"rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60,   # 429 (with Retry-After) over either limit
+     "image_base": 85, "image_per_tile": 170,                # how an image is counted (tile rule)
+     "reject_params": ["max_tokens", "temperature"],         # 400s as OpenAI's reasoning models send them
+     "reject_strict": false, "omit_usage": false}
+
+Tokens are counted as providers count them against TPM: on arrival, prompt (text + images by the
+tile rule, each at its size and detail) plus the request's completion cap (``max_tokens`` or
+``max_completion_tokens``), never refunded. A request over either limit in the trailing window is
+refused with 429 and not counted. A reply longer than the cap is cut off with ``finish_reason``
+``length``. A ``strict`` json_schema whose objects are not closed and fully required is refused with
+400, as OpenAI does.
+
 ``GET /control/stats`` returns request counts (total, by status, per request key, successful
-replies per key) and arrival timestamps; ``POST /control/reset`` clears them.
+replies per key), arrival timestamps, the tokens charged per accepted request and each request's
+time in the server; ``POST /control/reset`` clears them.
 
 Standalone: ``python -m tests.openai_test_server --port 8011 --latency-ms 50``.
 """
@@ -26,12 +41,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import collections
 import hashlib
 import json
+import math
 import re
+import struct
 import sys
 import time
 from collections import Counter, defaultdict
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -44,10 +64,15 @@ def _digest(*parts: object) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
+DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s": 1, "timeout_s": 30.0,
+                  "faults": [], "rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60.0, "image_base": 85,
+                  "image_per_tile": 170, "reject_params": [], "reject_strict": False, "omit_usage": False,
+                  "default_max_tokens": 4096}
+
+
 class ServerState:
     def __init__(self, latency_ms: float = 0.0):
-        self.config = {"latency_ms": latency_ms, "reject_json_schema": False, "retry_after_s": 1,
-                       "timeout_s": 30.0, "faults": []}
+        self.config = dict(DEFAULT_CONFIG, latency_ms=latency_ms)
         self.reset()
 
     def reset(self) -> None:
@@ -58,11 +83,43 @@ class ServerState:
         self.timestamps: list[float] = []
         self.items_by_key: dict[str, str] = {}
         self.times_by_key: dict[str, list[float]] = defaultdict(list)
+        self.charges: list[tuple[float, int]] = []          # (arrival, tokens) of accepted requests
+        self.window: collections.deque = collections.deque()  # the same, within the limit window
+        self.window_tokens = 0
+        self.spans: list[tuple[float, float]] = []           # (arrival, reply) of every request
+        self.in_flight = self.max_in_flight = 0
+        self.models: Counter = Counter()
+        self.auth: Counter = Counter()                       # sha256 of the Authorization header, counted
+        self.requests: list[dict] = []                       # the last few request bodies, for inspection
 
     def stats(self) -> dict:
         return {"total": self.total, "by_status": dict(self.by_status), "seen_by_key": dict(self.seen_by_key),
                 "ok_by_key": dict(self.ok_by_key), "timestamps": self.timestamps,
-                "items_by_key": self.items_by_key, "times_by_key": self.times_by_key}
+                "items_by_key": self.items_by_key, "times_by_key": self.times_by_key, "charges": self.charges,
+                "spans": self.spans, "max_in_flight": self.max_in_flight, "models": dict(self.models), "auth": dict(self.auth),
+                "requests": self.requests}
+
+    def admit(self, now: float, tokens: int) -> float | None:
+        """Count a request against RPM and TPM the provider's way; seconds to wait if it is over."""
+        cfg = self.config
+        width = float(cfg.get("limit_window_s", 60.0))
+        while self.window and self.window[0][0] <= now - width:
+            self.window_tokens -= self.window.popleft()[1]
+        rpm, tpm = float(cfg.get("rpm_limit") or 0), float(cfg.get("tpm_limit") or 0)
+        if rpm and len(self.window) + 1 > rpm:
+            return self.window[0][0] + width - now
+        if tpm and self.window_tokens + tokens > tpm:
+            excess, wait = self.window_tokens + tokens - tpm, width
+            for t, n in self.window:
+                excess -= n
+                if excess <= 0:
+                    wait = t + width - now
+                    break
+            return wait
+        self.window.append((now, tokens))
+        self.window_tokens += tokens
+        self.charges.append((now, tokens))
+        return None
 
 
 # -- request reading -----------------------------------------------------------------------------
@@ -77,12 +134,50 @@ def _texts(messages: list) -> list[str]:
     return out
 
 
-def _n_images(messages: list) -> int:
-    n = 0
+def _png_size(url: str) -> tuple[int, int] | None:
+    if not url.startswith("data:image/png;base64,"):
+        return None
+    raw = base64.b64decode(url[22:22 + 44])
+    return struct.unpack(">II", raw[16:24]) if raw[:4] == b"\x89PNG" else None
+
+
+def _image_tokens(messages: list, base: int, per_tile: int) -> int:
+    """The tile rule: fit in 2048, then short side 768, 512-px tiles; base alone at detail low; an
+    image of unknown size counts as the largest."""
+    total = 0
     for m in messages:
-        if isinstance(m.get("content"), list):
-            n += sum(1 for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
-    return n
+        for p in m.get("content") if isinstance(m.get("content"), list) else []:
+            if not (isinstance(p, dict) and p.get("type") == "image_url"):
+                continue
+            img = p.get("image_url") or {}
+            if img.get("detail") == "low":
+                total += base
+                continue
+            w, h = _png_size(str(img.get("url", ""))) or (2048, 2048)
+            s = min(1.0, 2048 / max(w, h))
+            w, h = w * s, h * s
+            s = min(1.0, 768 / min(w, h))
+            total += base + per_tile * math.ceil(w * s / 512) * math.ceil(h * s / 512)
+    return total
+
+
+def _strict_problem(schema: dict, path: str = "") -> str | None:
+    if schema.get("type") == "object" or "properties" in schema:
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is not False:
+            return f"In context=({path}), 'additionalProperties' is required to be supplied and to be false"
+        if sorted(schema.get("required", [])) != sorted(props):
+            return f"In context=({path}), 'required' is required to be supplied and to be an array including every key in properties"
+        for name, sub in props.items():
+            problem = _strict_problem(sub, f"{path}'properties', '{name}', ")
+            if problem:
+                return problem
+    for word in ("minLength", "maxLength"):
+        if word in schema:
+            return f"In context=({path}), '{word}' is not permitted"
+    if isinstance(schema.get("items"), dict):
+        return _strict_problem(schema["items"], f"{path}'items', ")
+    return None
 
 
 def _schema_from_prompt(texts: list[str]) -> dict | None:
@@ -168,30 +263,67 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
 async def chat_completions(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     raw = await request.read()
+    arrival = time.time()
     state.total += 1
-    state.timestamps.append(time.time())
+    state.timestamps.append(arrival)
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    try:
+        return await _answer(state, request, raw)
+    finally:
+        state.in_flight -= 1
+        state.spans.append((arrival, time.time()))
+
+
+async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.Response:
     try:
         body = json.loads(raw)
     except ValueError:
         state.by_status[400] += 1
         return _error(400, "request body is not JSON")
+    state.models[str(body.get("model"))] += 1
+    state.auth[hashlib.sha256(request.headers.get("Authorization", "").encode()).hexdigest()[:16]] += 1
+    state.requests = (state.requests + [{k: v for k, v in body.items() if k != "messages"} |
+                                        {"n_messages": len(body.get("messages") or [])}])[-20:]
     messages = body.get("messages") or []
     rf = body.get("response_format") or {}
     key = hashlib.sha256(json.dumps([body.get("model"), messages, rf.get("type")], sort_keys=True)
                          .encode()).hexdigest()[:16]
     seen = state.seen_by_key[key]
     state.seen_by_key[key] += 1
-    item = request.headers.get("X-Changeforge-Item", "")
+    item = unquote(request.headers.get("X-Changeforge-Item", ""))
     state.items_by_key[key] = item
     state.times_by_key[key].append(state.timestamps[-1])
     cfg = state.config
-    if cfg.get("latency_ms"):
-        await asyncio.sleep(float(cfg["latency_ms"]) / 1000)
-
+    for param in cfg.get("reject_params") or []:
+        if param in body:
+            state.by_status[400] += 1
+            if param == "max_tokens":
+                return _error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                   "Use 'max_completion_tokens' instead.")
+            return _error(400, f"Unsupported value: '{param}' does not support {body[param]} with this model. "
+                               "Only the default (1) value is supported.")
     if rf.get("type") == "json_schema" and cfg.get("reject_json_schema"):
         state.by_status[400] += 1
         return _error(400, "response_format json_schema is not supported by this endpoint")
+    js = rf.get("json_schema") or {}
+    if rf.get("type") == "json_schema" and js.get("strict"):
+        problem = "strict mode is not supported" if cfg.get("reject_strict") else \
+            _strict_problem(js.get("schema") or {})
+        if problem:
+            state.by_status[400] += 1
+            return _error(400, f"Invalid schema for response_format '{js.get('name')}': {problem}.")
     texts = _texts(messages)
+    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + \
+        _image_tokens(messages, int(cfg.get("image_base", 85)), int(cfg.get("image_per_tile", 170)))
+    cap = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.get("default_max_tokens", 4096))
+    wait = state.admit(time.time(), prompt_tokens + cap)
+    if wait is not None:
+        state.by_status[429] += 1
+        return _error(429, "Rate limit reached (requests or tokens per minute)",
+                      {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(int(wait * 1000) + 1)})
+    if cfg.get("latency_ms"):
+        await asyncio.sleep(float(cfg["latency_ms"]) / 1000)
     fault = _fault_for(state, key, seen, item, "\n".join(texts))
     if fault == "429":
         state.by_status[429] += 1
@@ -216,19 +348,21 @@ async def chat_completions(request: web.Request) -> web.Response:
     content = json.dumps(maker.make(schema))
     if fault == "malformed":
         content = content[: max(1, len(content) // 2)] + " ...(truncated"
-    prompt_tokens = sum(len(t) for t in texts) // 4 + 85 * _n_images(messages) + 8 * len(messages)
-    completion_tokens = max(1, len(content) // 4)
+    completion_tokens, finish = max(1, len(content) // 4), "stop"
+    if completion_tokens > cap:   # cut off at the completion cap, as a model would be
+        content, completion_tokens, finish = content[: cap * 4], cap, "length"
     state.by_status[200] += 1
-    if fault is None:
+    if fault is None and finish == "stop":
         state.ok_by_key[key] += 1
     reply = {
         "id": f"chatcmpl-test-{key}-{seen}", "object": "chat.completion", "created": int(time.time()),
         "model": body.get("model", "test"),
-        "choices": [{"index": 0, "finish_reason": "stop",
+        "choices": [{"index": 0, "finish_reason": finish,
                      "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
     }
+    if not cfg.get("omit_usage"):
+        reply["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}
     return web.json_response(reply)
 
 
@@ -305,6 +439,10 @@ class ServerProcess:
 
     def reset(self) -> None:
         self._call("/control/reset", {})
+
+    def restore_defaults(self) -> dict:
+        """No faults, no limits, no latency: the configuration a test starts from."""
+        return self.configure(**DEFAULT_CONFIG)
 
     def configure(self, **config) -> dict:
         return self._call("/control/faults", config)

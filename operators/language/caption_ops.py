@@ -178,7 +178,7 @@ class CaptionPrompts:
     detail: str = "auto"
     max_image_side: int = 1024
     image_format: str = "png"
-    overall_mode: str = "judge"
+    overall_mode: str = "criteria"
     model: str = ""
     judge_model: str = ""
     run_id: str = ""
@@ -189,15 +189,15 @@ class CaptionPrompts:
 def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
     system, user = prompts.generate.render(car_percent=f"{100 * record['car']:.1f}",
                                            region=record["change_region"], components=record["components"])
-    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail)
-                                                  for k in ("a_url", "b_url", "mask_url")]
+    # The mask is a coarse binary guide: low detail (one tile's price) is all it needs.
+    content = [{"type": "text", "text": user}, image_part(record["a_url"], prompts.detail),
+               image_part(record["b_url"], prompts.detail), image_part(record["mask_url"], "low")]
     return LLMRequest(
         item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
         schema=generation_schema(), schema_name="change_captions",
         cache_parts={"stage": "caption_generate", "template": prompts.generate.version, "images": record["hashes"],
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
-                     "candidate": "all"},
-        image_tokens=3 * int(record["image_tokens"]))
+                     "candidate": "all"})  # image tokens: counted from the images sent, by the model's rule
 
 
 def handle_generate_result(prompts: CaptionPrompts, record: dict, result: LLMResult) -> list[dict]:
@@ -235,8 +235,7 @@ def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
         cache_parts={"stage": "caption_judge", "template": prompts.judge.version,
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
-                     "candidates": [c for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged]},
-        image_tokens=2 * int(record["image_tokens"]))
+                     "candidates": [c for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged]})
 
 
 def handle_judge_result(prompts: CaptionPrompts, record: dict, result: LLMResult | None) -> list[dict]:

@@ -4,8 +4,12 @@ LEVIR-CC caption file.
 Selection (JL1-CC, section II-B2): every candidate gets five criterion scores (1-10) from the judge;
 its *overall* score is, by ``--overall``,
 
-- ``judge``: the judge's own ``overall`` field (the judge weighs the criteria itself; the default),
-- ``mean``: the mean of the five criterion scores,
+- ``criteria`` (the default): the mean of the five criterion scores, except that a caption the
+  accuracy criterion marks as hallucinated (accuracy <= 4, the band the judge prompt reserves for a
+  hallucinated change or object) scores its accuracy instead, so it is always rejected;
+- ``judge``: the judge's own ``overall`` field (unconstrained: a judge can give 8 to a caption it
+  scored 2 for accuracy);
+- ``mean``: the mean of the five criterion scores;
 - ``min``: the lowest criterion score (a caption is only as good as its worst aspect).
 
 Candidates with overall < 7 are rejected; of the rest the three best are kept, and every candidate
@@ -20,7 +24,9 @@ from pathlib import Path
 
 PERSPECTIVES = ("change_type", "spatial_location", "visual_appearance", "scale", "implication")
 CRITERIA = ("accuracy", "specificity", "spatial_correctness", "naturalness", "informativeness")
-OVERALL_MODES = ("judge", "mean", "min")
+OVERALL_MODES = ("criteria", "judge", "mean", "min")
+HALLUCINATION_CRITERIA = ("accuracy",)   # criteria whose low band means "hallucinated"
+HALLUCINATION_MAX = 4                    # the judge prompt: a hallucinated change or object scores 1-4
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
 
 
@@ -69,11 +75,16 @@ def judge_schema(keys: tuple[str, ...] = PERSPECTIVES) -> dict:
             "additionalProperties": False}
 
 
-def overall_score(scores: dict, mode: str = "judge", criteria: tuple[str, ...] = CRITERIA) -> float:
-    """``criteria``: the scored criteria (the QA job's four differ from the captions' five)."""
+def overall_score(scores: dict, mode: str = "criteria", criteria: tuple[str, ...] = CRITERIA,
+                  hallucination: tuple[str, ...] = HALLUCINATION_CRITERIA) -> float:
+    """``criteria``: the scored criteria (the QA job's four differ from the captions' five);
+    ``hallucination``: those whose low band (<= HALLUCINATION_MAX) means a hallucination."""
     if mode == "judge":
         return float(scores["overall"])
     values = [float(scores[c]) for c in criteria]
+    if mode == "criteria":
+        flagged = [float(scores[c]) for c in hallucination if float(scores[c]) <= HALLUCINATION_MAX]
+        return min(flagged) if flagged else sum(values) / len(values)
     if mode == "mean":
         return sum(values) / len(values)
     if mode == "min":

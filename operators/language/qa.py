@@ -5,7 +5,9 @@ Selection (II-C3, Stage 2): the judge scores every QA pair 1-10 on answer accura
 answer completeness and redundancy (the redundancy criterion needs all five side by side, so one
 judge request carries them all). The overall score is, by ``--overall``,
 
-- ``judge``: the judge's own ``overall`` field (default, as for captions),
+- ``criteria`` (default, as for captions): the mean of the four criteria, except that an answer
+  whose accuracy is in the hallucination band (<= 4) scores its accuracy, so it is never kept,
+- ``judge``: the judge's own ``overall`` field,
 - ``mean``: the mean of the four criteria,
 - ``min``: the lowest criterion.
 
@@ -76,8 +78,8 @@ def judge_schema(types: list[str]) -> dict:
             "additionalProperties": False}
 
 
-def overall_score(scores: dict, mode: str = "judge") -> float:
-    return captions.overall_score(scores, mode, QA_CRITERIA)
+def overall_score(scores: dict, mode: str = "criteria") -> float:
+    return captions.overall_score(scores, mode, QA_CRITERIA, hallucination=("answer_accuracy",))
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,28 @@
 """One structured LLM call, done properly: cache, pool-wide rate limits, retries, re-asks, accounting.
 
-:class:`LLMCaller` wraps ``openai.AsyncOpenAI`` (its own retries off: ours honour the pool's limits).
+:class:`LLMCaller` posts OpenAI-compatible chat completions through a lean HTTP transport
+(:mod:`operators.llm.transport`: plain JSON, no SDK models; retries are ours and honour the pool's limits).
 For each :class:`LLMRequest` it
 
-1. looks the answer up in the response cache (a hit sends and pays nothing);
-2. leases a permit from the pool's rate limiter with a token estimate, sends the request with
-   ``response_format`` json_schema (or JSON mode, after an endpoint rejected json_schema with 400 once:
-   the schema then goes into the prompt), and books the API's ``usage`` against the estimate;
-3. retries 429/5xx/timeouts/connection errors with exponential backoff and full jitter, honouring
-   ``Retry-After``; re-asks a bounded number of times when the reply is not JSON or violates the schema
-   (telling the model what was wrong); and then gives up with an error result, never an exception.
+1. looks the answer up in the response cache, keyed on the rendered request (a hit sends and pays
+   nothing);
+2. leases a permit from the pool's rate limiter charged what the provider charges on arrival (prompt
+   text + images by the model family's rule + the completion cap), sends the request with
+   ``response_format`` json_schema in strict mode (or plain json_schema, or JSON mode with the schema in
+   the prompt, after the endpoint rejected the former with 400 once);
+3. adapts once to 400s naming ``max_tokens`` (-> ``max_completion_tokens``) or ``temperature`` (left
+   out); reports 429s to the limiter, which pauses and slows the whole pool; retries 5xx/timeouts/
+   connection errors with exponential backoff and jitter; re-asks a bounded number of times when the
+   reply is not JSON or violates the schema (telling the model what was wrong), or with twice the room
+   when it was cut off at the cap; and then gives up with an error result, never an exception.
 
-The API key is wrapped in :class:`Secret` (its repr hides it) and scrubbed from every error message.
+The API key is a :class:`Secret` read where it is used (its repr hides it, a pickle carries only its
+source) and scrubbed from every error message. Usage an endpoint does not report is unknown (None).
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -24,10 +31,13 @@ import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import quote
 
 from operators.llm.cache import ResponseCache, cache_key
+from operators.llm.images import image_token_rule, request_image_tokens
 from operators.llm.ratelimit import LeaseClient
-from operators.llm.schema import parse_json_reply, schema_errors
+from operators.llm.schema import parse_json_reply, schema_errors, strict_schema
+from operators.llm.transport import ChatTransport, ConnectionFailed, HTTPStatus, Timeout
 from operators.llm.usage import Prices
 
 log = logging.getLogger(__name__)
@@ -37,21 +47,64 @@ ITEM_HEADER = "X-Changeforge-Item"
 
 
 class Secret:
-    """A string that does not print itself."""
+    """An API key that does not print itself and never travels as a value.
 
-    def __init__(self, value: str | None):
-        self._value = value or ""
+    Made from a *source* (:meth:`from_source`): ``env:NAME`` (an environment variable of the process
+    that uses it), ``file:/path`` (a secret file mounted on every node), or
+    ``aws-sm:<secret id or ARN>[#json-field]`` (AWS Secrets Manager, read with the node's IAM role).
+    The value is read where the key is used, on the worker, and a pickled Secret (an actor argument,
+    a spilled object) carries the source only. A Secret made from a raw value pickles as
+    ``env:OPENAI_API_KEY`` when it is that variable's value, and refuses to be pickled otherwise.
+    """
+
+    DEFAULT_SOURCE = "env:OPENAI_API_KEY"
+
+    def __init__(self, value: str | None = None, source: str | None = None):
+        self._value = value
+        self.source = source
+
+    @classmethod
+    def from_source(cls, source: str = "") -> "Secret":
+        source = source or cls.DEFAULT_SOURCE
+        if not source.startswith(("env:", "file:", "aws-sm:")):
+            raise ValueError(f"key source must be env:NAME, file:/path or aws-sm:<secret id>[#field], "
+                             f"not {source.split(':')[0]!r}")
+        return cls(None, source)
+
+    def _resolve(self) -> str:
+        kind, _, ref = self.source.partition(":")
+        if kind == "env":
+            return os.environ.get(ref, "")
+        if kind == "file":
+            with open(ref, encoding="utf-8") as f:
+                return f.read().strip()
+        import boto3
+        secret_id, _, json_field = ref.partition("#")
+        text = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+        return str(json.loads(text)[json_field]) if json_field else text.strip()
 
     def get(self) -> str:
+        if self._value is None:
+            self._value = self._resolve() if self.source else ""
         return self._value
 
     def __bool__(self) -> bool:
-        return bool(self._value)
+        return bool(self.get())
 
     def __repr__(self) -> str:
-        return "Secret(****)"
+        return f"Secret({self.source or '****'})"
 
     __str__ = __repr__
+
+    def __reduce__(self):
+        if self.source:
+            return (Secret.from_source, (self.source,))
+        if not self._value:
+            return (Secret, (None,))
+        if self._value == os.environ.get("OPENAI_API_KEY"):
+            return (Secret.from_source, (self.DEFAULT_SOURCE,))
+        raise TypeError("a Secret holding a raw key is not sent to other processes: "
+                        "make it with Secret.from_source('env:NAME' | 'file:/path' | 'aws-sm:<id>')")
 
 
 _KEYLIKE = re.compile(r"\b(sk|key|api)[-_][A-Za-z0-9_\-*]{6,}", re.I)
@@ -69,15 +122,21 @@ class LLMConfig:
     model: str = ""
     base_url: str | None = None          # default: OPENAI_BASE_URL
     timeout_s: float = 120.0
-    max_retries: int = 6                 # transport-level: 429, 5xx, timeouts, connection errors
-    max_reasks: int = 2                  # content-level: malformed or schema-invalid replies
+    max_retries: int = 6                 # transport-level: 5xx, timeouts, connection errors
+    max_rate_limit_retries: int = 30     # 429s: the pool slows down, so these are waits rather than failures
+    max_reasks: int = 2                  # content-level: malformed, schema-invalid or cut-off replies
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     temperature: float | None = 0.7
     max_tokens: int = 1500
-    max_tokens_field: str = "max_tokens"  # OpenAI reasoning models want max_completion_tokens
+    max_tokens_ceiling: int = 0          # a reply cut off at the cap is re-asked with twice the room, up to
+                                         # this (default 4x max_tokens)
+    max_tokens_field: str = "max_tokens"  # switched to max_completion_tokens by itself when a model asks for it
     response_format: str = "json_schema"  # or json_object for endpoints known to lack schema support
+    strict_schema: bool = True           # json_schema strict mode (dropped by itself where rejected)
     detail: str = "auto"                  # image detail level sent with every image
+    image_token_rule: str = ""           # override of the model family's image token rule (see images.py)
+    max_request_bytes: int = 20_000_000  # larger requests become an error row instead of being sent
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
     use_cache: bool = True
@@ -93,8 +152,8 @@ class LLMRequest:
     messages: list[dict]
     schema: dict                    # JSON schema of the reply object
     schema_name: str
-    cache_parts: dict               # template version, image hashes, candidate index, ...
-    image_tokens: int = 0           # estimate for the rate limiter
+    cache_parts: dict               # stage, candidate index, ... (the rendered request is keyed anyway)
+    image_tokens: int = 0           # floor for the images' estimate (they are also counted from messages)
     check: Callable[[Any], str | None] | None = None  # extra semantic check beyond the schema
 
 
@@ -107,8 +166,8 @@ class LLMResult:
     error: str = ""
     cached: bool = False
     attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int | None = 0       # None: the endpoint did not report usage for some attempt
+    completion_tokens: int | None = 0
     cost_usd: float | None = None
     response_format: str = ""
     cache_key: str = ""
@@ -123,8 +182,12 @@ class RequestRejected(Exception):
     """A 4xx the endpoint will keep returning (bad key, unknown model, request too large)."""
 
 
+class RequestTooLarge(RequestRejected):
+    """The request is over ``max_request_bytes``; it was not sent."""
+
+
 class InvalidReply(Exception):
-    """Malformed or schema-violating replies after every allowed re-ask."""
+    """Malformed, schema-violating or cut-off replies after every allowed re-ask."""
 
 
 def _retry_after(headers) -> float | None:
@@ -151,6 +214,45 @@ def estimate_text_tokens(messages: list[dict]) -> int:
     return chars // 4 + 8 * len(messages)
 
 
+def request_bytes(messages: list[dict]) -> int:
+    """Size of the messages on the wire, near enough (data URLs dominate), without serialising them."""
+    total = 0
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str):
+            total += len(c.encode("utf-8")) + 40
+        elif isinstance(c, list):
+            for p in c:
+                if isinstance(p, dict):
+                    total += len(p.get("text", "").encode("utf-8")) + len((p.get("image_url") or {}).get("url", "")) + 60
+    return total
+
+
+def header_safe(text: str) -> str:
+    """HTTP header values are ASCII: percent-encode the rest (a pair id may be any Unicode)."""
+    return quote(text[:200], safe=" !#$&'()*+,/:;=?@[]~-._")
+
+
+def keyed_messages(messages: list[dict]) -> list:
+    """The messages as they are rendered, with each image URL replaced by the hash of its content."""
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            parts = []
+            for p in c:
+                if isinstance(p, dict) and p.get("type") == "image_url":
+                    img = p.get("image_url") or {}
+                    url = str(img.get("url", ""))
+                    parts.append({"image": hashlib.sha256(url.encode()).hexdigest() if url.startswith("data:") else url,
+                                  "detail": img.get("detail", "auto")})
+                else:
+                    parts.append(p)
+            c = parts
+        out.append({"role": m.get("role"), "content": c})
+    return out
+
+
 def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
     """JSON mode has no schema slot: state it in the system message (JSON mode also requires the word
     JSON to appear in the prompt)."""
@@ -163,31 +265,37 @@ def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
     return out
 
 
+def _mentions(message: str, *words: str) -> bool:
+    low = message.lower()
+    return any(w in low for w in words)
+
+
 class LLMCaller:
     def __init__(self, config: LLMConfig, api_key: Secret | None = None, lease: LeaseClient | None = None,
                  cache: ResponseCache | None = None, max_connections: int = 512):
-        import httpx2
-        import openai
-
         self.config = config
-        self.secret = api_key if api_key is not None else Secret(os.environ.get("OPENAI_API_KEY"))
+        self.secret = api_key if api_key is not None else Secret.from_source()
         self.lease = lease or LeaseClient(None)
         self.cache = cache if config.use_cache else None
-        self.response_format = config.response_format
+        self.base_url = (config.base_url or os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self._openai = openai
-        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.client = openai.AsyncOpenAI(
-            api_key=self.secret.get() or "not-needed",  # local servers often take no key
-            base_url=config.base_url or os.environ.get("OPENAI_BASE_URL"),
-            timeout=config.timeout_s, max_retries=0,
-            http_client=httpx2.AsyncClient(limits=limits, timeout=config.timeout_s))
+        self.image_rule = image_token_rule(config.model, config.image_token_rule)
+        # What this endpoint accepts, learnt from its 400s (each adaptation happens once per actor).
+        self.response_format = config.response_format
+        self.strict = config.strict_schema
+        self.max_tokens_field = config.max_tokens_field
+        self.send_temperature = config.temperature is not None
+        if not self.base_url:
+            raise ValueError("no endpoint: set base_url or OPENAI_BASE_URL")
+        self.transport = ChatTransport(self.base_url, self.secret.get(), config.timeout_s, max_connections)
 
     def key_for(self, request: LLMRequest) -> str:
-        params = {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
-                  "detail": self.config.detail}
-        return cache_key({"model": self.config.model, "schema": request.schema_name, "params": params,
-                          **request.cache_parts})
+        """Everything that determines the answer: endpoint, model, the rendered messages (images by
+        content hash), the schema and the sampling parameters."""
+        params = {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens}
+        return cache_key({"endpoint": self.base_url, "model": self.config.model, "schema_name": request.schema_name,
+                          "schema": request.schema, "params": params, "messages": keyed_messages(request.messages),
+                          "parts": request.cache_parts})
 
     async def call(self, request: LLMRequest) -> LLMResult:
         key = self.key_for(request)
@@ -200,13 +308,19 @@ class LLMCaller:
                 self.lease.add_usage({"cached": 1})
                 return result
         try:
+            size = request_bytes(request.messages)
+            if self.config.max_request_bytes and size > self.config.max_request_bytes:
+                raise RequestTooLarge(
+                    f"request is {size / 1e6:.2f} MB, over the {self.config.max_request_bytes / 1e6:.2f} MB bound "
+                    "(--max-request-bytes); lower --max-image-side or use --image-format jpeg")
             await self._call_endpoint(request, result)
         except Exception as exc:  # noqa: BLE001 - whatever happens, the row gets a result
             result.ok, result.error_type = False, type(exc).__name__
             result.error = redact(str(exc) or repr(exc), self.secret)[:1000]
-        result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens)
-        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                 "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1}
+        known = result.prompt_tokens is not None and result.completion_tokens is not None
+        result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        usage = {"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
+                 "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1, "usage_unknown": 0 if known else 1}
         self.lease.add_usage(usage)
         if result.ok and self.cache is not None:
             entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
@@ -218,34 +332,60 @@ class LLMCaller:
                 log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
         return result
 
+    def _adapt_to_400(self, message: str, fmt: str) -> str | None:
+        """Change what we send after a 400 that names a parameter this model rejects. Returns what was
+        adapted, or None when the 400 is not one we know how to adapt to."""
+        if self.max_tokens_field == "max_tokens" and "max_tokens" in message and \
+                _mentions(message, "max_completion_tokens", "unsupported parameter", "not supported"):
+            self.max_tokens_field = "max_completion_tokens"
+            return "max_tokens -> max_completion_tokens"
+        if self.send_temperature and _mentions(message, "temperature"):
+            self.send_temperature = False
+            return "temperature left to the endpoint"
+        if fmt == "json_schema" and self.strict and _mentions(message, "strict"):
+            self.strict = False
+            return "json_schema without strict"
+        return None
+
     async def _call_endpoint(self, request: LLMRequest, result: LLMResult) -> None:
         cfg = self.config
         conversation = list(request.messages)
-        retries = reasks = 0
+        retries = rate_limited = reasks = 0
         fmt = self.response_format
         schema_rejected = ""   # the endpoint's 400 to json_schema, while we try JSON mode instead
+        max_tokens = cfg.max_tokens
+        ceiling = cfg.max_tokens_ceiling or 4 * cfg.max_tokens
+        image_tokens = max(request.image_tokens, request_image_tokens(request.messages, self.image_rule))
         while True:
             if fmt == "json_schema":
                 messages = conversation
+                strict = self._strict_schema(request.schema) if self.strict else None
                 response_format = {"type": "json_schema", "json_schema": {
-                    "name": request.schema_name, "schema": request.schema, "strict": False}}
+                    "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}
             else:
                 messages = with_schema_in_prompt(conversation, request.schema)
                 response_format = {"type": "json_object"}
-            estimate = estimate_text_tokens(messages) + request.image_tokens + cfg.max_tokens
+            # What the provider charges against TPM on arrival: prompt (text + images) + the completion cap.
+            prompt_estimate = estimate_text_tokens(messages) + image_tokens
+            estimate = prompt_estimate + max_tokens
             await self.lease.acquire(estimate)
             result.attempts += 1
             result.response_format = fmt
             try:
-                kwargs = {cfg.max_tokens_field: cfg.max_tokens}
-                if cfg.temperature is not None:
-                    kwargs["temperature"] = cfg.temperature
-                reply = await self.client.chat.completions.create(
-                    model=cfg.model, messages=messages, response_format=response_format,
-                    extra_headers={ITEM_HEADER: request.item[:200]}, **kwargs)
-            except self._openai.APIStatusError as exc:
-                self.lease.release(-estimate)
+                body = {"model": cfg.model, "messages": messages, "response_format": response_format,
+                        self.max_tokens_field: max_tokens}
+                if self.send_temperature:
+                    body["temperature"] = cfg.temperature
+                reply = await self.transport.post(body, {ITEM_HEADER: header_safe(request.item)})
+            except HTTPStatus as exc:
+                self.lease.release()
                 status = exc.status_code
+                if status == 400:
+                    message = self._message(exc)
+                    adapted = self._adapt_to_400(message, fmt)
+                    if adapted:
+                        log.warning("endpoint rejected a parameter (%s); adapting: %s", message[:200], adapted)
+                        continue
                 if status == 400 and fmt == "json_schema":
                     # Perhaps an endpoint without json_schema support: try JSON mode. Only if that is
                     # accepted does this actor switch for good (a 400 can have other causes).
@@ -254,48 +394,83 @@ class LLMCaller:
                     continue
                 if status == 400 and schema_rejected:
                     raise RequestRejected(f"HTTP 400: {schema_rejected}") from None
-                if status in (408, 409, 429) or status >= 500:
+                if status == 429:
+                    rate_limited += 1
+                    if rate_limited > cfg.max_rate_limit_retries:
+                        raise TransportError(f"HTTP 429 after {rate_limited} attempts") from None
+                    retry_after = _retry_after(exc.headers)
+                    if self.lease.limiter is not None:
+                        await self.lease.throttle(retry_after)   # the whole pool waits, then slows down
+                        await asyncio.sleep(random.uniform(0, 0.05))
+                    else:
+                        await self._backoff(rate_limited, retry_after)
+                    continue
+                if status in (408, 409) or status >= 500:
                     retries += 1
                     if retries > cfg.max_retries:
                         raise TransportError(f"HTTP {status} after {retries} attempts") from None
-                    await self._backoff(retries, _retry_after(exc.response.headers))
+                    await self._backoff(retries, _retry_after(exc.headers))
                     continue
                 raise RequestRejected(f"HTTP {status}: {self._message(exc)}") from None
-            except (self._openai.APITimeoutError, self._openai.APIConnectionError) as exc:
-                self.lease.release(-estimate)
+            except (Timeout, ConnectionFailed) as exc:
+                self.lease.release()
                 retries += 1
                 if retries > cfg.max_retries:
-                    kind = "timeout" if isinstance(exc, self._openai.APITimeoutError) else "connection error"
+                    kind = "timeout" if isinstance(exc, Timeout) else "connection error"
                     raise TransportError(f"{kind} after {retries} attempts") from None
                 await self._backoff(retries, None)
                 continue
             except BaseException:
-                self.lease.release(-estimate)  # cancelled or unexpected: the permit still goes back
+                self.lease.release()  # cancelled or unexpected: the permit still goes back
                 raise
             if schema_rejected and self.response_format == "json_schema":
                 log.warning("endpoint rejected response_format json_schema (%s); using JSON mode",
                             schema_rejected[:200])
                 self.response_format = "json_object"
-            usage = reply.usage
-            p = int(getattr(usage, "prompt_tokens", 0) or 0)
-            c = int(getattr(usage, "completion_tokens", 0) or 0)
-            result.prompt_tokens += p
-            result.completion_tokens += c
-            self.lease.release((p + c - estimate) if usage else 0.0)
-            content = reply.choices[0].message.content if reply.choices else None
+            usage = reply.get("usage") if isinstance(reply, dict) else None
+            if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
+                # No usage reported: unknown (cost null), not zero. The estimate stays charged.
+                result.prompt_tokens = result.completion_tokens = None
+                self.lease.release()
+            else:
+                p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                if result.prompt_tokens is not None:
+                    result.prompt_tokens += p
+                    result.completion_tokens += c
+                self.lease.release(p - prompt_estimate)   # only an under-estimate is booked
+            choices = reply.get("choices") if isinstance(reply, dict) else None
+            choice = choices[0] if choices and isinstance(choices[0], dict) else None
+            content = (choice.get("message") or {}).get("content") if choice else None
             problem = self._problem(content, request)
-            if problem and reply.choices and reply.choices[0].finish_reason == "length":
-                problem += f" (cut off at {cfg.max_tokens} tokens: raise --max-tokens)"
             if problem is None:
                 result.ok, result.value = True, parse_json_reply(content)
                 return
             reasks += 1
+            cut_off = choice is not None and choice.get("finish_reason") == "length"
             if reasks > cfg.max_reasks:
+                if cut_off:
+                    problem += f" (cut off at {max_tokens} tokens: raise --max-tokens)"
                 raise InvalidReply(f"invalid reply after {reasks} attempts: {problem}")
+            if cut_off:
+                # Cut off by the cap: the same question again with more room (a thinking model may have
+                # spent the cap on reasoning); nothing to tell the model.
+                max_tokens = min(ceiling, max_tokens * 2)
+                conversation = list(request.messages)
+                continue
             conversation = list(request.messages) + [
                 {"role": "assistant", "content": (content or "")[:4000]},
                 {"role": "user", "content": f"Your reply was not usable: {problem}. Reply again with only "
                                             "the JSON object, conforming to the schema."}]
+
+    def _strict_schema(self, schema: dict) -> dict | None:
+        """Strict form of ``schema``, computed once per schema object (stages reuse theirs)."""
+        memo = self.__dict__.setdefault("_strict_memo", {})
+        hit = memo.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            if len(memo) > 256:
+                memo.clear()
+            hit = memo[id(schema)] = (schema, strict_schema(schema))
+        return hit[1]
 
     def _problem(self, content: str | None, request: LLMRequest) -> str | None:
         try:
@@ -307,12 +482,8 @@ class LLMCaller:
             return "; ".join(errors)
         return request.check(value) if request.check else None
 
-    def _message(self, exc) -> str:
-        body = getattr(exc, "body", None)
-        msg = body.get("message") if isinstance(body, dict) else None
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            msg = body["error"].get("message")
-        return redact(str(msg or exc.message or ""), self.secret)[:500]
+    def _message(self, exc: HTTPStatus) -> str:
+        return redact(str(exc.message or ""), self.secret)[:500]
 
     async def _backoff(self, attempt: int, retry_after: float | None) -> None:
         cfg = self.config
@@ -324,5 +495,4 @@ class LLMCaller:
 
     async def aclose(self) -> None:
         await self.lease.flush()
-        await self.client.close()
-
+        await self.transport.aclose()

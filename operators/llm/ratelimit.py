@@ -1,53 +1,80 @@
-"""Pool-wide rate limits: one named Ray actor holds the buckets, every LLM actor leases from it.
+"""Pool-wide rate limits, counted the way providers count them.
 
 Limits that hold "for the whole pool across every actor and node" need one place that counts. The
-:class:`RateLimiter` actor keeps a request bucket (RPM), a token bucket (TPM) and an in-flight count.
-Clients (:class:`LeaseClient`, one per LLM actor) lease permits in batches sized to the number of
-requests currently waiting, so at hundreds of requests per second there are only tens of actor calls;
-completed requests are released in batches too, carrying the difference between the token estimate
-debited up front and the usage the API reported, which the actor books against the token bucket.
+:class:`RateLimiter` actor keeps a request bucket (RPM), a token bucket (TPM) and an in-flight count;
+every LLM actor leases permits from it through a :class:`LeaseClient`.
+
+How tokens are counted. Providers charge a request against TPM *when it arrives*, at its prompt
+(text + images) plus the completion cap (``max_tokens``), and do not give the unused cap back within
+the window. So each permit is charged its own estimate of exactly that when it is granted, and
+nothing is refunded when the reply used fewer tokens (a refund would let the next minute overrun as
+the provider counts it). Only an *under*-estimate is booked afterwards (reported usage above the
+estimate), which errs on the safe side.
 
 Bucket shape: capacity ``burst = max(1, rate_per_s * burst_s)`` and refill ``(limit - burst) / 60`` per
-second, so that no 60 s window ever holds more than ``limit`` grants (burst + 60 s of refill = limit),
-while the long-run rate is ``limit - burst`` per minute (98% of the limit at the default 1 s burst).
-Both limits are applied 1% low (``safety``): requests granted at an even pace still reach the endpoint
-with some jitter, and a window must not tip over the limit because of it.
-The usage counters the clients report make the actor the place the driver polls for progress.
+second, so that no 60 s window ever holds more than ``limit`` (burst + 60 s of refill = limit), aimed
+1% low (``safety``) for arrival jitter.
+
+A 429 slows the whole pool: :meth:`RateLimiterCore.throttle` pauses every grant for the
+``Retry-After`` the provider sent (empty buckets afterwards, so the pool resumes at a pace, not a
+burst), then runs at ``backoff_factor`` of the rate (and of the in-flight count), recovering by
+``recover_step`` every ``recover_s`` seconds without a 429 (AIMD, as TCP does).
+
+The actor restarts when it dies (``max_restarts``). A restarted limiter starts with empty buckets,
+which is exactly as safe as running on (the minute before the crash spent at most its burst plus its
+refill); clients notice the new instance by its epoch and hand it the permits they still hold, so the
+in-flight count is rebuilt. Its name comes from the endpoint and a hash of endpoint and key
+(:func:`limiter_name`, never the key itself) in a fixed namespace, so two jobs against one account on
+one cluster share one budget.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import logging
 import math
+import random
 import time
+import uuid
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
+
+NAMESPACE = "changeforge-llm"
 
 
 @dataclass
 class RateLimits:
     rpm: float = 0.0           # requests per minute for the whole pool; 0 = unlimited
-    tpm: float = 0.0           # tokens per minute (prompt + completion); 0 = unlimited
+    tpm: float = 0.0           # tokens per minute (prompt + images + max_tokens, at arrival); 0 = unlimited
     max_in_flight: int = 256   # requests outstanding at once across the pool
     burst_s: float = 1.0       # bucket capacity, in seconds of the rate
     safety: float = 0.01       # aim this fraction below the limits: arrival jitter must not tip a window over
+    backoff_factor: float = 0.7   # on a 429: rate and in-flight cap times this
+    min_factor: float = 0.05
+    recover_s: float = 10.0       # every this many seconds without a 429 ...
+    recover_step: float = 0.1     # ... the factor grows back by this much (up to 1)
+    pause_s: float = 1.0          # pause on a 429 without Retry-After
 
 
 class TokenBucket:
-    """Classic token bucket whose capacity plus one minute of refill equals the per-minute limit."""
+    """Token bucket whose capacity plus one minute of refill equals the per-minute limit."""
 
-    def __init__(self, per_minute: float, burst_s: float, now: float):
+    def __init__(self, per_minute: float, burst_s: float, now: float, start_empty: bool = False):
         self.unlimited = not per_minute or per_minute <= 0
         if self.unlimited:
             return
-        self.capacity = max(1.0, per_minute / 60.0 * burst_s)
-        self.capacity = min(self.capacity, per_minute)
-        self.refill_per_s = max(per_minute - self.capacity, 1e-9) / 60.0
-        self.level = self.capacity
+        self.full_capacity = min(max(1.0, per_minute / 60.0 * burst_s), per_minute)
+        self.full_refill = max(per_minute - self.full_capacity, 1e-9) / 60.0
+        self.capacity, self.refill_per_s = self.full_capacity, self.full_refill
+        self.level = 0.0 if start_empty else self.capacity
         self.stamp = now
 
     def _refill(self, now: float) -> None:
+        if now <= self.stamp:        # held (see drain_until)
+            return
         self.level = min(self.capacity, self.level + (now - self.stamp) * self.refill_per_s)
         self.stamp = now
 
@@ -62,6 +89,21 @@ class TokenBucket:
             self._refill(now)
             self.level -= amount
 
+    def scale(self, factor: float, now: float) -> None:
+        """Run at ``factor`` of the configured rate (and burst)."""
+        if not self.unlimited:
+            self._refill(now)
+            self.capacity = max(1.0, self.full_capacity * factor)
+            self.refill_per_s = self.full_refill * factor
+            self.level = min(self.level, self.capacity)
+
+    def drain_until(self, now: float, until: float) -> None:
+        """Empty, and no refill before ``until`` (a pause must not end in a burst)."""
+        if not self.unlimited:
+            self._refill(now)
+            self.level = min(self.level, 0.0)
+            self.stamp = max(self.stamp, until)
+
     def seconds_until(self, amount: float, now: float) -> float:
         if self.unlimited:
             return 0.0
@@ -71,118 +113,285 @@ class TokenBucket:
 
 
 class RateLimiterCore:
-    """The bookkeeping, without Ray (unit-testable with a fake clock)."""
+    """The bookkeeping, without Ray (unit-testable with a fake clock; also usable in-process)."""
 
-    def __init__(self, limits: RateLimits, clock=time.monotonic):
-        self.limits = limits
+    def __init__(self, limits: RateLimits, clock=time.monotonic, restarted: bool = False):
         self.clock = clock
-        now = clock()
-        margin = 1.0 - limits.safety
-        self.requests = TokenBucket(limits.rpm * margin, limits.burst_s, now)
-        self.tokens = TokenBucket(limits.tpm * margin, limits.burst_s, now)
-        self.in_flight = 0
+        self.epoch = uuid.uuid4().hex[:12]
+        self.restarted = restarted
         self.totals = {"granted": 0, "released": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                       "cost_usd": 0.0, "cached": 0, "failed": 0}
+                       "cost_usd": 0.0, "cached": 0, "failed": 0, "throttled": 0, "tokens_charged": 0.0}
         self.started = time.time()
+        self.in_flight = 0
+        self.configure(limits, start_empty=restarted)
 
-    def acquire(self, n: int, tokens_each: float) -> tuple[int, float]:
-        """Grant up to ``n`` requests of ``tokens_each`` estimated tokens. Returns (granted, wait_s):
-        when nothing is granted, ``wait_s`` says when to ask again."""
+    def configure(self, limits: RateLimits, start_empty: bool = False) -> None:
         now = self.clock()
-        room = max(0, self.limits.max_in_flight - self.in_flight) if self.limits.max_in_flight else n
+        self.limits = limits
+        margin = 1.0 - limits.safety
+        self.requests = TokenBucket(limits.rpm * margin, limits.burst_s, now, start_empty)
+        self.tokens = TokenBucket(limits.tpm * margin, limits.burst_s, now, start_empty)
+        self.factor = 1.0
+        self.in_flight_cap = float(limits.max_in_flight) if limits.max_in_flight else math.inf
+        self.paused_until = now
+        self.last_429 = -math.inf
+        self.last_recovery = now
+
+    # -- permits --------------------------------------------------------------------------------
+    def lease(self, estimates: list[float], epoch: str | None = None) -> tuple[int, float, str]:
+        """Grant permits to a prefix of ``estimates`` (each charged its own token estimate).
+        Returns (granted, wait_s, epoch); when nothing is granted, ``wait_s`` says when to ask again.
+        A client that knew another epoch gets nothing until it has :meth:`adopt`-ed its permits."""
+        if epoch is not None and epoch != self.epoch:
+            return 0, 0.0, self.epoch
+        now = self.clock()
+        self._recover(now)
+        if now < self.paused_until:
+            return 0, self.paused_until - now, self.epoch
+        room = self.in_flight_cap - self.in_flight
         by_requests = self.requests.available(now)
-        by_tokens = self.tokens.available(now)
-        granted = min(n, room, int(by_requests) if by_requests != math.inf else n)
-        if tokens_each > 0 and by_tokens != math.inf:
-            # A request larger than the whole bucket still passes once the bucket is full.
-            need = min(tokens_each, self.tokens.capacity)
-            afford = 0 if by_tokens < need else max(1, int(by_tokens // tokens_each))
-            granted = min(granted, afford)
-        granted = max(0, granted)
+        granted = 0
+        while granted < len(estimates) and granted < room and granted + 1 <= by_requests:
+            cost = estimates[granted]
+            if cost > 0 and not self.tokens.unlimited:
+                # A request larger than the whole bucket still passes once the bucket is full.
+                if self.tokens.available(now) < min(cost, self.tokens.capacity):
+                    break
+                self.tokens.take(cost, now)
+            granted += 1
+            self.totals["tokens_charged"] += max(cost, 0.0)
         if granted:
             self.requests.take(granted, now)
-            self.tokens.take(granted * tokens_each, now)
             self.in_flight += granted
             self.totals["granted"] += granted
-            return granted, 0.0
-        if room == 0:
-            return 0, 0.02
-        wait = max(self.requests.seconds_until(1, now), self.tokens.seconds_until(tokens_each, now))
-        return 0, max(0.001, wait)
+            return granted, 0.0, self.epoch
+        if room <= 0:
+            return 0, 0.02, self.epoch
+        wait = max(self.requests.seconds_until(1, now),
+                   self.tokens.seconds_until(estimates[0], now) if estimates else 0.0)
+        return 0, max(0.001, wait), self.epoch
+
+    def acquire(self, n: int, tokens_each: float | list[float]) -> tuple[int, float]:
+        """``n`` requests of ``tokens_each`` tokens (or one estimate per request): (granted, wait_s)."""
+        estimates = list(tokens_each) if isinstance(tokens_each, (list, tuple)) else [tokens_each] * n
+        granted, wait, _ = self.lease(estimates[:n])
+        return granted, wait
 
     def release(self, n_done: int, token_correction: float = 0.0, usage: dict | None = None) -> None:
-        """``n_done`` permits come back; ``token_correction`` (actual - estimated tokens) is booked."""
+        """``n_done`` permits come back. ``token_correction`` (reported - estimated tokens) is booked
+        only when positive: the provider does not refund an unused completion cap within the window."""
         self.in_flight = max(0, self.in_flight - n_done)
         self.totals["released"] += n_done
-        if token_correction:
+        if token_correction > 0:
             self.tokens.take(token_correction, self.clock())
+            self.totals["tokens_charged"] += token_correction
         for k, v in (usage or {}).items():
             self.totals[k] = self.totals.get(k, 0) + v
 
+    def settle(self, n_done: int, token_correction: float, usage: dict | None, epoch: str | None) -> str:
+        """:meth:`release` from a client that knows ``epoch``; refused (nothing booked) if stale."""
+        if epoch is not None and epoch != self.epoch:
+            return self.epoch
+        self.release(n_done, token_correction, usage)
+        return self.epoch
+
+    def adopt(self, outstanding: int) -> str:
+        """A client of an earlier instance still holds ``outstanding`` permits: count them."""
+        self.in_flight += max(0, int(outstanding))
+        return self.epoch
+
+    # -- 429 feedback ---------------------------------------------------------------------------
+    def throttle(self, retry_after_s: float | None = None) -> float:
+        """The provider said 429: pause the whole pool, then run slower. Returns the pause end (s from now).
+        One storm of 429s (replies to requests already in flight) lowers the rate once."""
+        now = self.clock()
+        pause = retry_after_s if retry_after_s is not None else self.limits.pause_s
+        self.totals["throttled"] += 1
+        if now >= self.paused_until:   # a new event, not another reply from the same storm
+            self.factor = max(self.limits.min_factor, self.factor * self.limits.backoff_factor)
+            if self.requests.unlimited and self.tokens.unlimited:
+                # No rate to lower: concurrency is the only lever.
+                self.in_flight_cap = max(1.0, math.floor(min(self.in_flight_cap, max(1, self.in_flight)) *
+                                                         self.limits.backoff_factor))
+            self.requests.scale(self.factor, now)
+            self.tokens.scale(self.factor, now)
+            log.warning("429 from the endpoint: pool paused %.1f s, then at %.0f%% of the rate, in-flight cap %s",
+                        pause, 100 * self.factor, self.in_flight_cap)
+        self.paused_until = max(self.paused_until, now + pause)
+        self.requests.drain_until(now, self.paused_until)
+        self.tokens.drain_until(now, self.paused_until)
+        self.last_429 = self.last_recovery = now
+        return self.paused_until - now
+
+    def _recover(self, now: float) -> None:
+        if self.factor >= 1.0 and self.in_flight_cap >= (self.limits.max_in_flight or math.inf):
+            return
+        while now - self.last_recovery >= self.limits.recover_s:
+            self.last_recovery += self.limits.recover_s
+            self.factor = min(1.0, self.factor + self.limits.recover_step)
+            cap = self.limits.max_in_flight or math.inf
+            if self.in_flight_cap < cap:
+                self.in_flight_cap = min(cap, math.ceil(self.in_flight_cap * (1 + self.limits.recover_step * 2)) + 1)
+            self.requests.scale(self.factor, now)
+            self.tokens.scale(self.factor, now)
+            if self.factor >= 1.0 and self.in_flight_cap >= cap:
+                break
+
+    def update_limits(self, limits: RateLimits) -> None:
+        """A job (re)started against this account with these limits: they hold from now on."""
+        if limits != self.limits:
+            log.info("rate limits changed: %s -> %s", self.limits, limits)
+            self.configure(limits, start_empty=True)
+
     def stats(self) -> dict:
-        return dict(self.totals, in_flight=self.in_flight, elapsed_s=time.time() - self.started)
+        return dict(self.totals, in_flight=self.in_flight, elapsed_s=time.time() - self.started,
+                    factor=self.factor, epoch=self.epoch, restarted=self.restarted)
+
+
+def limiter_name(base_url: str | None, api_key: str = "") -> str:
+    """Name of the limiter for an endpoint and key: the endpoint's host in clear (to find it in the
+    dashboard), and a hash of endpoint and key (never the key). One account, one budget."""
+    endpoint = (base_url or "").rstrip("/")
+    host = urlparse(endpoint).netloc or "default"
+    digest = hashlib.sha256(f"{endpoint}\n{api_key}".encode()).hexdigest()[:16]
+    return f"changeforge-llm:{host}:{digest}"
 
 
 try:
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=1)
+    @ray.remote(num_cpus=0, max_concurrency=1, max_restarts=-1, max_task_retries=0)
     class RateLimiter(RateLimiterCore):
         """The named actor. Sync and single-threaded: every call is a few arithmetic operations."""
 
         def __init__(self, limits: RateLimits):
-            super().__init__(limits)
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+            if restarted:
+                log.warning("rate limiter restarted: empty buckets, waiting for clients to report their permits")
+            super().__init__(limits, restarted=restarted)
 
-    def start_rate_limiter(name: str, limits: RateLimits):
-        """Create (or find) the pool's limiter. It lives as long as the driver that created it."""
-        return RateLimiter.options(name=name, get_if_exists=True).remote(limits)
+    def start_rate_limiter(name: str, limits: RateLimits, namespace: str | None = None, detached: bool = False):
+        """Create (or find, and set the limits of) the pool's limiter. By default it lives as long as
+        the driver that created it; ``detached`` ones outlive it (one budget shared by several jobs)."""
+        opts = dict(name=name, get_if_exists=True)
+        if namespace:
+            opts["namespace"] = namespace
+        if detached:
+            opts["lifetime"] = "detached"
+        actor = RateLimiter.options(**opts).remote(limits)
+        ray.get(actor.update_limits.remote(limits))
+        return actor
 except ImportError:  # pragma: no cover
     RateLimiter = None  # type: ignore[assignment]
 
 
-class LeaseClient:
-    """Per-actor side of the limiter: batches leases and releases to keep actor calls rare."""
+def _actor_errors() -> tuple:
+    try:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+        return RayActorError, ActorUnavailableError
+    except ImportError:  # pragma: no cover
+        return ()
 
-    def __init__(self, limiter, max_lease: int = 64, release_every_s: float = 0.05):
+
+class LeaseClient:
+    """Per-actor side of the limiter: one lease call for all requests waiting (each with its own
+    estimate), releases batched in the background. Survives a limiter restart: calls are retried
+    for ``actor_wait_s`` and the permits this client holds are handed to the new instance.
+
+    ``limiter`` is a Ray actor handle, a :class:`RateLimiterCore` (in-process), or None (no limits)."""
+
+    def __init__(self, limiter, max_lease: int = 64, release_every_s: float = 0.05, actor_wait_s: float = 120.0):
         self.limiter = limiter
+        self.local = isinstance(limiter, RateLimiterCore)
         self.max_lease = max_lease
         self.release_every_s = release_every_s
-        self.permits = 0
-        self.waiting = 0
-        self._lock: asyncio.Lock | None = None
+        self.actor_wait_s = actor_wait_s
+        self.epoch: str | None = None
+        self.granted_total = 0
+        self.settled_total = 0
+        self._queue: collections.deque = collections.deque()   # (estimate, future)
+        self._fetcher: asyncio.Task | None = None
         self._pending_release = 0
         self._pending_tokens = 0.0
         self._pending_usage: dict = {}
         self._flusher: asyncio.Task | None = None
+        self._flush_lock: asyncio.Lock | None = None
+
+    async def _call(self, method: str, *args):
+        if self.local:
+            return getattr(self.limiter, method)(*args)
+        errors = _actor_errors()
+        deadline = time.monotonic() + self.actor_wait_s
+        delay = 0.1
+        while True:
+            try:
+                return await getattr(self.limiter, method).remote(*args)
+            except errors as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("rate limiter unavailable (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(2.0, delay * 2)
+
+    async def _sync_epoch(self, epoch: str) -> None:
+        """The limiter is a new instance: hand it the permits granted by the old one and not yet settled."""
+        if self.epoch is not None and epoch != self.epoch:
+            outstanding = self.granted_total - self.settled_total
+            log.warning("rate limiter restarted; re-registering %d permits in flight", outstanding)
+            epoch = await self._call("adopt", outstanding)
+        self.epoch = epoch
 
     async def acquire(self, tokens_estimate: float) -> None:
         if self.limiter is None:
             return
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        self.waiting += 1
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((tokens_estimate, fut))
+        if self._fetcher is None or self._fetcher.done():
+            self._fetcher = asyncio.ensure_future(self._fetch())
         try:
-            while True:
-                if self.permits > 0:
-                    self.permits -= 1
-                    return
-                async with self._lock:
-                    if self.permits > 0:
-                        continue
-                    want = max(1, min(self.max_lease, self.waiting))
-                    granted, wait_s = await self.limiter.acquire.remote(want, tokens_estimate)
-                    self.permits += granted
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()   # granted just as we were cancelled: the permit goes back
+            raise
+
+    async def _fetch(self) -> None:
+        while True:
+            while self._queue and self._queue[0][1].done():
+                self._queue.popleft()       # cancelled waiters
+            if not self._queue:
+                return
+            batch = [w for w in list(self._queue)[: self.max_lease] if not w[1].done()]
+            try:
+                granted, wait_s, epoch = await self._call("lease", [e for e, _ in batch], self.epoch)
+            except Exception as exc:  # noqa: BLE001 - the limiter is gone for good: fail the waiters
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            if epoch != self.epoch:
+                await self._sync_epoch(epoch)
                 if not granted:
-                    await asyncio.sleep(wait_s)
-        finally:
-            self.waiting -= 1
+                    continue
+            self.granted_total += granted
+            for _, fut in batch[:granted]:
+                try:
+                    self._queue.remove((_, fut))
+                except ValueError:
+                    pass
+                if fut.done():          # cancelled while we asked
+                    self.release()
+                else:
+                    fut.set_result(True)
+            if not granted:
+                await asyncio.sleep(wait_s)
 
     def release(self, token_correction: float = 0.0, usage: dict | None = None) -> None:
         """Book a finished request (or an unused permit); flushed to the actor in the background."""
         if self.limiter is None:
             return
         self._pending_release += 1
-        self._pending_tokens += token_correction
+        self._pending_tokens += max(0.0, token_correction)
         self.add_usage(usage)
 
     def add_usage(self, usage: dict | None) -> None:
@@ -194,6 +403,11 @@ class LeaseClient:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_later())
 
+    async def throttle(self, retry_after_s: float | None) -> None:
+        """Tell the pool about a 429 (every actor pauses, then the rate drops)."""
+        if self.limiter is not None:
+            await self._call("throttle", retry_after_s)
+
     async def _flush_later(self) -> None:
         await asyncio.sleep(self.release_every_s)
         await self.flush()
@@ -201,6 +415,17 @@ class LeaseClient:
     async def flush(self) -> None:
         if self.limiter is None or not (self._pending_release or self._pending_usage):
             return
-        n, tok, usage = self._pending_release, self._pending_tokens, self._pending_usage
-        self._pending_release, self._pending_tokens, self._pending_usage = 0, 0.0, {}
-        await self.limiter.release.remote(n, tok, usage)
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            n, tok, usage = self._pending_release, self._pending_tokens, self._pending_usage
+            if not (n or usage):
+                return
+            self._pending_release, self._pending_tokens, self._pending_usage = 0, 0.0, {}
+            while True:
+                epoch = await self._call("settle", n, tok, usage, self.epoch)
+                if epoch == self.epoch or self.epoch is None:
+                    self.epoch = epoch
+                    self.settled_total += n
+                    return
+                await self._sync_epoch(epoch)

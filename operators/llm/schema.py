@@ -93,3 +93,41 @@ def parse_json_reply(text: str | None) -> Any:
             return json.JSONDecoder().raw_decode(text[start:])[0]
         except ValueError as exc:
             raise ValueError(f"reply is not valid JSON: {exc.msg} at char {exc.pos}") from None
+
+
+# Keywords strict mode accepts (OpenAI's structured outputs); others are dropped from what is sent and
+# still checked here, on the reply.
+_STRICT_KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "enum", "description",
+                    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                    "minItems", "maxItems", "pattern", "format", "anyOf", "const", "title"}
+
+
+def strict_schema(schema: dict) -> dict | None:
+    """The schema as strict mode wants it: every object closed (``additionalProperties: false``) with
+    every property required (optional ones become nullable), unsupported keywords dropped. None when
+    the root is not an object (strict mode needs one)."""
+    if schema.get("type") != "object":
+        return None
+    return _strict(schema)
+
+
+def _strict(schema: dict) -> dict:
+    out = {k: v for k, v in schema.items() if k in _STRICT_KEYWORDS}
+    if "items" in out and isinstance(out["items"], dict):
+        out["items"] = _strict(out["items"])
+    if "anyOf" in out:
+        out["anyOf"] = [_strict(s) for s in out["anyOf"]]
+    if out.get("type") == "object" or "properties" in out:
+        props = out.get("properties", {})
+        required = set(schema.get("required", []))
+        new_props = {}
+        for name, sub in props.items():
+            sub = _strict(sub)
+            if name not in required and "type" in sub:
+                kinds = sub["type"] if isinstance(sub["type"], list) else [sub["type"]]
+                sub["type"] = kinds + (["null"] if "null" not in kinds else [])
+            new_props[name] = sub
+        out["properties"] = new_props
+        out["required"] = list(new_props)
+        out["additionalProperties"] = False
+    return out

@@ -43,9 +43,11 @@ class StageSpec:
     llm: LLMConfig
     limiter_name: str | None = None
     cache_root: str | None = None
-    api_key: Secret = field(default_factory=lambda: Secret(None))
+    # Where the worker reads the key (env:/file:/aws-sm:); the spec carries the source, never the value.
+    api_key: Secret = field(default_factory=Secret.from_source)
     run_id: str = ""
     job: str = ""
+    limiter_namespace: str | None = None   # the limiter's Ray namespace (None: the job's own)
 
 
 def usage_record(spec: StageSpec, result: LLMResult) -> dict:
@@ -53,7 +55,8 @@ def usage_record(spec: StageSpec, result: LLMResult) -> dict:
         "run_id": spec.run_id, "stage": spec.name, "item": result.item, "model": spec.llm.model,
         "cache_key": result.cache_key, "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "total_tokens": None if result.prompt_tokens is None or result.completion_tokens is None
+        else result.prompt_tokens + result.completion_tokens,
         "cost_usd": None if result.cached else result.cost_usd, "cached": result.cached,
         "attempts": result.attempts, "status": "ok" if result.ok else "error",
         "response_format": result.response_format, "worker": result.extras.get("worker", ""),
@@ -71,7 +74,8 @@ class LLMStageActor:
     def _caller(self) -> LLMCaller:
         if self.caller is None:  # built inside the actor's event loop
             import ray
-            limiter = ray.get_actor(self.spec.limiter_name) if self.spec.limiter_name else None
+            limiter = ray.get_actor(self.spec.limiter_name, namespace=self.spec.limiter_namespace) \
+                if self.spec.limiter_name else None
             cache = ResponseCache(self.spec.cache_root) if self.spec.cache_root else None
             self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache)
         return self.caller

@@ -11,10 +11,11 @@ USAGE_SCHEMA = pa.schema([
     ("item", pa.string()),           # pair id (or whatever the stage's rows are about)
     ("model", pa.string()),
     ("cache_key", pa.string()),
-    ("prompt_tokens", pa.int64()),   # summed over every paid attempt (re-asks cost tokens too)
+    ("prompt_tokens", pa.int64()),   # summed over every paid attempt (re-asks cost tokens too); null:
+                                     # the endpoint reported no usage (unknown, not zero)
     ("completion_tokens", pa.int64()),
     ("total_tokens", pa.int64()),
-    ("cost_usd", pa.float64()),      # null when no price was given
+    ("cost_usd", pa.float64()),      # null when no price was given or the usage is unknown
     ("cached", pa.bool_()),          # answered from the cache: nothing sent, nothing paid
     ("attempts", pa.int32()),        # HTTP requests sent for this logical request
     ("status", pa.string()),         # ok | error
@@ -40,7 +41,7 @@ class Prices:
 def summarize_usage(rows: list[dict]) -> dict:
     """Totals over usage rows (this run's): requests sent, cache hits, tokens, cost, by stage."""
     out: dict = {"logical_requests": 0, "http_requests": 0, "cached": 0, "errors": 0, "prompt_tokens": 0,
-                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "by_stage": {}}
+                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "usage_unknown": 0, "by_stage": {}}
     for r in rows:
         st = out["by_stage"].setdefault(r["stage"], {"requests": 0, "cached": 0, "prompt_tokens": 0,
                                                       "completion_tokens": 0, "cost_usd": 0.0})
@@ -53,6 +54,8 @@ def summarize_usage(rows: list[dict]) -> dict:
             continue
         if r.get("status") != "ok":
             out["errors"] += 1
+        if r.get("prompt_tokens") is None or r.get("completion_tokens") is None:
+            out["usage_unknown"] += 1
         for k in ("prompt_tokens", "completion_tokens"):
             out[k] += int(r.get(k) or 0)
             st[k] += int(r.get(k) or 0)
@@ -65,6 +68,8 @@ def summarize_usage(rows: list[dict]) -> dict:
 
 def format_summary(s: dict) -> str:
     cost = f"${s['cost_usd']:.4f}" if s["cost_known"] else "n/a (no --price-per-mtok-*)"
+    if s.get("usage_unknown"):
+        cost += f" + unknown ({s['usage_unknown']} requests without usage from the endpoint)"
     lines = [f"requests: {s['logical_requests']} logical, {s['http_requests']} sent over HTTP, "
              f"{s['cached']} answered from cache, {s['errors']} failed",
              f"tokens: {s['prompt_tokens']} prompt + {s['completion_tokens']} completion; cost {cost}"]

@@ -10,7 +10,7 @@ import pytest
 
 from jobs.caption import LEVIR_CC_FILE, CaptionJobConfig, run
 from operators.language.caption_ops import TABLE_SCHEMAS
-from operators.language.captions import select_captions
+from operators.language.captions import overall_score, select_captions
 from operators.io.storage import Store
 from operators.io.tables import read_table
 
@@ -40,11 +40,18 @@ def accounted(t):
     return sorted({r["pair_id"] for r in t["pairs"]} | {r["item"] for r in t["errors"]})
 
 
-def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server, tmp_path):
+    key_file = tmp_path / "secrets" / "openai-key"
+    key_file.parent.mkdir()
+    key_file.write_text(FAKE_KEY + "\n")
     out = tmp_path / "out"
-    summary = run(config(openai_server, LEVIR, out))
+    summary = run(config(openai_server, LEVIR, out, judge_model="test-judge-model", api_key_source=f"file:{key_file}"))
     t = tables(out)
+    stats = openai_server.stats()
+    assert stats["models"] == {"test-model": 11, "test-judge-model": 11}
+    # The workers read the key from the secret file (it was never an argument) and sent it.
+    import hashlib
+    assert stats["auth"] == {hashlib.sha256(f"Bearer {FAKE_KEY}".encode()).hexdigest()[:16]: 22}
 
     # Every pair ends in pairs or errors; the mask-less one is an error with a clear message.
     assert accounted(t) == ALL_PAIRS
@@ -60,7 +67,7 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
     pairs = {p["pair_id"]: p for p in t["pairs"]}
     for pid, cands in by_pair.items():
         cands.sort(key=lambda c: c["candidate_index"])
-        assert [c["overall"] for c in cands] == [float(c["judge_overall"]) for c in cands]
+        assert [c["overall"] for c in cands] == [overall_score(c) for c in cands]   # --overall criteria
         expected = [s.selected for s in select_captions([c["overall"] for c in cands])]
         assert [c["selected"] for c in cands] == expected
         assert pairs[pid]["selected_captions"] == [c["caption"] for c in cands if c["selected"]]
@@ -97,7 +104,7 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
 
     # A rerun sends nothing: every pair is finished.
     sent = openai_server.stats()["total"]
-    second = run(config(openai_server, LEVIR, out))
+    second = run(config(openai_server, LEVIR, out, judge_model="test-judge-model"))
     assert openai_server.stats()["total"] == sent
     assert second["pairs_skipped_finished"] == 11 and second["usage"]["logical_requests"] == 0
 
@@ -105,7 +112,7 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
     import shutil
     shutil.rmtree(out / "pairs")
     shutil.rmtree(out / "captions")
-    third = run(config(openai_server, LEVIR, out))
+    third = run(config(openai_server, LEVIR, out, judge_model="test-judge-model"))
     assert openai_server.stats()["total"] == sent
     assert third["usage"]["cached"] == 22 and third["usage"]["http_requests"] == 0
     assert len(tables(out)["pairs"]) == 11

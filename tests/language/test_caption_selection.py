@@ -86,3 +86,16 @@ def test_levir_cc_document_shape():
     assert img["sentences"][0]["tokens"] == ["a", "road", "was", "built"]
     assert img["sentids"] == [0, 1] and doc["images"][1]["sentids"] == [2]
     assert doc["images"][1]["changeflag"] == 0
+
+
+def test_default_overall_never_selects_a_caption_marked_hallucinated():
+    """The judge's own overall is unconstrained: 8 overall for a caption scored 2 for accuracy."""
+    hallucinated = {"accuracy": 2, "specificity": 9, "spatial_correctness": 9, "naturalness": 10,
+                    "informativeness": 9, "overall": 8}
+    good = {"accuracy": 8, "specificity": 7, "spatial_correctness": 8, "naturalness": 9, "informativeness": 8,
+            "overall": 8}
+    scores = [hallucinated, good, good, good, good]
+    assert overall_score(hallucinated) <= 4
+    assert not select_captions([overall_score(s) for s in scores])[0].selected
+    assert overall_score(good) == pytest.approx(8.0)                 # otherwise the mean of the criteria
+    assert select_captions([overall_score(s, "judge") for s in scores])[0].selected   # the option remains

@@ -5,8 +5,12 @@ small tolerance for network jitter); nothing here asserts that anything is fast.
 """
 
 
+import pickle
+
+import pytest
+
 from operators.llm.client import LLMConfig, LLMRequest, Secret
-from operators.llm.ratelimit import RateLimits, start_rate_limiter
+from operators.llm.ratelimit import RateLimits, limiter_name, start_rate_limiter
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.io.tables import envelope, split_envelopes
 
@@ -23,33 +27,52 @@ def handle_result(record, result):
     return [envelope("answers", {"item": record["item"], "answer": result.value["answer"]})]
 
 
-def run_pool(server, n, limits, limiter_name, actors=2):
+KEY = "sk-pool-test-key-0123456789"
+
+
+def pool_spec(server, limiter_name, key_file):
+    return StageSpec(name="test_stage", input_table="_ask", build_request=build_request, handle_result=handle_result,
+                     llm=LLMConfig(model="test-model", base_url=server.base_url, timeout_s=5, backoff_base_s=0.05),
+                     limiter_name=limiter_name, api_key=Secret.from_source(f"file:{key_file}"), run_id="pooltest")
+
+
+def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None):
     import ray
     import ray.data
     limiter = start_rate_limiter(limiter_name, limits)  # keep the handle: the actor lives while it does
-    spec = StageSpec(name="test_stage", input_table="_ask", build_request=build_request, handle_result=handle_result,
-                     llm=LLMConfig(model="test-model", base_url=server.base_url, timeout_s=5, backoff_base_s=0.05),
-                     limiter_name=limiter_name, api_key=Secret("sk-pool-test-key"), run_id="pooltest")
+    spec = pool_spec(server, limiter_name, key_file)
     rows = [envelope("_ask", {"item": f"q{i}"}) for i in range(n)] + [envelope("other", {"x": 1})]
     ds = ray.data.from_items(rows, override_num_blocks=16)
     ds = apply_llm_stage(ds, spec, PoolConfig(actors=actors, concurrent_batches=4, batch_size=4))
-    out = split_envelopes(ds.take_all())
+    taken = []
+    for row in ds.iter_rows():
+        taken.append(row)
+        if on_row:
+            on_row(len(taken), limiter)
+    out = split_envelopes(taken)
     ray.kill(limiter)
     return out
 
 
-def test_pool_answers_every_row_and_passes_others_through(ray_session, openai_server):
-    out = run_pool(openai_server, 40, RateLimits(max_in_flight=32), "limiter-rows")
+@pytest.fixture()
+def key_file(tmp_path):
+    path = tmp_path / "openai-key"
+    path.write_text(KEY + "\n")
+    return path
+
+
+def test_pool_answers_every_row_and_passes_others_through(ray_session, openai_server, key_file):
+    out = run_pool(openai_server, 40, RateLimits(max_in_flight=32), "limiter-rows", key_file)
     assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(40))
     assert out["other"] == [{"x": 1}]
     assert len(out["usage"]) == 40 and all(u["status"] == "ok" for u in out["usage"])
     assert "errors" not in out
 
 
-def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server):
+def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server, key_file):
     rpm = 600                                   # 10 requests/s for the whole pool
     limits = RateLimits(rpm=rpm, max_in_flight=64)
-    out = run_pool(openai_server, 90, limits, "limiter-rpm", actors=2)
+    out = run_pool(openai_server, 90, limits, "limiter-rpm", key_file, actors=2)
     assert len(out["answers"]) == 90
     workers = {u["worker"] for u in out["usage"]}
     assert len(workers) >= 2, workers           # the limit held across more than one actor
@@ -64,3 +87,32 @@ def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server):
         assert worst <= burst + refill * width + tolerance, (width, worst)
     span = times[-1] - times[0]
     assert len(times) <= burst + refill * span + tolerance
+
+
+def test_pool_survives_the_limiter_actor_dying(ray_session, openai_server, key_file):
+    """Killing the limiter mid-run: Ray restarts it, callers wait and carry on, no row is lost."""
+    import ray
+    openai_server.configure(latency_ms=30)
+    killed = []
+
+    def kill_once(n, limiter):
+        if n == 10 and not killed:
+            ray.kill(limiter, no_restart=False)
+            killed.append(n)
+    out = run_pool(openai_server, 60, RateLimits(rpm=6000, max_in_flight=16), "limiter-restart", key_file,
+                   on_row=kill_once)
+    assert killed
+    assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(60))
+    assert "errors" not in out
+
+
+def test_limiter_name_and_spec_carry_no_key(openai_server, key_file):
+    name = limiter_name(openai_server.base_url, KEY)
+    assert KEY not in name and "127.0.0.1" in name
+    assert name == limiter_name(openai_server.base_url + "/", KEY)        # one account, one budget
+    assert name != limiter_name(openai_server.base_url, KEY + "x")
+    assert name != limiter_name("https://api.openai.com/v1", KEY)
+    # What an actor receives: the key's source, never its value (the object store may spill it).
+    blob = pickle.dumps(pool_spec(openai_server, name, key_file))
+    assert KEY.encode() not in blob
+    assert pickle.loads(blob).api_key.get() == KEY

@@ -1,0 +1,82 @@
+"""The HTTP side of one chat-completions call, lean: a JSON body posted with aiohttp, a JSON reply read
+back as a dict. The openai SDK builds and validates every request and reply through its typed models,
+which cost several times the CPU of the request itself (see the README's LLM pool benchmark); our
+replies are validated against their own schema anyway, so plain JSON is all we need.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+
+class HTTPStatus(Exception):
+    """A non-2xx reply: status, headers and the endpoint's error message."""
+
+    def __init__(self, status: int, headers, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status_code, self.headers, self.message = status, headers, message
+
+
+class Timeout(Exception):
+    """No reply within the timeout."""
+
+
+class ConnectionFailed(Exception):
+    """The endpoint could not be reached, or the connection broke."""
+
+
+def error_message(body: bytes) -> str:
+    """The ``error.message`` of an OpenAI-style error body (or the body's start)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:500].decode("utf-8", "replace")
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if data.get("message"):
+            return str(data["message"])
+    return str(data)[:500]
+
+
+class ChatTransport:
+    """aiohttp rather than httpx: httpx's connection pool checks every pooled connection on every
+    request (O(connections) per request, the largest CPU cost left in our path after the SDK's models)."""
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float, max_connections: int = 512):
+        self.url = f"{base_url.rstrip('/')}/chat/completions"
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout_s, self.max_connections = timeout_s, max_connections
+        self._session = None
+
+    def _client(self):
+        import aiohttp
+        if self._session is None or self._session.closed:   # made in the running event loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    async def post(self, body: dict, headers: dict | None = None) -> dict:
+        import aiohttp
+        try:
+            async with self._client().post(self.url, data=json.dumps(body).encode(),
+                                           headers={**self.headers, **(headers or {})}) as resp:
+                status, resp_headers, content = resp.status, resp.headers, await resp.read()
+        except asyncio.TimeoutError:
+            raise Timeout("timeout") from None
+        except aiohttp.ClientError as exc:
+            raise ConnectionFailed(type(exc).__name__) from None
+        if status >= 300:
+            raise HTTPStatus(status, resp_headers, error_message(content))
+        try:
+            return json.loads(content)
+        except ValueError:
+            raise HTTPStatus(502, resp_headers, "reply is not JSON") from None
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
