@@ -180,7 +180,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
     # 2. Pair selection (driver: one small record per scene). This run's scenes pair with each
     # other and with scenes earlier runs catalogued (chunks of one archive pair across chunks);
     # pairs of two earlier scenes were judged by the run that saw them.
-    known = read_table(out, "scenes").to_pylist()
+    known_table = read_table(out, "scenes")   # None when no scene was ever catalogued
+    known = known_table.to_pylist() if known_table is not None else []
     new_ids = {s["scene_id"] for s in scenes}
     pairs = select_pairs(known, pairing, new=new_ids)
     for s in lonely_scenes(scenes, pairs):

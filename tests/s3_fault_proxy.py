@@ -57,6 +57,13 @@ def make_app(upstream: str, fraction: float, seed: int) -> web.Application:
             payload = await resp.read()
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
         state["forwarded"] += 1
+        if request.method == "HEAD":
+            # No body, but the object's size must reach the client (GDAL sizes files by HEAD).
+            length = resp.headers.get("Content-Length")
+            out = web.Response(status=resp.status, headers=out_headers)
+            if length is not None:
+                out.headers["Content-Length"] = length
+            return out
         return web.Response(status=resp.status, body=payload, headers=out_headers)
 
     async def control_stats(request: web.Request) -> web.Response:
