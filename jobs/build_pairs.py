@@ -24,6 +24,10 @@ if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray j
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from operators.pairs.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
+from operators.pairs.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
+                                            catalogue_band_scenes, is_band_input,
+                                            prepare_band_pairs)
+from operators.pairs.cloud_masks import CloudConfig  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
 from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
 from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
@@ -41,7 +45,7 @@ JOB = "build_pairs"
 
 @dataclass
 class PairsJobConfig:
-    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, or a manifest .csv/.parquet with uri, acquired[, location]"})
+    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
@@ -61,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_args(parser, PairsJobConfig, "job")
     add_config_args(parser, PairingConfig, "pair selection")
+    add_config_args(parser, BandsConfig, "STAC and per-band products")  # issue 14
+    add_config_args(parser, CloudConfig, "cloud masks")  # issue 14
     add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",))
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),
@@ -73,9 +79,11 @@ def _json_rows(records):
     return [json.dumps(r) for r in records]
 
 
-def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) -> dict:
+def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
+        bands: BandsConfig | None = None, cloud: CloudConfig | None = None) -> dict:
     """Run the whole job; returns a summary dict (also printed by :func:`main`)."""
     import ray.data
+    bands, cloud = bands or BandsConfig(), cloud or CloudConfig()
 
     if not job.input or not job.output:
         raise SystemExit("--input and --output are required")
@@ -87,23 +95,36 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
         raise SystemExit(f"--crop-size {reg.crop_size} is larger than --slice-size {job.slice_size}")
 
     # 1. Catalogue: header reads in parallel; small records come back to the driver.
-    inputs = list_scene_inputs(job.input)
-    print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}", flush=True)
-    if not inputs:
-        raise SystemExit(f"no scenes found under {job.input}")
-    cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
-    env_rows = cat.flat_map(
-        _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
-                                  "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
-    ).take_all()
-    tables = split_envelopes(env_rows)
-    scenes, errors = tables.get("scenes", []), tables.get("errors", [])
-    # scenes/ and pairs/ are recomputed by every run: the latest run's shards replace older ones.
-    write_table_shard(out, "scenes", scenes, SCENES_SCHEMA, run_id)
-    prune_shards(out, "scenes", keep_run_id=run_id)
+    band_input = is_band_input(job.input, bands.stac_search)  # issue 14: stacked scenes
+    if band_input:
+        # No pixel read yet: stretches come after pairing, for the scenes accepted pairs use.
+        scenes, errors = catalogue_band_scenes(job.input, bands, cloud, run_id)
+        print(f"[build_pairs] run {run_id}: {len(scenes)} stacked scene(s) from {job.input}",
+              flush=True)
+        if not scenes and not errors:
+            raise SystemExit(f"no STAC items or band rows found in {job.input}")
+    else:
+        inputs = list_scene_inputs(job.input)
+        print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}", flush=True)
+        if not inputs:
+            raise SystemExit(f"no scenes found under {job.input}")
+        cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
+        env_rows = cat.flat_map(
+            _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
+                                      "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
+        ).take_all()
+        tables = split_envelopes(env_rows)
+        scenes, errors = tables.get("scenes", []), tables.get("errors", [])
+        # scenes/ and pairs/ are recomputed by every run: the latest run's shards replace older ones.
+        write_table_shard(out, "scenes", scenes, SCENES_SCHEMA, run_id)
+        prune_shards(out, "scenes", keep_run_id=run_id)
 
     # 2. Pair selection (driver: one small record per scene).
     pairs = select_pairs(scenes, pairing)
+    if band_input:  # issue 14: --max-cloud-cover, then stretches of the scenes still needed
+        errors.extend(prepare_band_pairs(pairs, scenes, cloud, job.stretch_percentiles, run_id))
+        write_table_shard(out, "scenes", scenes, BAND_SCENES_SCHEMA, run_id)
+        prune_shards(out, "scenes", keep_run_id=run_id)
     for s in lonely_scenes(scenes):
         errors.append(error_record(s["uri"], "pairing", "no other scene of this location overlaps it; "
                                    "it cannot form a pair", error_type="NoPartner", job=JOB, run_id=run_id))
@@ -232,8 +253,10 @@ def main(argv=None) -> dict:
     job = config_from_args(PairsJobConfig, args)
     pairing = config_from_args(PairingConfig, args)
     reg = config_from_args(RegistrationConfig, args)
+    bands = config_from_args(BandsConfig, args)
+    cloud = config_from_args(CloudConfig, args)
     init_ray(job.num_cpus)
-    summary = run(job, pairing, reg)
+    summary = run(job, pairing, reg, bands, cloud)
     print("[build_pairs] done in {seconds}s: {accepted_total} accepted, {rejected_total} rejected slices "
           "in total ({slices_this_run} registered this run, {slices_skipped_as_finished} already "
           "finished); {errors_this_run} error row(s)".format(**summary), flush=True)

@@ -14,6 +14,7 @@ from affine import Affine
 from operators.io.images import write_png
 from operators.io.storage import Store
 from operators.io.tables import envelope
+from operators.pairs.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.radiometry import to_uint8
 from operators.pairs.raster_io import Grid, read_window
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
@@ -49,6 +50,12 @@ METADATA_SCHEMA = pa.schema([
     ("seconds", pa.float64()),                # wall time of this slice's task
     ("cpu_seconds", pa.float64()),            # its CPU time (excludes the shared tile passes)
     ("run_id", pa.string()),
+    # issue 14: lineage and clouds
+    ("pre_stac_id", pa.string()),             # STAC item ids (null for plain rasters)
+    ("post_stac_id", pa.string()),
+    ("pre_hrefs", pa.list_(pa.string())),     # every file read: band assets, then cloud layer
+    ("post_hrefs", pa.list_(pa.string())),
+    ("cloud_fraction", pa.float64()),         # kept crop, cloudy in either date (--cloud-mask)
 ])
 
 
@@ -76,13 +83,20 @@ def _read(uri: str, window: Sequence[int], bands: Sequence[int], grid: Optional[
 
 
 def read_pre(row: dict, window: Sequence[int]):
+    if row.get("pre_stack"):  # issue 14: per-band assets, stacked (clouds invalid)
+        return read_stacked_side(row, "pre", window, _common_grid(row))
     return _read(row["pre_uri"], window, row["bands_pre"], None)
 
 
 def read_post(row: dict, window: Sequence[int]):
     """Post scene resampled onto the common (pre) grid."""
-    return _read(row["post_uri"], window, row["bands_post"],
-                 Grid(str(row["crs"]), tuple(float(v) for v in row["transform"])))
+    if row.get("post_stack"):  # issue 14
+        return read_stacked_side(row, "post", window, _common_grid(row))
+    return _read(row["post_uri"], window, row["bands_post"], _common_grid(row))
+
+
+def _common_grid(row: dict) -> Grid:
+    return Grid(str(row["crs"]), tuple(float(v) for v in row["transform"]))
 
 
 # ---- records ----------------------------------------------------------------------------------
@@ -138,6 +152,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "image_a": images[0], "image_b": images[1],
         "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
         "run_id": run_id,
+        **lineage_columns(row),  # issue 14
     }
 
 
@@ -152,9 +167,20 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
                 fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
                 post_crop: np.ndarray, post_valid: np.ndarray) -> dict:
     """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair."""
-    frac = nodata_fraction(pre_valid, post_valid)
+    # issue 14: with a cloud layer the valid masks exclude clouds (so SIFT and the screening skip
+    # them); cloud pixels still hold data for the nodata check and the PNGs.
+    clouds = crop_clouds(row, crop_window(row, cfg), fit.homography, cfg.crop_size,
+                         cfg.crop_read_margin_px)
+    data_pre, data_post = pre_valid, post_valid
+    if clouds is not None:
+        data_pre, data_post = pre_valid | clouds.pre, post_valid | clouds.post
+        row = {**row, "cloud_fraction": clouds.fraction}
+    frac = nodata_fraction(data_pre, data_post)
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
+        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
+    if clouds is not None and clouds.fraction > clouds.max_fraction:
+        reason = f"cloud {clouds.fraction:.1%} of the crop > {clouds.max_fraction:.1%}"
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
     both = pre_valid & post_valid
     pre_grey = grey_from_bands(pre_crop, row["stretch_pre"], both)
@@ -165,8 +191,8 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
                                             screen.reject_reason, screen))
     store = Store(out_root)
     rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
-    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], pre_valid)))
-    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], post_valid)))
+    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], data_pre)))
+    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], data_post)))
     return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen,
                                         (rel_a, rel_b)))
 
