@@ -68,7 +68,7 @@ class BandAsset:
 
     def bounds(self) -> list[float]:
         aff = Affine(*self.transform[:6])
-        xs, ys = zip(*[aff * (c, r) for c in (0, self.width) for r in (0, self.height)])
+        xs, ys = zip(*[aff @ (c, r) for c in (0, self.width) for r in (0, self.height)])
         return [min(xs), min(ys), max(xs), max(ys)]
 
 
@@ -154,7 +154,7 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                     valid &= data != asset.nodata
                 return data, valid
             # A VRT exactly the size of the window, its origin at the window's corner.
-            dst = grid.affine * Affine.translation(col, row)
+            dst = grid.affine @ Affine.translation(col, row)
             with WarpedVRT(src, src_crs=CRS.from_user_input(asset.crs),
                            src_transform=asset.grid.affine, src_nodata=asset.nodata,
                            crs=CRS.from_user_input(grid.crs), transform=dst, width=width,
