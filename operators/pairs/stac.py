@@ -53,10 +53,7 @@ def _store_io():
     class StoreStacIO(DefaultStacIO):
         def read_text(self, source, *args, **kwargs) -> str:
             href = str(source.href if isinstance(source, pystac.Link) else source)
-            if href.startswith(("http://", "https://")):
-                return super().read_text(source, *args, **kwargs)
-            store, name = split_uri(href)
-            return store.read_bytes(name).decode("utf-8")
+            return read_source_bytes(href).decode("utf-8")
 
     return StoreStacIO()
 
@@ -70,6 +67,16 @@ def absolute_href(href: str, base: Optional[str]) -> str:
         scheme, rest = "", base
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(rest), href))
     return f"{scheme}://{joined}" if scheme else joined
+
+
+def read_source_bytes(uri: str) -> bytes:
+    """Bytes of a local, ``s3://`` or ``http(s)://`` document."""
+    if str(uri).startswith(("http://", "https://")):
+        from urllib.request import urlopen
+        with urlopen(uri, timeout=60) as resp:  # noqa: S310 - a user-given catalogue URL
+            return resp.read()
+    store, name = split_uri(uri)
+    return store.read_bytes(name)
 
 
 def _parquet_is_stac(raw: bytes) -> bool:
@@ -86,8 +93,7 @@ def is_stac_source(uri: str, search: str = "") -> bool:
     if low.endswith(JSON_SUFFIXES + NDJSON_SUFFIXES):
         return True
     if low.endswith(PARQUET_SUFFIXES):
-        store, name = split_uri(uri)
-        return _parquet_is_stac(store.read_bytes(name))
+        return _parquet_is_stac(read_source_bytes(uri))
     return False
 
 
@@ -96,8 +102,7 @@ def read_items(uri: str, search: str | dict = "") -> list[tuple[dict, Optional[s
     if search:
         return search_items(uri, json.loads(search) if isinstance(search, str) else search)
     low = str(uri).lower()
-    store, name = split_uri(uri)
-    raw = store.read_bytes(name)
+    raw = read_source_bytes(uri)
     if low.endswith(PARQUET_SUFFIXES):
         import pyarrow.parquet as pq
         from stac_geoparquet.arrow import stac_table_to_items
