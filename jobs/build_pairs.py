@@ -28,6 +28,10 @@ if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray j
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from operators.pairs.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
+from operators.pairs.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
+                                            catalogue_band_scenes, is_band_input,
+                                            prepare_band_pairs)
+from operators.pairs.cloud_masks import CloudConfig  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
 from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
 from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
@@ -47,7 +51,7 @@ JOB = "build_pairs"
 
 @dataclass
 class PairsJobConfig:
-    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, or a manifest .csv/.parquet with uri, acquired[, location]"})
+    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
@@ -69,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_args(parser, PairsJobConfig, "job")
     add_config_args(parser, PairingConfig, "pair selection")
+    add_config_args(parser, BandsConfig, "STAC and per-band products")  # issue 14
+    add_config_args(parser, CloudConfig, "cloud masks")  # issue 14
     add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",))
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),
@@ -91,7 +97,7 @@ SPLIT_SETTINGS = ("seed", "split_fractions", "location_cell_deg")
 def table_schemas() -> dict[str, pa.Schema]:
     """The pairs job's tables with their keys (the current state is the latest row per key)."""
     return {
-        "scenes": keyed(SCENES_SCHEMA, "scene_id"),
+        "scenes": keyed(BAND_SCENES_SCHEMA, "scene_id"),  # plain rasters: STAC columns null
         "pairs": keyed(PAIRS_SCHEMA, "pair_id"),
         "metadata": keyed(METADATA_SCHEMA.append(pa.field("reference_date", pa.string())), "slice_id"),
         "labels": keyed(LABELS_SCHEMA, "slice_id"),
@@ -137,9 +143,11 @@ def _iter_slices(work: list[tuple[dict, dict, dict, str]], job: "PairsJobConfig"
                 yield r
 
 
-def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) -> dict:
+def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
+        bands: BandsConfig | None = None, cloud: CloudConfig | None = None) -> dict:
     """Run the whole job; returns a summary dict (also printed by :func:`main`)."""
     import ray.data
+    bands, cloud = bands or BandsConfig(), cloud or CloudConfig()
 
     if not job.input or not job.output:
         raise SystemExit("--input and --output are required")
@@ -162,20 +170,29 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
     write_table_shard(out, "runs", [run_row], schemas["runs"], run_id)
 
     # 1. Catalogue: header reads in parallel; small records come back to the driver.
-    inputs = list_scene_inputs(job.input)
-    print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}; reference "
-          f"date {pairing.reference_date}", flush=True)
-    if not inputs:
-        raise SystemExit(f"no scenes found under {job.input}")
-    cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
-    env_rows = cat.flat_map(
-        _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
-                                  "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
-    ).take_all()
-    tables = split_envelopes(env_rows)
-    scenes, errors = tables.get("scenes", []), tables.get("errors", [])
-    write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
-    resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
+    band_input = is_band_input(job.input, bands.stac_search)  # STAC items or per-band manifests
+    if band_input:
+        # No pixel read yet: stretches come after pairing, for the scenes accepted pairs use.
+        scenes, errors = catalogue_band_scenes(job.input, bands, cloud, run_id)
+        print(f"[build_pairs] run {run_id}: {len(scenes)} stacked scene(s) from {job.input}; "
+              f"reference date {pairing.reference_date}", flush=True)
+        if not scenes and not errors:
+            raise SystemExit(f"no STAC items or band rows found in {job.input}")
+    else:
+        inputs = list_scene_inputs(job.input)
+        print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}; reference "
+              f"date {pairing.reference_date}", flush=True)
+        if not inputs:
+            raise SystemExit(f"no scenes found under {job.input}")
+        cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
+        env_rows = cat.flat_map(
+            _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
+                                      "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
+        ).take_all()
+        tables = split_envelopes(env_rows)
+        scenes, errors = tables.get("scenes", []), tables.get("errors", [])
+        write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
+        resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
 
     # 2. Pair selection (driver: one small record per scene). This run's scenes pair with each
     # other and with scenes earlier runs catalogued (chunks of one archive pair across chunks);
@@ -183,7 +200,13 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig) ->
     known_table = read_table(out, "scenes")   # None when no scene was ever catalogued
     known = known_table.to_pylist() if known_table is not None else []
     new_ids = {s["scene_id"] for s in scenes}
+    if band_input:  # this run's stacked scenes are not written yet (no stretch so far)
+        known = [k for k in known if k["scene_id"] not in new_ids] + scenes
     pairs = select_pairs(known, pairing, new=new_ids)
+    if band_input:  # --max-cloud-cover, then the stretches of the scenes accepted pairs use
+        errors.extend(prepare_band_pairs(pairs, known, cloud, job.stretch_percentiles, run_id))
+        write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
+        resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
     for s in lonely_scenes(scenes, pairs):
         errors.append(error_record(s["uri"], "pairing", "no other scene covers the same place (footprint "
                                    f"IoU above {pairing.min_iou}); it cannot form a pair",
@@ -333,8 +356,10 @@ def main(argv=None) -> dict:
     job = config_from_args(PairsJobConfig, args)
     pairing = config_from_args(PairingConfig, args)
     reg = config_from_args(RegistrationConfig, args)
+    bands = config_from_args(BandsConfig, args)
+    cloud = config_from_args(CloudConfig, args)
     init_ray(job.num_cpus)
-    summary = run(job, pairing, reg)
+    summary = run(job, pairing, reg, bands, cloud)
     print("[build_pairs] done in {seconds}s: {accepted_total} accepted, {rejected_total} rejected slices "
           "in total ({slices_this_run} registered this run, {slices_skipped_as_finished} already "
           "finished); {errors_this_run} error row(s)".format(**summary), flush=True)

@@ -50,7 +50,7 @@ def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict
     Each row lists its planned neighbours (tiles whose post features its matching needs).
     """
     keys = ("pair_id", "pre_uri", "post_uri", "crs", "transform", "bands_pre", "bands_post",
-            "stretch_pre", "stretch_post")
+            "stretch_pre", "stretch_post", "pre_stack", "post_stack")  # stacks: issue 14
     tiles: dict[tuple, dict] = {}
     for r in slice_rows:
         for tc, tr in tiles_for_window(r["window"], cfg.tile_size):

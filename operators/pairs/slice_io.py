@@ -15,6 +15,7 @@ from affine import Affine
 from operators.io.images import write_png
 from operators.io.storage import Store
 from operators.io.tables import envelope
+from operators.pairs.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.radiometry import to_uint8
 from operators.pairs.raster_io import Grid, read_at, read_window_anywhere
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
@@ -52,12 +53,20 @@ METADATA_SCHEMA = pa.schema([
     ("seconds", pa.float64()),                # wall time of this slice's task
     ("cpu_seconds", pa.float64()),            # its CPU time (excludes the shared tile passes)
     ("run_id", pa.string()),
+    # issue 14: lineage and clouds
+    ("pre_stac_id", pa.string()),             # STAC item ids (null for plain rasters)
+    ("post_stac_id", pa.string()),
+    ("pre_hrefs", pa.list_(pa.string())),     # every file read: band assets, then cloud layer
+    ("post_hrefs", pa.list_(pa.string())),
+    ("cloud_fraction", pa.float64()),         # kept crop, cloudy in either date (--cloud-mask)
 ])
 
 
 # ---- reading ----------------------------------------------------------------------------------
 
 def read_pre(row: dict, window: Sequence[int]):
+    if row.get("pre_stack"):  # per-band assets (STAC items, band manifests), stacked; clouds invalid
+        return read_stacked_side(row, "pre", window, common_grid(row))
     return read_window_anywhere(row["pre_uri"], window, row["bands_pre"], None)
 
 
@@ -67,7 +76,16 @@ def common_grid(row: dict) -> Grid:
 
 def read_post(row: dict, window: Sequence[int]):
     """Post scene resampled onto the common (pre) grid: for feature detection only."""
+    if row.get("post_stack"):
+        return read_stacked_side(row, "post", window, common_grid(row))
     return read_window_anywhere(row["post_uri"], window, row["bands_post"], common_grid(row))
+
+
+def grid_bbox(gx: np.ndarray, gy: np.ndarray, margin: int = 2) -> list[int]:
+    """The common-grid window holding every position (plus interpolation support)."""
+    c0, r0 = int(np.floor(np.nanmin(gx))) - margin, int(np.floor(np.nanmin(gy))) - margin
+    c1, r1 = int(np.ceil(np.nanmax(gx))) + margin + 1, int(np.ceil(np.nanmax(gy))) + margin + 1
+    return [c0, r0, c1 - c0, r1 - r0]
 
 
 def read_registered_post(row: dict, H: np.ndarray, cfg: RegistrationConfig):
@@ -75,10 +93,17 @@ def read_registered_post(row: dict, H: np.ndarray, cfg: RegistrationConfig):
 
     Crop pixel -> pre slice (+ crop offset) -> post slice (``H^-1``) -> common grid (+ slice
     offset) -> post scene pixel (its own CRS and transform), composed per pixel and sampled once.
+    Stacked scenes (one file per band) are the exception: their bands are first put on the common
+    grid (bands of several resolutions), then warped by the homography, so they are resampled twice.
     """
     window = [int(v) for v in row["window"]]
     off = crop_offset(window[2], cfg.crop_size)
     gx, gy = crop_positions_on_grid(H, window, off, cfg.crop_size)
+    if row.get("post_stack"):
+        box = grid_bbox(gx, gy)
+        data, valid = read_stacked_side(row, "post", box, common_grid(row))
+        return remap_bands(data, valid, (gx - box[0]).astype(np.float32),
+                           (gy - box[1]).astype(np.float32), cfg.resampling)
     return read_at(row["post_uri"], row["bands_post"], common_grid(row), gx, gy,
                    lambda data, valid, mx, my: remap_bands(data, valid, mx, my, cfg.resampling))
 
@@ -137,6 +162,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "image_a": images[0], "image_b": images[1],
         "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
         "run_id": run_id,
+        **lineage_columns(row),  # issue 14
     }
 
 
@@ -151,13 +177,24 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
                 fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
                 post_crop: np.ndarray, post_valid: np.ndarray,
                 invalid: Optional[np.ndarray] = None) -> dict:
-    """Nodata check, screening, PNGs and the metadata envelope for a registered crop pair.
+    """Nodata check, cloud check, screening, PNGs and the metadata envelope for a registered crop
+    pair.
 
-    ``invalid``: optional per-pixel mask of the crop (clouds, shadows) kept out of screening.
+    ``invalid``: optional per-pixel mask of the crop kept out of screening. With a cloud layer
+    (stacked scenes) the valid masks already exclude clouds (so SIFT and the screening skip them);
+    cloud pixels still hold data for the nodata check and the PNGs.
     """
-    frac = nodata_fraction(pre_valid, post_valid)
+    clouds = crop_clouds(row, crop_window(row, cfg), fit.homography, cfg.crop_size)
+    data_pre, data_post = pre_valid, post_valid
+    if clouds is not None:
+        data_pre, data_post = pre_valid | clouds.pre, post_valid | clouds.post
+        row = {**row, "cloud_fraction": clouds.fraction}
+    frac = nodata_fraction(data_pre, data_post)
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
+        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
+    if clouds is not None and clouds.fraction > clouds.max_fraction:
+        reason = f"cloud {clouds.fraction:.1%} of the crop > {clouds.max_fraction:.1%}"
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
     both = pre_valid & post_valid
     if invalid is not None:
@@ -172,8 +209,8 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
                                             screen.reject_reason, screen))
     store = Store(out_root)
     rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
-    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], pre_valid)))
-    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], post_valid)))
+    write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], data_pre)))
+    write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], data_post)))
     return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen,
                                         (rel_a, rel_b)))
 

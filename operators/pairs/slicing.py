@@ -69,6 +69,9 @@ def slice_rows(pair: dict, pre: dict, post: dict, slice_size: int, stride: int,
         "bands_pre": list(pre["rgb_bands"]), "bands_post": list(post["rgb_bands"]),
         "stretch_pre": [list(s) for s in pre["stretch"]],
         "stretch_post": [list(s) for s in post["stretch"]],
+        # stacked scenes (STAC items, per-band products); None for plain rasters
+        "pre_stack": pre.get("stack"), "post_stack": post.get("stack"),
+        "pre_stac_id": pre.get("stac_id"), "post_stac_id": post.get("stac_id"),
     }
     return [{"slice_id": f"{pair['pair_id']}_r{row:05d}_c{col:05d}", **shared, "window": [col, row, w, h]}
             for col, row, w, h in slice_windows(pre, post, slice_size, stride)]
