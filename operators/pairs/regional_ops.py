@@ -47,21 +47,33 @@ def features_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row:
 def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict]:
     """One tile row per (pair, tile) that any slice of the pair overlaps.
 
-    Each row lists its planned neighbours (tiles whose post features its matching needs).
+    Each row lists its planned neighbours (tiles whose post features its matching needs). Runs on
+    the driver for every window of the archive, so it works per pair on integer cells (a tile's
+    neighbourhood is the same set of offsets everywhere) rather than per slice and tile.
     """
     keys = ("pair_id", "pre_uri", "post_uri", "crs", "transform", "bands_pre", "bands_post",
             "stretch_pre", "stretch_post", "pre_stack", "post_stack")  # stacks: issue 14
-    tiles: dict[tuple, dict] = {}
+    ts = cfg.tile_size
+    ref = 1 << 20   # any tile far from the origin: floor division makes the offsets uniform
+    offsets = [(c - ref, r - ref) for c, r in neighbour_tiles(ref, ref, cfg)]
+    by_pair: dict[str, tuple[dict, set]] = {}
     for r in slice_rows:
-        for tc, tr in tiles_for_window(r["window"], cfg.tile_size):
-            key = (r["pair_id"], tc, tr)
-            if key not in tiles:
-                tiles[key] = {**{k: r[k] for k in keys}, "tile_col": tc, "tile_row": tr}
-    for (pair, tc, tr), row in tiles.items():
-        # Post features outside every slice of the pair can never be used by a slice fit.
-        row["neighbours"] = [[c, r] for c, r in neighbour_tiles(tc, tr, cfg)
-                             if (pair, c, r) in tiles]
-    return [tiles[k] for k in sorted(tiles)]
+        entry = by_pair.get(r["pair_id"])
+        if entry is None:
+            entry = by_pair[r["pair_id"]] = ({k: r[k] for k in keys}, set())
+        col, row, width, height = (int(v) for v in r["window"])
+        c0, c1 = col // ts, (col + width - 1) // ts
+        r0, r1 = row // ts, (row + height - 1) // ts
+        entry[1].update((tc, tr) for tr in range(r0, r1 + 1) for tc in range(c0, c1 + 1))
+    out = []
+    for pair in sorted(by_pair):
+        shared, cells = by_pair[pair]
+        for tc, tr in sorted(cells):
+            # Post features outside every slice of the pair can never be used by a slice fit.
+            out.append({**shared, "tile_col": tc, "tile_row": tr,
+                        "neighbours": [[tc + dc, tr + dr] for dc, dr in offsets
+                                       if (tc + dc, tr + dr) in cells]})
+    return out
 
 
 def _tile_result(row: dict) -> dict:
