@@ -272,7 +272,9 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
     import ray.data
     # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
     ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
-    ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs)
+    # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
+    # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
+    ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs, num_cpus=0.5)
     for stage in stages:
         ds = apply_llm_stage(ds, stage, pool)
     reporter = ProgressReporter(limiter, progress_every_s, len(todo))
