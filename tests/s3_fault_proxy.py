@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
-import socket
 import subprocess
 import sys
-import time
 
 from aiohttp import ClientSession, ClientTimeout, web
 
@@ -98,24 +97,19 @@ class FaultProxyProcess:
     """The proxy in its own process on 127.0.0.1, with its control endpoints."""
 
     def __init__(self, upstream: str, fraction: float = 0.0, seed: int = 0, timeout_s: float = 20):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        from tests.conftest import free_port, wait_for_port
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.s3_fault_proxy", "--upstream", upstream,
              "--port", str(self.port), "--fraction", str(fraction), "--seed", str(seed)],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + timeout_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    self.close()
-                    raise RuntimeError("fault proxy did not start")
-                time.sleep(0.1)
+        try:
+            wait_for_port(self.port, timeout_s)
+        except RuntimeError:
+            self.close()
+            raise
 
     def _call(self, path: str, payload: dict | None = None) -> dict:
         import urllib.request
