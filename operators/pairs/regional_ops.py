@@ -60,7 +60,7 @@ def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict
     for r in slice_rows:
         entry = by_pair.get(r["pair_id"])
         if entry is None:
-            entry = by_pair[r["pair_id"]] = ({k: r[k] for k in keys}, set())
+            entry = by_pair[r["pair_id"]] = ({k: r.get(k) for k in keys}, set())
         col, row, width, height = (int(v) for v in r["window"])
         c0, c1 = col // ts, (col + width - 1) // ts
         r0, r1 = row // ts, (row + height - 1) // ts

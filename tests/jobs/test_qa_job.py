@@ -72,7 +72,13 @@ def test_qa_job_end_to_end_rerun_sends_nothing(ray_session, openai_server, tmp_p
     assert {r["question_type"] for r in t["qa"]} == set(QUESTION_TYPES)
 
     # Judged: four criteria and the overall; nothing below 7 selected, everything at or above 7 kept.
-    assert all(r["score_redundancy"] is not None and r["overall"] == r["judge_overall"] for r in t["qa"])
+    # Default overall (criteria): the mean of the four, but a hallucinated answer (accuracy <= 4)
+    # scores its accuracy.
+    crit = ("score_answer_accuracy", "score_question_quality", "score_answer_completeness", "score_redundancy")
+    for r in t["qa"]:
+        expected = (r["score_answer_accuracy"] if r["score_answer_accuracy"] <= 4
+                    else sum(r[c] for c in crit) / len(crit))
+        assert r["score_redundancy"] is not None and r["overall"] == pytest.approx(expected)
     assert all((r["overall"] >= 7) == r["selected"] for r in t["qa"])
     assert any(not r["selected"] for r in t["qa"]) and any(r["selected"] for r in t["qa"])
     assert all(r["reason"] is None for r in t["qa"] if r["selected"])

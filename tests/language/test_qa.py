@@ -94,7 +94,9 @@ def test_one_judge_request_with_all_five_and_validator_policy(facts77, policy):
         assert sent == set(REPLY) and all(REPLY[k]["answer"] in listing for k in REPLY)
     else:
         assert sent == set(REPLY) - bad and not any(REPLY[k]["answer"] in listing for k in bad)
-    scores = {k: {**{c: 8 for c in QA_CRITERIA}, "overall": 6 if k == "cause" else 8, "reason": "r"} for k in sent}
+    # The default overall is the criteria's (the judge's own "overall" of 9 is not what decides).
+    scores = {k: {**{c: 6 if k == "cause" else 8 for c in QA_CRITERIA}, "overall": 9, "reason": "r"}
+              for k in sent}
     rows = [json.loads(e["_record"]) for e in handle_judge_result(prompts, judged, LLMResult(item="p1", ok=True,
                                                                                             value=scores))]
     qa = {r["question_type"]: r for r in rows if "question_type" in r}
