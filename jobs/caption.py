@@ -303,6 +303,19 @@ def account_limiter(cfg: CaptionJobConfig, base_url: str, run_id: str, job: str,
     return limiter, common
 
 
+def generate_and_judge_stages(cfg: CaptionJobConfig, base_url: str, common: dict, prompts,
+                              generate: tuple, judge: tuple) -> tuple[StageSpec, StageSpec]:
+    """The two LLM stages of a job, each given as (name, input table, request builder, reply
+    handler): generation with ``--model``, judging with ``--judge-model`` (default: the same).
+    (Shared with the QA job.)"""
+    def stage(spec: tuple, model: str) -> StageSpec:
+        name, table, build, handle = spec
+        return StageSpec(name=name, input_table=table, build_request=partial(build, prompts),
+                         handle_result=partial(handle, prompts), llm=_llm_config(cfg, base_url, model),
+                         **common)
+    return stage(generate, cfg.model), stage(judge, cfg.judge_model or cfg.model)
+
+
 def run(cfg: CaptionJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
     base_url = require_endpoint(cfg)
@@ -328,13 +341,10 @@ def run(cfg: CaptionJobConfig) -> dict:
                              overall_mode=cfg.overall, model=cfg.model,
                              judge_model=judge_model, run_id=run_id, validators=cfg.validators)
     limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
-    generate = StageSpec(name="caption_generate", input_table="_generate",
-                         build_request=partial(build_generate_request, prompts),
-                         handle_result=partial(handle_generate_result, prompts),
-                         llm=_llm_config(cfg, base_url, cfg.model), **common)
-    judge = StageSpec(name="caption_judge", input_table="_judge", build_request=partial(build_judge_request, prompts),
-                      handle_result=partial(handle_judge_result, prompts),
-                      llm=_llm_config(cfg, base_url, judge_model), **common)
+    generate, judge = generate_and_judge_stages(
+        cfg, base_url, common, prompts, ("caption_generate", "_generate", build_generate_request,
+                                         handle_generate_result),
+        ("caption_judge", "_judge", build_judge_request, handle_judge_result))
     pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
 
     counts: dict[str, int] = {}

@@ -24,11 +24,10 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
 
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
-from jobs.caption import CaptionJobConfig, _ensure_ray, _llm_config, account_limiter, run_stages
+from jobs.caption import CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, run_stages
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.language.caption_ops import PrepareConfig, discover_pairs
@@ -38,7 +37,7 @@ from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, Q
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
 from operators.language.validators import rule_counts
-from operators.llm.stage import PoolConfig, StageSpec
+from operators.llm.stage import PoolConfig
 from operators.llm.usage import format_summary, summarize_usage
 
 log = logging.getLogger("changeforge.qa")
@@ -129,13 +128,10 @@ def run(cfg: QAJobConfig) -> dict:
     counts: dict[str, int] = {}
     if todo:
         limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
-        generate = StageSpec(name="qa_generate", input_table="_qa_generate",
-                             build_request=partial(build_generate_request, prompts),
-                             handle_result=partial(handle_generate_result, prompts),
-                             llm=_llm_config(cfg, base_url, cfg.model), **common)
-        judge = StageSpec(name="qa_judge", input_table="_qa_judge", build_request=partial(build_judge_request, prompts),
-                          handle_result=partial(handle_judge_result, prompts),
-                          llm=_llm_config(cfg, base_url, judge_model), **common)
+        generate, judge = generate_and_judge_stages(
+            cfg, base_url, common, prompts, ("qa_generate", "_qa_generate", build_generate_request,
+                                             handle_generate_result),
+            ("qa_judge", "_qa_judge", build_judge_request, handle_judge_result))
         pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
