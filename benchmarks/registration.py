@@ -27,8 +27,8 @@ import numpy as np
 
 from benchmarks._scenes import KnownWarp, write_pair
 from operators.pairs.radiometry import scene_stretch
-from operators.pairs.regional_ops import (TILE_RUNS_DIR, drop_features, features_tile_row,
-                                          match_tile_row, plan_tiles, register_slice_regional)
+from operators.pairs.regional_ops import (TILE_RUNS_DIR, plan_tiles, register_slice_regional,
+                                          tile_passes_in_process)
 from operators.pairs.register_stage import registration_stage
 from operators.pairs.registration import (RegistrationConfig, apply_homography, crop_corners,
                                     crop_offset)
@@ -90,7 +90,8 @@ def run_stage(rows: list[dict], cfg: RegistrationConfig, out_root: str):
     store = Store(out_root)
     if store.exists(f"{TILE_RUNS_DIR}/bench.json"):
         runs = json.loads(store.read_bytes(f"{TILE_RUNS_DIR}/bench.json"))
-        tile_cpu = tile_cpu_seconds(runs["features"]) + tile_cpu_seconds(runs["matches"])
+        tile_cpu = sum(tile_cpu_seconds(runs.get(k) or [])
+                       for k in ("features", "matches", "priors", "guided"))
     return seconds, tables.get("metadata", []), tables.get("errors", []), tile_cpu
 
 
@@ -98,14 +99,10 @@ def run_plain_loop(rows: list[dict], cfg: RegistrationConfig, out_root: str):
     """The regional method's exact work, serially in this process (no Ray)."""
     shutil.rmtree(out_root, ignore_errors=True)
     t0 = time.perf_counter()
-    tiles = plan_tiles(rows, cfg)
-    features = [features_tile_row(tile, cfg, out_root) for tile in tiles]
-    results = [match_tile_row(tile, cfg, out_root) for tile in tiles]
-    if not cfg.keep_features:
-        drop_features(tiles, results, out_root, cfg)
+    passes = tile_passes_in_process(plan_tiles(rows, cfg), cfg, out_root)
     tables = split_envelopes(register_slice_regional(r, cfg, out_root) for r in rows)
     return (time.perf_counter() - t0, tables.get("metadata", []), tables.get("errors", []),
-            tile_cpu_seconds(features) + tile_cpu_seconds(results))
+            sum(tile_cpu_seconds(results) for results in passes.values()))
 
 
 def measured(name: str, run, rows, cfg, out_root, cpus: int, warp: KnownWarp, crop: int) -> dict:

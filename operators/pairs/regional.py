@@ -12,10 +12,15 @@ feature tiles (``tile_size`` px, anchored at the grid origin) and the work runs 
    is a candidate even when the dates are misaligned by up to the margin (geocoding error, ~40-100
    px in S2Looking). Only the matched point pairs (common-grid coordinates plus descriptor
    distance) are kept (``TileMatches``).
+3. guided matches (``guided_matching``, default on): the pair's first-pass matches give an affine
+   prior per pair and per tile neighbourhood (``guided_matching``); each tile's pre features are
+   matched again against the post features near their predicted position, which keeps many more
+   correct matches between dates years apart than a ratio test against the whole search window.
 
-A slice then gathers the matches of the tiles it overlaps, keeps those whose pre and post points
-both lie inside the slice window (the support the per-slice recipe would have), fits its own RANSAC
-homography, and reads only the pixels its kept crop needs.
+A slice then gathers the (guided) matches of the tiles it overlaps, keeps those whose pre point
+lies inside the slice window (the pre slice is the reference; its partner may lie outside the
+window when the dates are misaligned), fits its own RANSAC homography, and reads only the pixels
+its kept crop needs.
 
 Everything here is pure: numpy in, numpy out. ``regional_ops`` does the reading and the Ray work.
 """
@@ -27,6 +32,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from operators.pairs.guided_matching import MatchPrior, guided_match
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, checked_fit,
                                           detect_features, match_descriptors)
 
@@ -152,6 +158,18 @@ def tile_features(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: np.nda
     return TileFeatures(pre_xy, pre_desc, post_xy, post_desc)
 
 
+def search_pool(neighbours: Iterable[TileFeatures], tile_col: int, tile_row: int,
+                cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Post features of the neighbourhood that lie in the tile's search window."""
+    pool = [(n.post_xy, n.post_desc) for n in neighbours if len(n.post_xy)]
+    if not pool:
+        return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
+    post_xy = np.concatenate([p[0] for p in pool])
+    post_desc = np.concatenate([p[1] for p in pool])
+    keep = inside(post_xy, search_window(tile_col, tile_row, cfg))
+    return post_xy[keep], post_desc[keep]
+
+
 def match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: int,
                tile_row: int, cfg: RegistrationConfig) -> TileMatches:
     """Match a tile's pre features against the post features within its search window.
@@ -160,14 +178,26 @@ def match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: 
     """
     if len(own.pre_xy) == 0:
         return TileMatches.empty()
-    pool = [(n.post_xy, n.post_desc) for n in neighbours if len(n.post_xy)]
-    if not pool:
-        return TileMatches.empty()
-    post_xy = np.concatenate([p[0] for p in pool])
-    post_desc = np.concatenate([p[1] for p in pool])
-    keep = inside(post_xy, search_window(tile_col, tile_row, cfg))
-    post_xy, post_desc = post_xy[keep], post_desc[keep]
+    post_xy, post_desc = search_pool(neighbours, tile_col, tile_row, cfg)
     qi, ti, dist = match_descriptors(own.pre_desc, post_desc, cfg)
+    return TileMatches(own.pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
+                       dist.astype(np.float32))
+
+
+def guided_match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: int,
+                      tile_row: int, prior: MatchPrior, cfg: RegistrationConfig) -> TileMatches:
+    """Second pass: a tile's pre features against the post features near their predicted place.
+
+    Without a usable prior (too few first-pass matches in the whole pair) the first pass's
+    matching is repeated, so a slice always has its matches from one pass.
+    """
+    affine = prior.for_tile(tile_col, tile_row)
+    if affine is None:
+        return match_tile(own, neighbours, tile_col, tile_row, cfg)
+    if len(own.pre_xy) == 0:
+        return TileMatches.empty()
+    post_xy, post_desc = search_pool(neighbours, tile_col, tile_row, cfg)
+    qi, ti, dist = guided_match(own.pre_xy, own.pre_desc, post_xy, post_desc, affine, cfg)
     return TileMatches(own.pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
                        dist.astype(np.float32))
 
@@ -175,8 +205,8 @@ def match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: 
 # ---- per slice ------------------------------------------------------------------------------
 
 def slice_matches(matches: TileMatches, window: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(post_xy, pre_xy) in slice coordinates for matches with both points inside the slice."""
-    keep = inside(matches.pre_xy, window) & inside(matches.post_xy, window)
+    """(post_xy, pre_xy) in slice coordinates for matches whose pre point is inside the slice."""
+    keep = inside(matches.pre_xy, window)
     offset = np.float32(window[:2])
     return matches.post_xy[keep] - offset, matches.pre_xy[keep] - offset
 

@@ -8,12 +8,14 @@ reason) or ``errors`` (stage "registration", e.g. an unreadable window).
 Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (pre crop) and
 ``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
 are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
-the feature and matching settings) so a resumed run with the same settings reuses them;
+the feature and matching settings) so a resumed run with the same settings reuses them; with guided
+matching the pair's prior (``_work/priors/<key>/<pair_id>.json``) and the guided matches
+(``_work/guided/<key>/...``, what slices fit) are kept the same way;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
 complete (``keep_features`` keeps them); ``_work/tile_runs/<run_id>.json`` records the tile passes
 (of the graph's first window; later windows in ``<run_id>-w<window>.json``).
-The regional method runs as one Ray task graph (features -> matches -> slices, each task waiting
-only for the tasks it needs), not as three Ray Data passes with barriers in between.
+The regional method runs as one Ray task graph (features -> matches -> pair prior -> guided
+matches -> slices, each task waiting only for the tasks it needs), not as three Ray Data passes with barriers in between.
 """
 from __future__ import annotations
 
@@ -24,20 +26,37 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
-from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, match_tile,
-                                      neighbour_tiles, tile_core, tile_features, tile_read_window,
-                                      tiles_for_window)
+from operators.pairs.guided_matching import MatchPrior, fit_match_prior
+from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guided_match_tile,
+                                      match_tile, neighbour_tiles, tile_core, tile_features,
+                                      tile_read_window, tiles_for_window)
 from operators.pairs.registration import RegistrationConfig, feature_grey
 from operators.pairs.slice_io import (STAGE, Clock, crop_window, finish_crop, plain_row, read_post,
                                       read_pre, read_registered_post, single_thread, slice_record)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
+GUIDED_DIR = "_work/guided"
+PRIORS_DIR = "_work/priors"
 TILE_RUNS_DIR = "_work/tile_runs"
 
 
 def matches_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
     return f"{MATCHES_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def guided_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    return f"{GUIDED_DIR}/{cfg.features_key()}/{pair_id}/{tile_row:05d}_{tile_col:05d}.npz"
+
+
+def prior_rel(cfg: RegistrationConfig, pair_id: str) -> str:
+    return f"{PRIORS_DIR}/{cfg.features_key()}/{pair_id}.json"
+
+
+def slice_matches_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
+    """The matches slices fit: the guided pass's, or the first pass's without guided matching."""
+    rel = guided_rel if cfg.guided_matching else matches_rel
+    return rel(cfg, pair_id, tile_col, tile_row)
 
 
 def features_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
@@ -81,66 +100,148 @@ def _tile_result(row: dict) -> dict:
             "n": -1, "reused": False, "error": None, "seconds": 0.0, "cpu_seconds": 0.0}
 
 
-def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
-    """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
+def _tile_pass(row: dict, out_root: str, rel: str, reusable, compute) -> dict:
+    """One tile pass for one tile: skipped when ``reusable(store)``, else ``compute(store)`` ->
+    (bytes to store at ``rel``, count); failures become the tile's ``error``."""
     single_thread()
     clock = Clock()
     store = Store(out_root)
     out = _tile_result(row)
-    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
     try:
-        # Needed unless stored already, or every tile that matches against it has its matches
-        # (neighbourhoods are symmetric, so those are exactly its planned neighbours).
-        rel = features_rel(cfg, pair, tc, tr)
-        if store.exists(rel) or all(store.exists(matches_rel(cfg, pair, c, r))
-                                    for c, r in row["neighbours"]):
+        if reusable(store):
             out.update(reused=True)
             return out
+        data, n = compute(store)
+        store.write_bytes(rel, data)
+        out.update(n=n)
+    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
+    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
+    return out
+
+
+def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    rel = features_rel(cfg, pair, tc, tr)
+
+    def reusable(store: Store) -> bool:
+        # Needed unless stored already, or every tile that matches against it has its final
+        # matches (neighbourhoods are symmetric, so those are exactly its planned neighbours).
+        return store.exists(rel) or all(store.exists(slice_matches_rel(cfg, pair, c, r))
+                                        for c, r in row["neighbours"])
+
+    def compute(store: Store):
         window = tile_read_window(tc, tr, cfg)
         pre, pre_valid = read_pre(row, window)
         post, post_valid = read_post(row, window)
         feats = tile_features(feature_grey(pre, pre_valid, cfg), pre_valid,
                               feature_grey(post, post_valid, cfg), post_valid,
                               window, tile_core(tc, tr, cfg.tile_size), cfg)
-        store.write_bytes(rel, feats.to_bytes())
-        out.update(n=len(feats.pre_xy) + len(feats.post_xy))
-    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
+        return feats.to_bytes(), len(feats.pre_xy) + len(feats.post_xy)
+
+    return _tile_pass(row, out_root, rel, reusable, compute)
+
+
+def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dict:
+    feats = {}
+    for c, r in row["neighbours"]:
+        try:
+            data = store.read_bytes(features_rel(cfg, row["pair_id"], c, r))
+            feats[(c, r)] = TileFeatures.from_bytes(data)
+        except (FileNotFoundError, OSError) as exc:
+            raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
+    return feats
+
+
+def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 2: match one tile's pre features against its neighbourhood's post features."""
+    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    rel = matches_rel(cfg, pair, tc, tr)
+
+    def reusable(store: Store) -> bool:
+        return store.exists(rel) or (cfg.guided_matching and store.exists(prior_rel(cfg, pair))
+                                     and store.exists(guided_rel(cfg, pair, tc, tr)))
+
+    def compute(store: Store):
+        feats = _neighbour_features(row, cfg, store)
+        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
+        return matches.to_bytes(), len(matches)
+
+    return _tile_pass(row, out_root, rel, reusable, compute)
+
+
+def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str,
+                    run_id: str = "") -> dict:
+    """Pass 3 (guided matching): one pair's affine prior from the first-pass matches of all its
+    planned tiles (``rows``). ``n`` = the pair-level inliers (0: no prior, first pass reused)."""
+    single_thread()
+    clock = Clock()
+    store = Store(out_root)
+    pair = rows[0]["pair_id"]
+    out = {"pair_id": pair, "n": -1, "local_tiles": 0, "reused": False, "error": None,
+           "seconds": 0.0, "cpu_seconds": 0.0}
+    try:
+        rel = prior_rel(cfg, pair)
+        if store.exists(rel):
+            out.update(reused=True)
+            return out
+        parts = []
+        for row in rows:
+            try:
+                data = store.read_bytes(matches_rel(cfg, pair, row["tile_col"], row["tile_row"]))
+            except (FileNotFoundError, OSError) as exc:
+                raise OSError(f"matches of tile r{row['tile_row']} c{row['tile_col']} missing "
+                              "(tile failed?)") from exc
+            parts.append(TileMatches.from_bytes(data))
+        m = TileMatches.concat(parts)
+        cells = [(int(r["tile_col"]), int(r["tile_row"])) for r in rows]
+        prior = fit_match_prior(m.pre_xy, m.post_xy, cells, cfg)
+        store.write_bytes(rel, prior.to_bytes())
+        out.update(n=prior.pair_inliers if prior.pair is not None else 0,
+                   local_tiles=len(prior.tiles))
+    except Exception as exc:  # noqa: BLE001 - the slices of this pair report it
         out.update(error=f"{type(exc).__name__}: {exc}"[:500])
     out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
     return out
 
 
-def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
-    """Pass 2: match one tile's pre features against its neighbourhood's post features."""
-    single_thread()
-    clock = Clock()
-    store = Store(out_root)
-    out = _tile_result(row)
+def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+    """Pass 4 (guided matching): re-match one tile's pre features near their predicted partner."""
     pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
-    try:
-        rel = matches_rel(cfg, pair, tc, tr)
-        if store.exists(rel):
-            out.update(reused=True)
-            return out
-        feats = {}
-        for c, r in row["neighbours"]:
-            try:
-                data = store.read_bytes(features_rel(cfg, pair, c, r))
-                feats[(c, r)] = TileFeatures.from_bytes(data)
-            except (FileNotFoundError, OSError) as exc:
-                raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
-        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
-        store.write_bytes(rel, matches.to_bytes())
-        out.update(n=len(matches))
-    except Exception as exc:  # noqa: BLE001 - the slices of this tile report it
-        out.update(error=f"{type(exc).__name__}: {exc}"[:500])
-    out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
+    rel = guided_rel(cfg, pair, tc, tr)
+
+    def compute(store: Store):
+        try:
+            prior = MatchPrior.from_bytes(store.read_bytes(prior_rel(cfg, pair)))
+        except (FileNotFoundError, OSError) as exc:
+            raise OSError(f"prior of pair {pair} missing (its tiles failed?)") from exc
+        feats = _neighbour_features(row, cfg, store)
+        matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
+        return matches.to_bytes(), len(matches)
+
+    return _tile_pass(row, out_root, rel, lambda store: store.exists(rel), compute)
+
+
+def tile_passes_in_process(tile_rows: list[dict], cfg: RegistrationConfig,
+                           out_root: str) -> dict[str, list[dict]]:
+    """Every tile pass serially in this process (no Ray): what the task graph runs, for
+    benchmarks and debugging. Returns the per-pass results; features are dropped as in a run."""
+    out = {"features": [features_tile_row(t, cfg, out_root) for t in tile_rows],
+           "matches": [match_tile_row(t, cfg, out_root) for t in tile_rows]}
+    final = out["matches"]
+    if cfg.guided_matching:
+        out["priors"] = [prior_pair_rows(list(g), cfg, out_root)
+                         for _, g in itertools.groupby(tile_rows, key=lambda t: t["pair_id"])]
+        out["guided"] = final = [guided_tile_row(t, cfg, out_root) for t in tile_rows]
+    if not cfg.keep_features:
+        drop_features(tile_rows, final, out_root, cfg)
     return out
 
 
 def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: str,
                   cfg: RegistrationConfig) -> None:
-    """Delete the features of pairs whose every tile has its matches stored."""
+    """Delete the features of pairs whose every tile has its final matches stored."""
     failed = {r["pair_id"] for r in results if r["error"]}
     store = Store(out_root)
     for row in tile_rows:
@@ -151,7 +252,7 @@ def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: 
 def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
     parts = []
     for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
-        rel = matches_rel(cfg, row["pair_id"], tc, tr)
+        rel = slice_matches_rel(cfg, row["pair_id"], tc, tr)
         try:
             parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
         except (FileNotFoundError, OSError) as exc:
@@ -198,6 +299,17 @@ def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
     return [match_tile_row(r, cfg, out_root, run_id) for r in rows]
 
 
+def _prior_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                *needs: list[dict]) -> list[dict]:
+    return [prior_pair_rows(rows, RegistrationConfig(**cfg_dict), out_root, run_id)]
+
+
+def _guided_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
+                 *needs: list[dict]) -> list[dict]:
+    cfg = RegistrationConfig(**cfg_dict)
+    return [guided_tile_row(r, cfg, out_root, run_id) for r in rows]
+
+
 def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
                  persist: dict | None, *needs: list[dict]) -> tuple[list[dict], list[str]]:
     """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
@@ -242,6 +354,11 @@ def _failed_tile(row: dict, exc: BaseException) -> dict:
     return out
 
 
+def _failed_prior(row: dict, exc: BaseException) -> dict:
+    return {"pair_id": row["pair_id"], "n": -1, "local_tiles": 0, "reused": False,
+            "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": 0.0, "cpu_seconds": 0.0}
+
+
 class _TileGraph:
     """Feature and matching tasks of a tile plan, submitted without waiting for either."""
 
@@ -257,33 +374,57 @@ class _TileGraph:
         feature_ref = {_tile_key(rows[0]): ref for rows, ref in self.feature_tasks}
         # Matching is ~10x cheaper: tiles are batched; a batch waits for the features of its
         # tiles' neighbourhoods only.
-        self.match_tasks, self.match_ref = [], {}
-        for rows in _chunks(tile_rows, self.cfg.match_tiles_per_task):
-            needs = {feature_ref[(r["pair_id"], int(c), int(t))]: None
-                     for r in rows for c, t in r["neighbours"]}
-            ref = _remote(_matches_task).remote(rows, *args, *needs)
-            self.match_tasks.append((rows, ref))
-            self.match_ref.update({_tile_key(r): ref for r in rows})
+        self.match_tasks, match_ref = self._batched(_matches_task, lambda r: [
+            feature_ref[(r["pair_id"], int(c), int(t))] for c, t in r["neighbours"]], args)
+        self.match_ref = match_ref          # what slice tasks wait for
+        self.prior_tasks, self.guided_tasks = [], []
+        if cfg.guided_matching:
+            # One prior per pair, once all its first-pass matches exist; then the guided pass,
+            # whose batches wait for their pairs' priors (the features exist by then).
+            prior_ref = {}
+            for pair, group in itertools.groupby(tile_rows, key=lambda r: r["pair_id"]):
+                rows = list(group)
+                needs = {match_ref[_tile_key(r)]: None for r in rows}
+                ref = _remote(_prior_task).remote(rows, *args, *needs)
+                self.prior_tasks.append((rows, ref))
+                prior_ref[pair] = ref
+            self.guided_tasks, self.match_ref = self._batched(
+                _guided_task, lambda r: [prior_ref[r["pair_id"]]], args)
+
+    def _batched(self, fn, needs_of, args) -> tuple[list, dict]:
+        tasks, by_tile = [], {}
+        for rows in _chunks(self.tile_rows, self.cfg.match_tiles_per_task):
+            needs = {ref: None for r in rows for ref in needs_of(r)}
+            ref = _remote(fn).remote(rows, *args, *needs)
+            tasks.append((rows, ref))
+            by_tile.update({_tile_key(r): ref for r in rows})
+        return tasks, by_tile
 
     def finish(self) -> list[dict]:
-        """Wait for the tile tasks; drop spent features, write the audit trail; the matching
-        results per tile (``n`` = matches, ``reused``, ``error``)."""
+        """Wait for the tile tasks; drop spent features, write the audit trail; the final
+        matching results per tile (``n`` = matches, ``reused``, ``error``)."""
         features = [res for rows, ref in self.feature_tasks
                     for res in _get_results(ref, rows, _failed_tile)]
         features_wall = self.clock.wall()
         results = [res for rows, ref in self.match_tasks
                    for res in _get_results(ref, rows, _failed_tile)]
+        priors = [res for rows, ref in self.prior_tasks
+                  for res in _get_results(ref, [rows[0]], _failed_prior)]
+        guided = [res for rows, ref in self.guided_tasks
+                  for res in _get_results(ref, rows, _failed_tile)]
         matches_wall = round(self.clock.wall() - features_wall, 4)
+        final = guided if self.cfg.guided_matching else results
         if not self.cfg.keep_features:
-            drop_features(self.tile_rows, results, self.out_root, self.cfg)
+            drop_features(self.tile_rows, final, self.out_root, self.cfg)
         # An audit trail of the tile work (failures otherwise show only as slice errors). The
         # passes overlap now: features_wall_s is until the last feature task, matches_wall_s the
-        # rest until the last matching task.
+        # rest until the last (guided) matching task.
         summary = {"run_id": self.run_id, "features_wall_s": features_wall,
-                   "matches_wall_s": matches_wall, "features": features, "matches": results}
+                   "matches_wall_s": matches_wall, "features": features, "matches": results,
+                   "priors": priors, "guided": guided}
         Store(self.out_root).write_bytes(f"{TILE_RUNS_DIR}/{self.audit_name}.json",
                                          json.dumps(summary).encode())
-        return results
+        return final
 
 
 def run_tile_stage(tile_rows: list[dict], cfg: RegistrationConfig, out_root: str,

@@ -102,9 +102,12 @@ class RegistrationConfig:
                                       "nearby search finds no confident match")
     screen_min_ncc: float = _opt(0.3, "normalised cross-correlation a window's match needs (real "
                                       "pairs years apart: median ~0.4 on NAIP farmland)")
+    screen_peak_margin: float = _opt(0.05, "a window's correlation peak is trusted when it beats "
+                                           "the best peak elsewhere in its search area by this "
+                                           "much NCC (repeated texture, aperture problem)")
     screen_min_texture: float = _opt(0.03, "grey standard deviation (unit range, after the "
                                            "crop's percentile stretch) both windows need")
-    screen_min_assessed: float = _opt(0.3, "fraction of the textured windows that must be "
+    screen_min_assessed: float = _opt(0.15, "fraction of the textured windows that must be "
                                            "measured confidently; below: insufficient evidence")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
@@ -115,6 +118,18 @@ class RegistrationConfig:
                                       "their pair's matches are complete")
     match_tiles_per_task: int = _opt(4, "tiles per task in the (cheap) matching pass: amortises "
                                         "Ray's per-task overhead")
+    guided_matching: bool = _opt(True, "regional: re-match every tile's features near where the "
+                                       "pair's first-pass matches predict their partner (ratio "
+                                       "test among nearby candidates only); off: first pass only")
+    guided_radius_px: float = _opt(16.0, "guided matching: candidates lie within this distance of "
+                                         "the prior's prediction")
+    guided_ratio: float = _opt(0.8, "guided matching: ratio test threshold among the candidates")
+    guided_candidates: int = _opt(8, "guided matching: at most this many candidates (the nearest "
+                                     "to the prediction) per feature")
+    prior_ransac_px: float = _opt(8.0, "guided matching: RANSAC threshold of the pair/tile affine "
+                                       "prior fitted to the first-pass matches")
+    prior_min_inliers: int = _opt(12, "guided matching: inliers a pair (or a tile neighbourhood) "
+                                      "needs for its own prior")
     slices_per_task: int = _opt(4, "slices per task for the regional method's (cheap) slice fits; "
                                    "the per-slice recipe always uses 1")
 
@@ -129,6 +144,8 @@ class RegistrationConfig:
             raise ValueError("match_tiles_per_task and slices_per_task must be >= 1")
         if not 0 <= self.search_margin_px <= self.tile_size:
             raise ValueError("search_margin_px must be within [0, tile_size]")
+        if self.guided_radius_px <= 0 or self.guided_candidates < 2:
+            raise ValueError("guided_radius_px must be positive and guided_candidates >= 2")
         if self.sift_normalisation not in ("percentile", "clahe"):
             raise ValueError("sift_normalisation must be 'percentile' or 'clahe'")
 
@@ -144,8 +161,9 @@ class RegistrationConfig:
         them instead of silently reusing stale ones.
         """
         names = [f.name for f in fields(self)
-                 if f.name.startswith(("sift_", "flann_", "tile_", "search_"))] + \
-                ["mask_erode_px", "ratio"]
+                 if f.name.startswith(("sift_", "flann_", "tile_", "search_", "guided_",
+                                       "prior_"))] + \
+                ["mask_erode_px", "ratio", "max_scale_change", "max_anisotropy"]
         text = json.dumps({n: getattr(self, n) for n in sorted(names)}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 

@@ -15,7 +15,11 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   fitted to the windows (window centres sit half a window inside the corners, where a rotation's
   error is largest).
 * Only displacements a neighbouring window agrees with count (one window alone may have latched
-  onto a repeated texture or a change); that is what "confidently measured" means below.
+  onto a repeated texture or a change); that is what "confidently measured" means below. A
+  displacement above ``max_residual_px`` must be shared by a connected group of at least
+  ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
+  same wrong peak (a new building beside an old one, field rows), while a displaced region of the
+  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
 * Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little of
   the textured area measured ("insufficient evidence", with the fraction): nothing passes
   unchecked.
@@ -34,8 +38,8 @@ import numpy as np
 from operators.pairs.registration import RegistrationConfig
 
 MIN_USABLE = 0.9          # usable fraction a window needs in both dates
-PEAK_MARGIN = 0.1         # a trusted peak beats the best one away from it by this much NCC
 AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this
+REGION_WINDOWS = 3        # windows a displacement above the limit needs (connected, agreeing)
 
 @dataclass
 class WindowShift:
@@ -78,37 +82,45 @@ def _subpixel(surface: np.ndarray, y: int, x: int) -> tuple[float, float]:
     return x + fx, y + fy
 
 def match_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
-                 min_ncc: float) -> Optional[tuple[float, float, float]]:
+                 min_ncc: float, peak_margin: float = 0.05) -> Optional[tuple[float, float, float]]:
     """Find ``template`` (taken at (x0, y0) of the pre crop) in ``post`` within ``radius`` px.
 
     Returns (dx, dy, ncc) of a trusted peak, else None. A peak is trusted when its NCC reaches
     ``min_ncc``, it is not on the edge of the search area (the true match may lie beyond), and the
-    best NCC farther than a quarter window from it is at least ``PEAK_MARGIN`` lower.
+    best NCC farther than a quarter window from it is at least ``peak_margin`` lower.
     """
+    return search_window(template, post, x0, y0, radius, min_ncc, peak_margin)[0]
+
+
+def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
+                  min_ncc: float, peak_margin: float) -> tuple[Optional[tuple], bool]:
+    """:func:`match_window`, plus whether the best peak lay on the search area's edge (a hint
+    that the content sits farther away)."""
     win = template.shape[0]
     h, w = post.shape
     sx0, sy0 = max(0, x0 - radius), max(0, y0 - radius)
     sx1, sy1 = min(w, x0 + win + radius), min(h, y0 + win + radius)
     region = post[sy0:sy1, sx0:sx1]
     if region.shape[0] < win or region.shape[1] < win:
-        return None
+        return None, False
     surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
-    surface = np.nan_to_num(surface, nan=-1.0)
+    cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
     _, peak, _, (px, py) = cv2.minMaxLoc(surface)
-    if peak < min_ncc:
-        return None
     sh, sw = surface.shape
     # On the search area's edge the peak may be cut off; unless that edge is the crop's edge.
     if (px == 0 and sx0 > 0) or (py == 0 and sy0 > 0) or \
             (px == sw - 1 and sx1 < w) or (py == sh - 1 and sy1 < h):
-        return None
+        return None, True
+    if peak < min_ncc:
+        return None, False
     guard = max(2, win // 4)
     rest = surface.copy()
     rest[max(0, py - guard):py + guard + 1, max(0, px - guard):px + guard + 1] = -1.0
-    if rest.size and rest.max() > peak - PEAK_MARGIN:
-        return None
+    if rest.size and rest.max() > peak - peak_margin:
+        return None, False
     fx, fy = _subpixel(surface, py, px)
-    return sx0 + fx - x0, sy0 + fy - y0, float(peak)
+    return (sx0 + fx - x0, sy0 + fy - y0, float(peak)), False
+
 
 def affine_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
     """(3, 2) least-squares affine displacement field d(x, y) = [1, x, y] @ A over the windows,
@@ -127,6 +139,38 @@ def affine_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
         return None
     A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
     return A
+
+def projective_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
+    """3x3 homography from window centres to where their content sits in the post crop (RANSAC
+    within ``AGREE_PX``); None with fewer than 8 windows or too few agreeing."""
+    if len(shifts) < 8:
+        return None
+    src = np.array([[s.x, s.y] for s in shifts], np.float64)
+    dst = src + np.array([[s.dx, s.dy] for s in shifts])
+    cv2.setRNGSeed(0)  # RANSAC sampling: same windows, same verdict
+    H, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2), cv2.RANSAC, AGREE_PX)
+    if H is None or inl is None or inl.sum() < 8 or not np.all(np.isfinite(H)):
+        return None
+    return H
+
+
+def corner_residual(shifts: list[WindowShift], w: int, h: int) -> float:
+    """Largest displacement at the crop's outer corners extrapolated from the windows: the larger
+    of an affine and a projective field (a fit wrong by a homography moves one corner most; an
+    affine field spreads that over the crop and underestimates it)."""
+    xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    out = 0.0
+    A = affine_field(shifts)
+    if A is not None:
+        out = float(np.hypot(*(np.hstack([np.ones((4, 1)), xy]) @ A).T).max())
+    H = projective_field(shifts)
+    if H is not None:
+        moved = cv2.perspectiveTransform(xy.reshape(-1, 1, 2), H).reshape(-1, 2)
+        d = np.hypot(*(moved - xy).T)
+        if np.all(np.isfinite(d)):
+            out = max(out, float(d.max()))
+    return out
+
 
 def supported(shifts: list[WindowShift]) -> list[WindowShift]:
     """Windows whose displacement an adjacent, non-overlapping window agrees with (within
@@ -153,6 +197,49 @@ def supported(shifts: list[WindowShift]) -> list[WindowShift]:
     return out
 
 
+def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int],
+                 win: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(usable pixel count, mean, std over usable pixels) of every window, by integral images."""
+    v = valid.astype(np.float64)
+    x = img.astype(np.float64) * v
+    n_i, s_i, q_i = (cv2.integral(a) for a in (v, x, x * x))
+    y0, x0 = np.asarray(ys)[:, None], np.asarray(xs)[None, :]
+
+    def box(ii):
+        return ii[y0 + win, x0 + win] - ii[y0, x0 + win] - ii[y0 + win, x0] + ii[y0, x0]
+
+    n = box(n_i)
+    safe = np.maximum(n, 1.0)
+    mean = box(s_i) / safe
+    var = np.maximum(box(q_i) / safe - mean * mean, 0.0)
+    return n, mean, np.sqrt(var)
+
+
+def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
+    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
+    share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    group = {id(s): i for i, s in enumerate(big)}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    parent = list(range(len(big)))
+    for i, a in enumerate(big):
+        for j in range(i + 1, len(big)):
+            b = big[j]
+            if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
+                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= AGREE_PX:
+                parent[root(i)] = root(j)
+    sizes: dict[int, int] = {}
+    for i in range(len(big)):
+        sizes[root(i)] = sizes.get(root(i), 0) + 1
+    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= REGION_WINDOWS]
+
+
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
                      cfg: RegistrationConfig) -> ScreeningResult:
     """Measure the residual misregistration of a crop pair over the whole crop.
@@ -166,27 +253,52 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     pre = np.where(valid, pre_grey, 0).astype(np.float32)
     post = np.where(valid, post_grey, 0).astype(np.float32)
     near = int(np.ceil(2 * cfg.max_residual_px))
-    far = max(near, int(cfg.screen_search_px))
-    shifts: list[WindowShift] = []
-    n_textured = 0
-    for i, y in enumerate(window_starts(h, win)):
-        for j, x in enumerate(window_starts(w, win)):
-            ok = valid[y:y + win, x:x + win]
-            if ok.mean() < MIN_USABLE:
-                continue
-            a = pre[y:y + win, x:x + win].copy()
-            b = post[y:y + win, x:x + win]
-            if a[ok].std() < cfg.screen_min_texture or b[ok].std() < cfg.screen_min_texture:
-                continue
-            n_textured += 1
-            a[~ok] = a[ok].mean()
-            found = match_window(a, post, x, y, near, cfg.screen_min_ncc)
-            if found is None and far > near:
-                found = match_window(a, post, x, y, far, cfg.screen_min_ncc)
-            if found is not None:
-                dx, dy, ncc = found
-                shifts.append(WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j))
-    trusted = supported(shifts)
+    # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
+    # windows that match nowhere (insufficient evidence), not as a region to find.
+    far = max(near, min(int(cfg.screen_search_px), min(h, w) // 4))
+    # Pass 1, every window: the near search (displacements up to twice the limit).
+    templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+    found: dict[tuple[int, int], tuple[float, float, float]] = {}
+    far_queue: list[tuple[int, int]] = []
+    ys, xs = window_starts(h, win), window_starts(w, win)
+    count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
+    _, _, post_std = window_stats(post, valid, ys, xs, win)
+    usable = (count >= MIN_USABLE * win * win) & (pre_std >= cfg.screen_min_texture) & \
+        (post_std >= cfg.screen_min_texture)
+    for i, j in zip(*np.nonzero(usable)):
+        i, j, y, x = int(i), int(j), ys[i], xs[j]
+        a = pre[y:y + win, x:x + win]
+        if count[i, j] < win * win:     # unusable pixels take the window's mean
+            a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
+        templates[(i, j)] = (a, x, y)
+        hit, _ = search_window(a, post, x, y, near, cfg.screen_min_ncc,
+                               cfg.screen_peak_margin)
+        if hit is not None:
+            found[(i, j)] = hit
+        elif far > near and i % 2 == 0 and j % 2 == 0:
+            far_queue.append((i, j))
+    # Pass 2, the far search (the cost of screening): on every other window in each direction (a
+    # displaced region of a quarter of the crop side contains one), then around every window it
+    # finds displaced, step by step, until no new window shows the region.
+    searched: set[tuple[int, int]] = set()
+    while far_queue:
+        key = far_queue.pop()
+        if key in searched or key in found:
+            continue
+        searched.add(key)
+        a, x, y = templates[key]
+        hit, _ = search_window(a, post, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin)
+        if hit is None:
+            continue
+        found[key] = hit
+        if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
+            far_queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                             if (key[0] + di, key[1] + dj) in templates)
+    n_textured = len(templates)
+    shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
+              for (i, j), (dx, dy, ncc) in sorted(found.items())
+              for (_, x, y) in [templates[(i, j)]]]
+    trusted = confirmed(supported(shifts), cfg.max_residual_px)
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
@@ -197,12 +309,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
-    A = affine_field(trusted)
-    corner = 0.0
-    if A is not None:
-        corners = np.array([[1.0, -0.5, -0.5], [1.0, w - 0.5, -0.5], [1.0, -0.5, h - 0.5],
-                            [1.0, w - 0.5, h - 0.5]])
-        corner = float(np.hypot(*(corners @ A).T).max())
+    corner = corner_residual(trusted, w, h)
     reason = None
     if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "

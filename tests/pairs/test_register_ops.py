@@ -17,7 +17,8 @@ from rasterio.enums import ColorInterp
 
 from operators.io.images import decode_image
 from operators.pairs.radiometry import scene_stretch
-from operators.pairs.regional_ops import matches_rel, plan_tiles, run_tile_stage
+from operators.pairs.regional_ops import (guided_rel, matches_rel, plan_tiles, prior_rel,
+                                          run_tile_stage)
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
 from operators.pairs.registration import RegistrationConfig, translation
 from operators.pairs.raster_io import Grid, read_window
@@ -142,9 +143,13 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
     assert all(not t["reused"] and t["n"] > 0 and t["error"] is None for t in first)
     store = Store(out)
     assert store.exists(matches_rel(cfg, "good", 0, 0))
+    # The pair's prior and every tile's guided matches (what slices fit) are stored too.
+    assert store.exists(prior_rel(cfg, "good"))
+    assert all(store.exists(guided_rel(cfg, "good", t["tile_col"], t["tile_row"])) for t in tiles)
     assert not store.list("_work/features")  # dropped once the pair's matches are complete
     audit = json.loads(store.read_bytes("_work/tile_runs/r1.json"))
-    assert len(audit["features"]) == len(audit["matches"]) == len(tiles)
+    assert len(audit["features"]) == len(audit["matches"]) == len(audit["guided"]) == len(tiles)
+    assert [p["n"] > 0 and not p["error"] for p in audit["priors"]] == [True]
     second = run_tile_stage(tiles, cfg, out, "r2")
     assert all(t["reused"] for t in second)
     # Other feature settings must not reuse these matches.

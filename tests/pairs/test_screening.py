@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from operators.pairs.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening import screen_alignment, window_starts
+from operators.pairs.screening import WindowShift, confirmed, screen_alignment, window_starts
 from tests.pairs.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
@@ -115,3 +115,38 @@ def test_windows_tile_the_whole_side():
     assert starts[0] == 0 and starts[-1] == C - 128
     assert all(b - a <= 64 for a, b in zip(starts, starts[1:]))
     assert CFG.screen_window() == 128 and RegistrationConfig(crop_size=512).screen_window() == 64
+
+
+def corner_homography(corner: int, px: float) -> np.ndarray:
+    """Homography moving one outer corner of the crop by ``px`` (along x), the others fixed."""
+    src = np.array([[-0.5, -0.5], [C - 0.5, -0.5], [C - 0.5, C - 0.5], [-0.5, C - 0.5]], np.float32)
+    dst = src.copy()
+    dst[corner, 0] += px
+    return cv2.getPerspectiveTransform(src, dst).astype(np.float64)
+
+
+def test_projective_error_at_one_corner_is_rejected(scene):
+    """A fit wrong by a homography that moves one corner 10 px and the others not at all: the
+    affine field fitted to the windows spreads that over the crop and put the corner at 7.7 px
+    (accepted before the projective extrapolation); no window centre is over 8 px."""
+    r = screen(pre_of(scene), post_from(scene, translation(X0, Y0) @ corner_homography(0, 10.0)))
+    assert max(np.hypot(s.dx, s.dy) for s in r.shifts) < 8.0
+    assert r.reject_reason is not None and "corner" in r.reject_reason
+    assert abs(r.residual_px - 10.0) < 0.5
+
+
+def shift(row: int, col: int, dx: float, dy: float = 0.0) -> WindowShift:
+    return WindowShift(col * 64.0, row * 64.0, dx, dy, 0.8, row, col)
+
+
+def test_a_displacement_above_the_limit_needs_a_group_of_windows():
+    """On real pairs two windows now and then latch onto the same wrong peak (NAIP 2016/2020: 10
+    of 35 good slices were rejected that way); a region needs three windows in a group."""
+    calm = [shift(r, c, 0.3, -0.2) for r in (0, 4, 8) for c in (0, 4, 8)]
+    pair = [shift(2, 2, 12.0), shift(2, 4, 12.5)]
+    assert confirmed(calm + pair, 8.0) == calm
+    group = [shift(2, 2, 12.0), shift(2, 4, 12.5), shift(4, 3, 11.5)]
+    assert confirmed(calm + group, 8.0) == calm + group
+    # Three windows that disagree (or lie far apart) are still no region.
+    scattered = [shift(2, 2, 12.0), shift(2, 4, -12.0), shift(9, 9, 12.0)]
+    assert confirmed(calm + scattered, 8.0) == calm
