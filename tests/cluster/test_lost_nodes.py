@@ -1,0 +1,181 @@
+"""A lost worker node and a killed driver, with both jobs submitted as users submit them: the run
+finishes through Ray's retries or a resubmission of the same command finishes it, and either way
+every scene, pair, slice and caption row is in the output exactly once (history included, not only
+the current state), every PNG decodes, and no LLM request answered before the kill is paid again.
+
+The test server answers slowly (``latency_ms``) and the captions input is the bundled LEVIR-CD
+samples repeated under new names, so the kill lands mid-run; the pairs job runs at the same time.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from operators.io.images import decode_image
+from operators.io.storage import Store
+from operators.io.tables import read_table, table_key
+from tests.cluster.local_cluster import LocalRayCluster
+from tests.cluster.test_submitted_jobs import NAIP, REPO, s3_env
+from tests.conftest import DATA
+
+pytestmark = pytest.mark.slow
+
+LEVIR = DATA / "levir-cd"
+COPIES = 3                # 12 pairs x 3 = 36 pairs, 72 requests
+LATENCY_MS = 2000          # slow replies, so the kill lands mid-run
+IN_FLIGHT_S = 3.0         # a reply this close to the kill may not have reached the cache
+
+
+@pytest.fixture
+def cluster(s3_endpoint):
+    c = LocalRayCluster(head_cpus=1)
+    try:
+        c.add_node("w1", cpus=1)
+        yield c
+    finally:
+        c.shutdown()
+
+
+def upload_inputs(s3_client, bucket: str) -> tuple[str, str, set[str]]:
+    for year in ("2017", "2020"):
+        s3_client.upload_file(str(NAIP[year]), bucket, f"archive/{NAIP[year].name}")
+    names = set()
+    for k in range(COPIES):
+        for sub in ("A", "B", "label"):
+            for path in sorted((LEVIR / sub).glob("*.png")):
+                name = f"c{k}_{path.name}"
+                s3_client.upload_file(str(path), bucket, f"levir/{sub}/{name}")
+                if sub == "A":
+                    names.add(Path(name).stem)
+    return f"s3://{bucket}/archive", f"s3://{bucket}/levir", names
+
+
+def commands(archive: str, levir: str, bucket: str) -> dict[str, list[str]]:
+    return {
+        "pairs": ["python", "jobs/build_pairs.py", "--input", archive, "--output",
+                  f"s3://{bucket}/pairs", "--slice-size", "512", "--stride", "256",
+                  "--crop-size", "256", "--reference-date", "2021-01-01"],
+        "captions": ["python", "jobs/caption.py", "--input", levir, "--output",
+                     f"s3://{bucket}/captions", "--model", "test-equipment"],
+    }
+
+
+def wait_for_replies(server, n: int, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while sum(server.stats()["ok_by_key"].values()) < n:
+        if time.time() > deadline:
+            raise TimeoutError(f"fewer than {n} LLM replies after {timeout}s")
+        time.sleep(0.5)
+
+
+def finish(cluster: LocalRayCluster, jobs: dict, cmds: dict, env: dict) -> dict:
+    """Wait for each job; resubmit the same command once if it did not succeed."""
+    results = {}
+    for name, job in jobs.items():
+        result = cluster.wait(job, timeout=900)
+        if result.status != "SUCCEEDED":
+            again = cluster.submit(cmds[name], working_dir=str(REPO), env_vars=env[name], wait=False)
+            result = cluster.wait(again, timeout=900)
+        assert result.status == "SUCCEEDED", result.logs[-4000:]
+        results[name] = result
+    return results
+
+
+def assert_exactly_once(store: Store, table: str, expected: int | None = None,
+                        key: tuple[str, ...] = ()) -> list[dict]:
+    """Every key (the shards' declared key, else ``key``) once in the table's whole history (every
+    run's shards); returns the current state."""
+    history = read_table(store, table, current=False)
+    assert history is not None, f"{table}/ is empty"
+    key = table_key(history.schema) or key
+    assert key, f"{table}/ shards carry no key"
+    keys = [tuple(r[k] for k in key) for r in history.select(list(key)).to_pylist()]
+    dupes = {k for k in keys if keys.count(k) > 1}
+    assert not dupes, f"{table}: rows written twice: {sorted(dupes)[:5]}"
+    if expected is not None:
+        assert len(keys) == expected, (table, len(keys))
+    return read_table(store, table).to_pylist()
+
+
+def check_outputs(s3_bucket: str, names: set[str]) -> None:
+    pairs_out = Store(f"s3://{s3_bucket}/pairs")
+    assert_exactly_once(pairs_out, "scenes", 2)
+    meta = assert_exactly_once(pairs_out, "metadata", 6)
+    for m in meta:
+        if m["status"] == "accepted":
+            for rel in (m["image_a"], m["image_b"]):
+                assert decode_image(pairs_out.read_bytes(rel)).shape[:2] == (256, 256)
+    errors = read_table(pairs_out, "errors")
+    assert errors is None or errors.num_rows == 0, errors.to_pylist()
+
+    captions_out = Store(f"s3://{s3_bucket}/captions")
+    pairs = assert_exactly_once(captions_out, "pairs", key=("pair_id",))
+    errors = read_table(captions_out, "errors")
+    errors = errors.to_pylist() if errors is not None else []
+    ended = sorted([p["pair_id"] for p in pairs] + [e["item"] for e in errors])
+    assert ended == sorted(names)
+    captions = assert_exactly_once(captions_out, "captions", key=("pair_id", "candidate_index"))
+    assert {c["pair_id"] for c in captions} == {p["pair_id"] for p in pairs}
+
+
+def assert_nothing_paid_twice(server, kill_time: float) -> None:
+    """A request answered well before the kill was in the cache; only those in flight may repeat."""
+    stats = server.stats()
+    latency = LATENCY_MS / 1000.0
+    for key, ok in stats["ok_by_key"].items():
+        if ok > 1:
+            first_answer = stats["times_by_key"][key][0] + latency
+            assert first_answer > kill_time - IN_FLIGHT_S, (key, ok, first_answer, kill_time)
+
+
+def drivers(cluster: LocalRayCluster, script: str) -> list[psutil.Process]:
+    """The driver processes of a submitted job (its entrypoint, run from the unpacked package)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        try:
+            if script in " ".join(cmd) and cluster.temp_dir in p.cwd():
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, openai_server):
+    archive, levir, names = upload_inputs(s3_client, s3_bucket)
+    cmds = commands(archive, levir, s3_bucket)
+    openai_server.configure(latency_ms=LATENCY_MS)
+    env = {"pairs": s3_env(), "captions": {**s3_env(), "OPENAI_BASE_URL": openai_server.base_url,
+                                           "OPENAI_API_KEY": "test-key"}}
+    jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
+            for name, cmd in cmds.items()}
+    wait_for_replies(openai_server, 10)
+    assert cluster.kill_node("w1") > 0
+    kill_time = time.time()
+    cluster.add_node("w2", cpus=1)          # the autoscaler's replacement
+    finish(cluster, jobs, cmds, env)
+    check_outputs(s3_bucket, names)
+    assert_nothing_paid_twice(openai_server, kill_time)
+
+
+def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, openai_server):
+    archive, levir, names = upload_inputs(s3_client, s3_bucket)
+    cmds = commands(archive, levir, s3_bucket)
+    openai_server.configure(latency_ms=LATENCY_MS)
+    env = {"pairs": s3_env(), "captions": {**s3_env(), "OPENAI_BASE_URL": openai_server.base_url,
+                                           "OPENAI_API_KEY": "test-key"}}
+    jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
+            for name, cmd in cmds.items()}
+    wait_for_replies(openai_server, 10)
+    victims = drivers(cluster, "jobs/caption.py") + drivers(cluster, "jobs/build_pairs.py")
+    assert victims, "no driver process found"
+    for p in victims:
+        p.kill()
+    kill_time = time.time()
+    results = finish(cluster, jobs, cmds, env)
+    assert all("test-key" not in r.logs for r in results.values())
+    check_outputs(s3_bucket, names)
+    assert_nothing_paid_twice(openai_server, kill_time)
