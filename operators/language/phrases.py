@@ -41,13 +41,19 @@ CHANGE_CUE = re.compile(
     r"appear(s|ed|ing|ance)?|emerg(e|es|ed|ing)|added|demolish(ed|ing)?|demolition|removed|removal|clear(ed|ing)|"
     r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing|ation)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
     r"alter(ed|ation)|paved|excavat(ed|ion)|disappear(ed|s)?|vanish(ed)?|gone|lost|occup(y|ies|ied)|"
-    r"covers?|covered|spans?|line|lines|runs?|stands?|form(s|ed)?|visible|affected)\b")
+    r"covers?|covered|spans?|line|lines|runs?|stands?|form(s|ed)?|visible|affected|gain(s|ed)?|spr(a|u)ng up|"
+    r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
-    r"remain(s|ed)?|stays?|stayed|same|identical|n't|absent|free of|hardly|barely|scarcely)\b")
+    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|"
+    # "the same" as persistence, not "along the same street"
+    r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
+    r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
 # Words that look negative but describe the "before" state or stress a positive ("not only ... but").
 _NOT_NEGATION = re.compile(r"\b((previously|formerly|once|originally|what was|used to be)( an?)? (empty|vacant|bare|"
-                           r"open|undeveloped|unused)|not only|no longer)\b")
+                           r"open|undeveloped|unused)|(on|onto|over|into|across|of|from|replacing|replaced) (the |an? |some |"
+                           r"previously |formerly )*(empty|vacant|bare|open|undeveloped) (land|lots?|plots?|fields?|ground|"
+                           r"parcels?|areas?|spaces?|terrain|soil)|not only|no longer)\b")
 
 # -- location phrases ------------------------------------------------------------------------------
 _CORNERS = {"upper-left": r"(?:upper|top)[ -]?left|north[ -]?west(?:ern)?",
@@ -59,7 +65,7 @@ _CORNERS = {"upper-left": r"(?:upper|top)[ -]?left|north[ -]?west(?:ern)?",
 _NOT_A_SIDE = (r"(?! (?:behind|unchanged|intact|untouched|undisturbed|alone|empty|vacant|bare|open|standing|as|over|"
                r"in place|next|after|before|away|now|beside|by|there|here)\b)")
 _RELATIVE = r"(?! of (?!(?:the |this |a |an )?(?:image|scene|frame|picture|view|tile|photo|area)\b))(?![- ]?(?:facing|ward|bound))"
-_SIDES = {"upper": r"upper(?:most)?|top(?:most)?(?! of (?:a|an|the) (?:building|house|roof))|northern|north" + _RELATIVE,
+_SIDES = {"upper": r"upper(?:most)?|(?<!on )top(?:most)?(?! of (?:a|an|the) (?:building|house|roof))|northern|north" + _RELATIVE,
           "lower": r"lower(?:most)?(?! than)|bottom(?:most)?|southern|south" + _RELATIVE,
           "left": r"(?:left(?:most)?|western|west" + _RELATIVE + r")" + _NOT_A_SIDE,
           "right": r"(?:right(?:most)?|eastern|east" + _RELATIVE + r")" + _NOT_A_SIDE}
@@ -68,11 +74,13 @@ _ANY_SIDE = "|".join(f"(?:{p})" for p in _SIDES.values())
 _ANY_DIRECTION = "|".join(f"(?:{p})" for p in list(_CORNERS.values()) + list(_SIDES.values()) + [_CENTER])
 # A list of further directions between a direction and its noun: "top and bottom", "upper, central and lower".
 _LIST_TAIL = re.compile(rf"(?:\s*(?:,|\band\b|\bor\b|&|/)\s*(?:the\s+)?(?:(?:far|very|extreme)\s+)?(?:{_ANY_DIRECTION}))*")
-_NOUN = re.compile(r"[\s-]*(?:hand\s+)?(?:(two|2)\s+)?(edges?|borders?|margins?|rims?|boundary|boundaries|fringes?|"
+_NOUN = re.compile(r"[\s-]*(?:hand\s+)?(?:(two|2)[\s-]+)?(edges?|borders?|margins?|rims?|boundary|boundaries|fringes?|"
+                   r"periphery|outskirts|perimeter|"
                    r"halves|half|thirds?|quadrants?|quarters?|corners?|parts?|portions?|areas?|sections?|sides?|"
                    r"regions?|bands?|strips?|zones?|rows?|columns?|sectors?|ends?)\b")
-_EDGE_NOUNS = ("edge", "border", "margin", "rim", "boundary", "boundaries", "fringe")
-_RING = re.compile(r"\b(edges|borders|periphery|peripheral|margins|outskirts|perimeter|the (edge|border)s?)\b")
+_EDGE_NOUNS = ("edge", "border", "margin", "rim", "boundary", "boundaries", "fringe", "periphery", "outskirts", "perimeter")
+_RING = re.compile(r"\b(edges|borders|periphery|peripheral|margins|outskirts|perimeter|the (edge|border)s?|"
+                   r"(image|scene|frame|picture) (edge|border)s?)\b")
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ def find_places(clause: str) -> list[Place]:
 
 # -- segments and their polarity ------------------------------------------------------------------
 _SENTENCE = re.compile(r"(?<!\d)\.|\.(?!\d)|[;:!?]|\s[-\u2013\u2014]+\s|\u2014")
-_CONTRAST = r"while|whereas|but|although|though|however|yet"
+_CONTRAST = r"while|whereas|but|although|though"  # not "however" / "yet": mostly parenthetical or "not yet"
 _EXCEPTION = r"except(?: for)?|apart from|aside from|other than|save for|besides|with the exception of|excluding"
 _BOUNDARY = re.compile(rf",|\b({_CONTRAST})\b|\b({_EXCEPTION})\b")
 _LEADING = re.compile(r"^(and|or|with|as well as|plus|then|also)\b\s*")

@@ -307,10 +307,12 @@ def _is_yes_no(question: str | None, qtype: str | None) -> bool:
 
 
 def _answer_polarity(answer: str) -> str | None:
-    m = re.match(r"\s*(yes|yeah|yep|correct|indeed|no|nope|not really)\b", answer.lower())
+    m = re.match(r"\s*(yes|yeah|yep|correct|indeed|absolutely|certainly|definitely|no|nope|not really|not at all|"
+                 r"none|nothing|never)\b", answer.lower())
     if not m:
         return None
-    return "yes" if m.group(1) in ("yes", "yeah", "yep", "correct", "indeed") else "no"
+    return "yes" if m.group(1) in ("yes", "yeah", "yep", "correct", "indeed", "absolutely", "certainly",
+                                   "definitely") else "no"
 
 
 def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
@@ -332,7 +334,7 @@ def place_clearly_changed(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
 # in ...", "confined to ..." / "mostly", "mainly", "most of the new houses", "concentrated in".
 _ONLY = re.compile(r"\b((only|solely|exclusively|entirely|just) (in|on|along|at|near|around|within|across|to|the|"
                    r"this|that)\b|the only\b|all (of )?(the |these |those |them )?(new |changes?\b|construction|"
-                   r"buildings?|houses?|structures?|homes?)|(are|were|is|was) all\b|confined to|limited to|"
+                   r"buildings?|houses?|structures?|homes?)|all (of )?(them|these|those)\b|(are|were|is|was) all\b|confined to|limited to|"
                    r"restricted to|nowhere else)")
 _MOSTLY = re.compile(r"\b(most of (the |them|these|those)(?!(image|scene|area|frame|view|picture|tile|rest)\b)|"
                      r"mostly|mainly|predominantly|primarily|chiefly|largely|concentrated|the (bulk|majority) of "
@@ -395,9 +397,9 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
 
 
 _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|vast|sweeping|wholesale|"
-                    r"(large|considerable|substantial|sizable|sizeable) (portion|part|area|share|swath|tract|fraction|"
-                    r"amount|proportion)s?|much of the (image|scene|area))\b")
-_MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?majority of the (image|scene|area)|"
+                    r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|tract|fraction|"
+                    r"amount|proportion)s?|much of the (image|scene|area)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
+_MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?(majority|bulk) of the (image|scene|area)|"
                    r"(nearly|almost|virtually) (all|the entire|the whole) (of the )?(image|scene|area))\b")
 # Graded small-magnitude words: "small / minor / modest" are wrong on a large-bin mask; "negligible / barely
 # anything / a tiny patch" deny almost all change and are wrong from the medium bin up.
@@ -445,8 +447,9 @@ _NUMBER_WORDS = {"one": 1, "a single": 1, "single": 1, "only one": 1, "two": 2, 
                  "half a dozen": 6, "a half dozen": 6, "two dozen": 24, "a score of": 20}
 _VAGUE = {"a few": "few", "a handful of": "few", "several": "several", "many": "many", "numerous": "many",
           "a large number of": "many", "a good number of": "many", "lots of": "many", "a lot of": "many",
-          "multiple": "several", "a number of": "several", "a series of": "several", "a group of": "several",
-          "a cluster of": "several", "a row of": "several", "dozens of": "dozens", "hundreds of": "hundreds"}
+          "a small number of": "few", "multiple": "several", "a number of": "several", "a series of": "several", "a group of": "several",
+          "a cluster of": "several", "a row of": "several", "dozens of": "dozens", "a few dozen": "dozens", "several dozen": "dozens",
+          "hundreds of": "hundreds"}
 # "Dozens" / "hundreds" are read as at least 24 / 200, with the numeric tolerance.
 _VAGUE_AT_LEAST = {"dozens": 24, "hundreds": 200}
 _OBJECTS = (r"(new |small |large |big |single[- ]family |residential |detached |separate |additional |individual |"
@@ -456,7 +459,8 @@ _OBJECTS = (r"(new |small |large |big |single[- ]family |residential |detached |
             r"factories|factory|sheds?|blocks?|roads?|ponds?|patches|patch|plots?|fields?|facilities|facility|"
             r"constructions?|objects?|units?|buildings?)")
 _COUNT = re.compile(r"\b(about |around |approximately |roughly |nearly |almost |some |well over |over |more than |"
-                    r"at least |fewer than |less than |under |exactly |only |just |something like |close to )?"
+                    r"at least |fewer than |less than |under |at most |no more than |up to |exactly |only |just |something like |"
+                    r"close to )?"
                     r"(" + "|".join(sorted(map(re.escape, list(_NUMBER_WORDS) + list(_VAGUE)), key=len, reverse=True))
                     + r"|\d{1,3})(?: or (\w+))? " + _OBJECTS + r"\b")
 
@@ -480,7 +484,7 @@ def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: Validat
     q = qualifier.strip()
     if q in ("more than", "over", "at least", "well over"):
         return c + tol >= n
-    if q in ("fewer than", "less than", "under"):
+    if q in ("fewer than", "less than", "under", "at most", "no more than", "up to"):
         return c - tol <= n
     return abs(n - c) <= tol
 
