@@ -118,21 +118,27 @@ def _corner_place(corner: str, noun: str | None) -> Place:
     return Place(corner, f"cell:{corner}", alt=f"quad:{corner}")
 
 
+_OF_THE = re.compile(r"\s+of\s+(?:the\s+)?(?:image's\s+|scene's\s+)?")
+
+
 def find_places(clause: str) -> list[Place]:
-    """Location phrases of one lower-cased clause, in reading order, without overlaps."""
-    found: list[tuple[int, int, Place]] = []
-    nouns: list[tuple[int, int]] = []
+    """Location phrases of one lower-cased clause, in reading order, without overlaps. "The X part of the Y"
+    is the part of Y that X names (their intersection, "region1&region2"; "the middle of Y" is the middle
+    third of Y each way, "middle:region"), not X and Y."""
+    found: list[tuple[int, int, Place]] = []     # start, end of the phrase (its noun included), place
+    taken: list[tuple[int, int]] = []            # directions and nouns already read
 
     def free(a: int, b: int) -> bool:
-        return not any(x < b and a < y for x, y, *_ in found) and not any(x < b and a < y for x, y in nouns)
+        return not any(x < b and a < y for x, y in taken)
 
     def add(pattern: str, make) -> None:
         for m in re.finditer(pattern, clause):
             if free(m.start(), m.end()):
                 noun, two, noun_end = _noun_after(clause, m.end())
-                found.append((m.start(), m.end(), make(m, noun, two)))
+                found.append((m.start(), max(m.end(), noun_end), make(m, noun, two)))
+                taken.append((m.start(), m.end()))
                 if noun_end > m.end():
-                    nouns.append((noun_end - len(noun), noun_end))
+                    taken.append((noun_end - len(noun), noun_end))
 
     # Side + centre compounds first ("upper middle", "center-left", "right-central"): the edge-centre cell.
     for side, pat in _SIDES.items():
@@ -146,7 +152,41 @@ def find_places(clause: str) -> list[Place]:
     for m in _RING.finditer(clause):
         if free(m.start(), m.end()):
             found.append((m.start(), m.end(), Place("edges", "ring")))
-    return [p for _, _, p in sorted(found, key=lambda f: f[0])]
+            taken.append((m.start(), m.end()))
+    found.sort(key=lambda f: f[0])
+    out: list[Place] = []
+    dropped: set[int] = set()
+    for i, (a, end, place) in enumerate(found):
+        if i in dropped:
+            continue
+        # The list this phrase ends ("the left and central parts") may be "of the" a container place.
+        container = None
+        for j in range(i + 1, len(found)):
+            of = _OF_THE.match(clause, found[j - 1][1])
+            if of and of.end() == found[j][0]:
+                container = j
+                break
+            if found[j][0] > end:
+                break
+        if container is None:
+            out.append(place)
+            continue
+        outer = found[container][2]
+        if outer.region == "cell:center" or "&" in outer.region:
+            out.append(place)  # "right of center" is a direction from the centre, not a part of it
+            continue
+        members = [k for k in range(i, container) if k not in dropped]
+        for k in members:
+            p = found[k][2]
+            if p.region == "cell:center":  # "the middle of the lower-left quadrant": its own middle
+                out.append(Place(f"center of the {outer.name}", f"middle:{outer.region}"))
+                dropped.add(k)
+                continue
+            out.append(Place(f"{p.name} of the {outer.name}", f"{p.region}&{outer.region}",
+                             f"{p.alt}&{outer.region}" if p.alt else None))
+            dropped.add(k)
+        dropped.add(container)
+    return out
 
 
 # -- segments and their polarity ------------------------------------------------------------------
@@ -167,6 +207,20 @@ class Segment:
     sentence: int = 0
     inherited_from: int | None = None   # index of the segment whose polarity a bare one took
     places: list[Place] = field(default_factory=list)
+    hedged: bool = False          # a negation softened by "mostly", "largely", "almost", ... (see HEDGE)
+
+
+# "Mostly unchanged", "almost no change": a claim that little changed, not that nothing did.
+HEDGE = re.compile(r"\b(mostly|largely|mainly|essentially|almost|nearly|virtually|practically|relatively|fairly|"
+                   r"broadly|generally|predominantly|hardly|barely|scarcely|little|few|minimal)\b")
+# Change words that are nouns: after "no signs of new construction," a verbless "demolition or land-use
+# change" continues the negated list instead of asserting change.
+_NOMINAL_CUE = re.compile(r"\b(construction|development|demolition|changes?|removal|expansion|transformation|"
+                          r"alteration|extension|installation|excavation|conversion|clearing|replacement|"
+                          r"disappearance|appearance|paving|infill)\b")
+_VERB = re.compile(r"\b(is|are|was|were|be|been|being|has|have|had|do|does|did|can|could|may|might|will|would|"
+                   r"shows?|showed|shown|appears?|seems?|looks?|remains?|stays?|lines?|runs?|stands?|covers?|"
+                   r"occup(y|ies)|spans?|extends?|forms?|\w+ed)\b")
 
 
 def own_polarity(text: str) -> str | None:
@@ -221,9 +275,19 @@ def segments(text: str) -> list[Segment]:
         start = len(out)
         for part, g, exc in pieces:
             t = _LEADING.sub("", part.strip())
-            if t:
-                out.append(Segment(t, own_polarity(t), own_polarity(t), exc, g, s_idx, places=find_places(t)))
+            if not t:
+                continue
+            own = own_polarity(t)
+            prev = out[-1] if len(out) > start else None
+            if own == "pos" and prev and prev.own == "neg" and prev.group == g and not _VERB.search(t) \
+                    and not CHANGE_CUE.search(_NOMINAL_CUE.sub(" ", t)):
+                own = None  # "no new construction, demolition or land-use change": the list goes on
+            out.append(Segment(t, own, own, exc, g, s_idx, places=find_places(t)))
         _inherit(out[start:], start)
+        for seg in out[start:]:
+            seg.hedged = seg.polarity == "neg" and bool(HEDGE.search(seg.text if seg.own else
+                                                                      out[seg.inherited_from].text
+                                                                      if seg.inherited_from is not None else ""))
     return out
 
 
@@ -241,3 +305,9 @@ def _inherit(segs: list[Segment], offset: int) -> None:
             main = [o for o in segs if not o.exception and o.own]
             if main and main[0].own == "neg":
                 s.polarity = "pos"
+                # "The west is unchanged, apart from a few houses near the top": the top of the west.
+                if len(main[0].places) == 1 and s.places:
+                    outer = main[0].places[0]
+                    s.places = [p if p.region == outer.region else
+                                Place(f"{p.name} of the {outer.name}", f"{p.region}&{outer.region}",
+                                      f"{p.alt}&{outer.region}" if p.alt else None) for p in s.places]

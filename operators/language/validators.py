@@ -64,6 +64,7 @@ class ValidatorConfig:
     presence_density: float = 0.45     # ... and it changed at least this times as densely as the whole image
                                        #     (for a 3x3 cell: holds 5% of the change), or is clearly changed
     clear_fraction: float = 0.05       # a region "clearly changed" when this share of its pixels changed
+    hedged_clear_fraction: float = 0.2  # "mostly / almost unchanged" is contradicted from this share (large bin)
     entire_min_quadrants: int = 3      # "entire image" needs change in at least this many of the 4 quadrants
     small_car: float = 0.05            # JL1-CD CAR bins: small < 0.05 <= medium < 0.2 <= large
     large_car: float = 0.2
@@ -122,6 +123,11 @@ def region_boxes(height: int, width: int) -> dict[str, tuple[int, int, int, int]
 def _grid_cover(region: str) -> np.ndarray:
     """Which grid cells a named region covers (the ring is everything but the center cell)."""
     cover = np.zeros((GRID, GRID), bool)
+    if region.startswith("middle:"):  # the middle third, each way, of a named region
+        y0, y1, x0, x1 = grid_regions()[region[len("middle:"):]]
+        dy, dx = (y1 - y0) / 3, (x1 - x0) / 3
+        cover[int(round(y0 + dy)):int(round(y1 - dy)), int(round(x0 + dx)):int(round(x1 - dx))] = True
+        return cover
     if region == "ring":
         cover[:] = True
         region, value = "cell:center", False
@@ -176,12 +182,27 @@ def _components_by_region(m: np.ndarray, min_px: int) -> dict[str, list[int]]:
 
 
 def _known(facts: dict, region: str) -> bool:
-    """Facts stored by an older version lack the newer regions (edge bands, two thirds): not checked."""
+    """Facts stored by an older version lack the newer regions (edge bands, two thirds) and the grid that
+    intersections ("the eastern part of the northern half") are read from: those are not checked."""
+    if "&" in region or region.startswith("middle:"):
+        names = [r.removeprefix("middle:") for r in region.split("&")]
+        return bool(facts.get("grid")) and all(r in grid_regions() or r == "ring" for r in names)
     return region in facts["regions"]
 
 
+def _stats(facts: dict, region: str) -> tuple[int, int]:
+    """Changed pixels and pixels of a named region or an intersection of them."""
+    if "&" not in region and not region.startswith("middle:"):
+        return tuple(facts["regions"][region])
+    cover = np.ones((GRID, GRID), bool)
+    for r in region.split("&"):
+        cover &= _grid_cover(r)
+    rows, cols = np.diff(_bands(facts["height"], GRID)), np.diff(_bands(facts["width"], GRID))
+    return int(np.asarray(facts["grid"])[cover].sum()), int(np.outer(rows, cols)[cover].sum())
+
+
 def _fraction(facts: dict, region: str) -> float:
-    changed, area = facts["regions"][region]
+    changed, area = _stats(facts, region)
     return changed / area if area else 0.0
 
 
@@ -210,7 +231,10 @@ def union_share(facts: dict, regions: list[str]) -> float | None:
         return None
     cover = np.zeros((GRID, GRID), bool)
     for r in regions:
-        cover |= _grid_cover(r)
+        part = np.ones((GRID, GRID), bool)
+        for name in r.split("&"):
+            part &= _grid_cover(name)
+        cover |= part
     return float(np.asarray(facts["grid"])[cover].sum()) / facts["changed_pixels"]
 
 
@@ -373,7 +397,8 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
             if polarity == "pos" and not place_has_change(facts, p, cfg):
                 out.append(Violation("location", f"change placed in the {p.name} ({s.text!r}), where the mask has "
                                                  f"{100 * _fraction(facts, p.region):.1f}% changed"))
-            elif polarity == "neg" and place_clearly_changed(facts, p, cfg):
+            elif polarity == "neg" and place_clearly_changed(facts, p, cfg) and not (
+                    s.hedged and _fraction(facts, p.region) < cfg.hedged_clear_fraction):
                 out.append(Violation("location", f"the {p.name} is said to be unchanged ({s.text!r}), but "
                                                  f"{100 * _fraction(facts, p.region):.1f}% of it changed"))
         if polarity == "pos" and s.places and facts["changed_pixels"]:
@@ -465,6 +490,12 @@ _COUNT = re.compile(r"\b(about |around |approximately |roughly |nearly |almost |
                     + r"|\d{1,3})(?: or (\w+))? " + _OBJECTS + r"\b")
 
 
+_NUM = r"(\d{1,3}|" + "|".join(sorted(map(re.escape, _NUMBER_WORDS), key=len, reverse=True)) + ")"
+_RANGE_START = re.compile(r"\b" + _NUM + r"\s*(?:to|-|\u2013|and)\s*$")
+_GROUP_SIZE = re.compile(r"\b(groups|clusters|rows|sets|blocks|lines|batches|pairs|each|per)\s+(of\s+)?"
+                         r"(" + _NUM + r"\s*(?:to|-|\u2013|or)\s*)?$")
+
+
 def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: ValidatorConfig) -> bool:
     if stated in _VAGUE:
         kind = _VAGUE[stated]
@@ -477,9 +508,9 @@ def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: Validat
         return c >= cfg.many_min
     n = int(stated) if stated.isdigit() else _NUMBER_WORDS[stated]
     tol = max(cfg.count_abs_tol, cfg.count_rel_tol * c)
-    if alt:  # "six or seven houses": either end may match
+    if alt:  # "six or seven houses", "18 to 20 houses": anything from one end to the other
         m = _NUMBER_WORDS.get(alt, int(alt) if alt.isdigit() else None)
-        if m is not None and abs(m - c) <= tol:
+        if m is not None and min(n, m) - tol <= c <= max(n, m) + tol:
             return True
     q = qualifier.strip()
     if q in ("more than", "over", "at least", "well over"):
@@ -502,13 +533,19 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
         places = s.places or question_places
         by_region = facts.get("region_components") or {}
         if places and by_region:  # all the named places together, or any one of them
-            sets = [set(by_region.get(r, [])) for p in places for r in (p.region, p.alt) if r and r in by_region]
+            # An intersection ("the top of the west") counts the components touching all its parts (at most).
+            sets = [set.intersection(*(set(by_region[x]) for x in r.split("&")))
+                    for p in places for r in (p.region, p.alt) if r and all(x in by_region for x in r.split("&"))]
             if sets:
                 candidates += [len(set().union(*sets))] + [len(x) for x in sets]
         for m in _COUNT.finditer(s.text):
-            if re.match(r"of\b", s.text[m.end():].strip()):
-                continue  # "one of the buildings" counts nothing
+            before = s.text[:m.start()]
+            if re.match(r"of\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) or \
+                    re.match(r"\s*each\b", s.text[m.end():]):
+                continue  # "one of the buildings", "groups of three houses", "two houses each" count no total
             qualifier, stated, alt = m.group(1) or "", m.group(2), m.group(3)
+            if (r := _RANGE_START.search(before)) and not alt:  # "18 to 20 houses": either end may match
+                alt = r.group(1)
             if not any(_count_ok(stated, qualifier, alt, c, cfg) for c in candidates):
                 where = f" ({candidates[1]} where the text places them)" if len(candidates) > 1 else ""
                 out.append(Violation("counts", f"{m.group(0).strip()!r} but the mask has {candidates[0]} changed "
