@@ -34,7 +34,7 @@ predicate of their own. Each segment gets a polarity:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 CHANGE_CUE = re.compile(
     r"\b(new(ly)?|built|build|building of|constructed|construction|erected|developed|development|"
@@ -45,7 +45,8 @@ CHANGE_CUE = re.compile(
     r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
-    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|"
+    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|"
+    r"(?<!a )(?<!a very )few|(?<!a )little (change|construction|development|new)|"
     # "the same" as persistence, not "along the same street"
     r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
     r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
@@ -88,6 +89,7 @@ class Place:
     name: str               # what the text said, normalised ("upper-left", "upper half", "left edge", ...)
     region: str             # the named box (validators.region_boxes) it stands for
     alt: str | None = None  # a second reading the text allows ("the lower-left part": cell or quadrant)
+    start: int = field(default=0, compare=False)  # where the phrase starts in its clause
 
 
 def _noun_after(clause: str, pos: int) -> tuple[str | None, bool, int]:
@@ -169,21 +171,21 @@ def find_places(clause: str) -> list[Place]:
             if found[j][0] > end:
                 break
         if container is None:
-            out.append(place)
+            out.append(replace(place, start=a))
             continue
         outer = found[container][2]
         if outer.region == "cell:center" or "&" in outer.region:
-            out.append(place)  # "right of center" is a direction from the centre, not a part of it
+            out.append(replace(place, start=a))  # "right of center" is a direction from the centre, not a part of it
             continue
         members = [k for k in range(i, container) if k not in dropped]
         for k in members:
             p = found[k][2]
             if p.region == "cell:center":  # "the middle of the lower-left quadrant": its own middle
-                out.append(Place(f"center of the {outer.name}", f"middle:{outer.region}"))
+                out.append(Place(f"center of the {outer.name}", f"middle:{outer.region}", start=found[k][0]))
                 dropped.add(k)
                 continue
             out.append(Place(f"{p.name} of the {outer.name}", f"{p.region}&{outer.region}",
-                             f"{p.alt}&{outer.region}" if p.alt else None))
+                             f"{p.alt}&{outer.region}" if p.alt else None, start=found[k][0]))
             dropped.add(k)
         dropped.add(container)
     return out
@@ -223,11 +225,19 @@ _VERB = re.compile(r"\b(is|are|was|were|be|been|being|has|have|had|do|does|did|c
                    r"occup(y|ies)|spans?|extends?|forms?|\w+ed)\b")
 
 
+# In a caption of change, "the houses lie in the north" places the changed objects: an object word with a
+# verb of position asserts change where it puts them.
+_PLACED_OBJECT = re.compile(r"\b(buildings?|houses?|homes?|structures?|roofs?|residences?|dwellings?|warehouses?|"
+                            r"factor(y|ies)|sheds?|villas?|complex(es)?|blocks?)\b.*\b(lies|lie|lying|sits?|sitting|"
+                            r"located|situated|found|placed|positioned|concentrated|clustered|grouped|arranged|"
+                            r"distributed|spread|scattered|is|are)\b")
+
+
 def own_polarity(text: str) -> str | None:
     t = _NOT_NEGATION.sub(" ", text)
     if NEGATION.search(t):
         return "neg"
-    if CHANGE_CUE.search(t):
+    if CHANGE_CUE.search(t) or _PLACED_OBJECT.search(t):
         return "pos"
     return None
 

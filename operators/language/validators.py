@@ -365,6 +365,23 @@ _MOSTLY = re.compile(r"\b(most of (the |them|these|those)(?!(image|scene|area|fr
                      r"(the )?(new|changes?|construction|buildings?|houses?|structures?|homes?|development))")
 
 
+# "The entire northern half", "all along the bottom edge", "the full width of the top": the whole place.
+_WHOLE_OF = re.compile(r"\b(entire|entirety of|whole|full|fully|completely|all (along|over|across)|all of|"
+                       r"across the (entire|whole|full))( (length|width|extent|expanse|stretch))?( of)?( the)?\s*$")
+
+
+def _unchanged_parts(facts: dict, region: str, cfg: ValidatorConfig) -> list[str]:
+    """The 3x3 cells a place spreads over (its pieces at least half the size of its largest) that have
+    less than ``presence_fraction`` of their pixels changed inside the place."""
+    if not _known(facts, region) or not facts.get("grid"):
+        return []
+    pieces = [(name.removeprefix("cell:"), _stats(facts, f"{region}&{name}"))
+              for name in grid_regions() if name.startswith("cell:")]
+    pieces = [(n, st) for n, st in pieces if st[1]]
+    largest = max(st[1] for _, st in pieces)
+    return [n for n, (changed, area) in pieces if area >= largest / 2 and changed / area < cfg.presence_fraction]
+
+
 def _places_with_continuation(segs, i: int) -> list[Place]:
     """The places of segment ``i`` and of the bare segments that took their polarity from it (a list of
     places continued after a comma: "mostly in the north, the east and the center")."""
@@ -413,6 +430,13 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
                                                          f"they hold {100 * max(share, alt or 0.0):.0f}% of the change "
                                                          f"(needs {100 * need:.0f}%)"))
                     break
+        if polarity == "pos":
+            for p in places:
+                if _WHOLE_OF.search(s.text[max(0, p.start - 40):p.start]) and p in s.places:
+                    gaps = _unchanged_parts(facts, p.region, cfg)
+                    if gaps:
+                        out.append(Violation("location", f"change over the whole {p.name} ({s.text!r}), but its "
+                                                         f"{', '.join(gaps)} part has no change"))
         if _ENTIRE.search(s.text) and polarity == "pos":
             quads = sum(1 for k in facts["regions"] if k.startswith("quad:") and has_change(facts, k, cfg))
             if facts["changed_pixels"] and quads < cfg.entire_min_quadrants:

@@ -134,8 +134,8 @@ def test_mask_facts_grid_and_edge_bands(f):
     assert union_share(g, ["third:upper", "half:upper"]) == pytest.approx(union_share(g, ["half:upper"]))
 
 
-# Revision 4 (README, "How well they work"): 25 of these cases (with the grid test) fail on revision 3 (checked);
-# the others guard the opposite direction of the same behaviour.
+# Revision 4 (README, "How well they work"): most of these cases fail on revision 3 (checked; the README lists
+# the count); the others guard the opposite direction of the same behaviour.
 @pytest.mark.parametrize("text, mask, expected", [
     # compass words and edge bands ("the bottom edge" is the outer sixth, not the lower third)
     ("New houses were added in the northeast corner.", "val_27_0000_0256", set()),
@@ -189,6 +189,24 @@ def test_mask_facts_grid_and_edge_bands(f):
     ("Dozens of new houses have sprung up across the scene.", "test_2_0000_0000", set()),
     ("Roughly half a dozen new houses are visible, grouped on the left and in the upper right.", "test_55_lr", set()),
     ("Half a dozen new houses were built.", "test_2_0000_0000", {"counts"}),
+    # "the X part of the Y" is the part of Y; an exception lies inside its main clause's place
+    ("The left and central parts of the upper half show no new buildings.", "val_27_0000_0256", set()),
+    ("The right part of the upper half shows no new buildings.", "val_27_0000_0256", {"location"}),
+    ("The western half of the scene is mostly unaffected, apart from a few houses near the top.",
+     "train_36_0512_0512", set()),
+    # hedged negations ("mostly", "very few") tolerate change up to the large bin in that place
+    ("Most new homes are in the northern half, and very few are near the bottom.", "test_7_0256_0512", set()),
+    ("The left half of the image is largely unchanged.", "test_121_0768_0256", {"location"}),
+    # a verbless list of change nouns continues the negation before it
+    ("There are no signs of new construction, demolition or land-use change.", "train_386_0512_0768", set()),
+    # count ranges and group sizes
+    ("The new buildings appear in small groups of two to four houses.", "test_55_0256_0000", set()),
+    ("Between two and four houses were built.", "test_55_0256_0000", {"counts"}),
+    # objects placed by a verb of position are the changed objects
+    ("Most of the building lies in the lower-left quadrant.", "test_102_0512_0000", {"location"}),
+    # "the entire X": every part of X changed
+    ("The entire northern half of the image is covered with new houses.", "val_27_0000_0256", {"location"}),
+    ("New houses now line the entire bottom edge of the image.", "val_27_0000_0256", set()),
 ])
 def test_revision4_statements(f, text, mask, expected):
     assert rules(text, f[mask]) == expected
