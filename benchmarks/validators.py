@@ -24,10 +24,11 @@ from operators.language.validators import RULES, mask_facts, validate_text
 REPO = Path(__file__).resolve().parents[1]
 LABELS = REPO / "data" / "levir-cd" / "label"
 HERE = Path(__file__).resolve().parent
-# In the order they were written: the main set, two held-out sets, the development set of the fourth
-# revision (see the README for which validator revision first saw each of them).
+# In the order they were written: the main set, two held-out sets, the two development sets of the
+# fourth revision (see the README for which validator revision first saw each of them).
 STATEMENT_SETS = [HERE / "validator_statements.txt", HERE / "validator_statements_heldout.txt",
-                  HERE / "validator_statements_heldout2.txt", HERE / "validator_statements_dev.txt"]
+                  HERE / "validator_statements_heldout2.txt", HERE / "validator_statements_dev.txt",
+                  HERE / "validator_statements_dev2.txt"]
 # A blind set written by someone who did not see the rules; run whenever it is present.
 if (HERE / "validator_statements_heldout3.txt").exists():
     STATEMENT_SETS.append(HERE / "validator_statements_heldout3.txt")

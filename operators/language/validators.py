@@ -13,34 +13,43 @@ named region changed, and :func:`validate_text` checks a text against those fact
                "no change" on a mask with CAR >= ``no_change_max_car``. Only generic no-change
                statements count ("no change", "nothing changed", "the scene remains the same"); a
                negation about one object type ("no trees were removed") is not contradicted by a mask.
-``location``   a location phrase (upper-left ... lower-right, upper/lower/left/right part, side, edge, half or
-               third, center, edges) in a clause that asserts change, where that region has no change
-               worth naming (less than ``presence_fraction`` of its pixels changed, or less than
-               ``presence_share`` of all the change unless ``clear_fraction`` of its pixels changed: a
-               sliver of a building crossing into a corner is not "change in the corner"); a location
-               stated as unchanged with at least ``clear_fraction`` of its pixels changed; or
-               "entire / whole image" for a change in fewer than ``entire_min_quadrants`` quadrants.
-               A corner or the center is its 3x3 cell, "upper/lower/left/right" its third, a half its half.
+``location``   a place (read by :func:`operators.language.phrases.find_places`: corners, sides, compass
+               words, edges, thirds, halves, quadrants, "the X part of the Y") in a segment that asserts
+               change, where no reading of it has change worth naming: at least ``presence_fraction``
+               of its pixels changed, and either ``clear_fraction`` of them or a density (its changed
+               fraction over the CAR) of at least ``presence_density``, the same test for a cell, a
+               third or a half; the quadrant reading of "the lower-left part" needs density
+               ``alt_density``. A place said to be unchanged that changed by ``clear_fraction`` of its
+               pixels (``hedged_clear_fraction`` when hedged: "mostly unchanged", "very few"). "Only /
+               all of the / confined to" places holding less than ``only_share`` of the change,
+               "mostly / mainly / concentrated in" less than ``mostly_share``; "the entire X" with a
+               3x3 piece of X under ``presence_fraction``; "entire / whole image" for a change in
+               fewer than ``entire_min_quadrants`` quadrants. An answer that names no place speaks
+               about its question's place (not for YES/NO or either-or questions).
 ``magnitude``  CAR bins of JL1-CD: small < ``small_car`` (0.05) <= medium < ``large_car`` (0.2) <= large.
-               "large-scale / extensive / widespread" on a small-bin mask, "most of the image" below
-               ``most_car``, and "small / localized / minor / tiny" on a large-bin mask. Medium masks
-               accept both words (one bin of tolerance).
-``counts``     a stated number of objects ("three new buildings", "a single road", "a dozen houses",
-               "several", "many") in a clause that asserts change, against the number of changed
-               components: a number n passes when ``|n - c| <= max(count_abs_tol, count_rel_tol * c)``
-               (adjacent buildings merge into one component, fragments split one), "a few" needs
-               2 <= c <= 7, "several" c >= 2, "many / numerous / dozens" c >= ``many_min``. When the
-               clause names places, c may also be the components touching those places (together or
-               any one): "three houses in the upper-right" is counted there.
+               "large-scale / extensive / widespread / a considerable portion" on a small-bin mask,
+               "most of the image" below ``most_car``, "small / localized / minor / modest / tiny" on a
+               large-bin mask (medium accepts both: one bin of tolerance), and words that deny almost
+               all change ("negligible", "barely anything", "a tiny patch", "very little") from the
+               medium bin up, when they speak of the whole image.
+``counts``     a stated number of objects ("three new buildings", "a single road", "half a dozen", "18 to
+               20 houses", "several", "many", "dozens") in a segment that asserts change, against the
+               number of changed components: a number n passes when ``|n - c| <= max(count_abs_tol,
+               count_rel_tol * c)`` (adjacent buildings merge into one component, fragments split one),
+               a range when c lies between its ends with that tolerance, "a few / a handful" needs
+               2 <= c <= 7, "several" c >= 2, "many / numerous" c >= ``many_min``, "dozens" at least 24
+               and "hundreds" 200 with the numeric tolerance. Group sizes ("groups of two to four
+               houses") are not totals. When the segment names places, c may also be the components
+               touching those places (together or any one): "three houses in the upper-right".
 ``existence``  a YES/NO answer to a question about change (in a named region or in the image) that the
                mask contradicts: "yes" where the region has no change worth naming (as above) or the
                mask is empty; "no" where the region is clearly changed, or, for the whole image, where
                the CAR is at least ``no_change_max_car``. Questions about absence ("Is the lower-left
                unchanged?") invert the answer. "No" is only checked for generic change or construction
                questions (a mask does not say *what* changed: "were any trees removed?" passes).
-Clauses are split at sentence punctuation, commas (not before "and/or/where/which/that/with") and
-contrast words (while, but, whereas, except, apart from); a clause with a negation or persistence word
-(no, not, unchanged, remains, intact, ...) asserts no change for its places.
+Texts are read in segments with a polarity each (asserts change, asserts none, or a bare list of places
+that takes its verb's polarity; exceptions after a negation assert change): see
+:mod:`operators.language.phrases`.
 """
 from __future__ import annotations
 
