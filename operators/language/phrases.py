@@ -46,6 +46,10 @@ CHANGE_CUE = re.compile(
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
     r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|"
+    # a state word says "unchanged" only when predicated ("leaving the corner vacant"), not as the before
+    # state ("bare ground, where houses now stand")
+    r"((is|are|was|were|remains?|stays?|left|still) (\w+ )?|(leaving|keeping) ([\w-]+ ){0,4})(vacant|bare|undeveloped|"
+    r"unbuilt|open)|"
     r"(?<!a )(?<!a very )few|(?<!a )little (change|construction|development|new)|"
     # "the same" as persistence, not "along the same street"
     r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
@@ -195,7 +199,8 @@ def find_places(clause: str) -> list[Place]:
 _SENTENCE = re.compile(r"(?<!\d)\.|\.(?!\d)|[;:!?]|\s[-\u2013\u2014]+\s|\u2014")
 _CONTRAST = r"while|whereas|but|although|though"  # not "however" / "yet": mostly parenthetical or "not yet"
 _EXCEPTION = r"except(?: for)?|apart from|aside from|other than|save for|besides|with the exception of|excluding"
-_BOUNDARY = re.compile(rf",|\b({_CONTRAST})\b|\b({_EXCEPTION})\b")
+_ALTERNATIVE = r"rather than|instead of|as opposed to"  # a negated alternative: "in the north rather than the south"
+_BOUNDARY = re.compile(rf",|\b({_CONTRAST})\b|\b({_EXCEPTION})\b|\b({_ALTERNATIVE})\b")
 _LEADING = re.compile(r"^(and|or|with|as well as|plus|then|also)\b\s*")
 
 
@@ -210,6 +215,7 @@ class Segment:
     inherited_from: int | None = None   # index of the segment whose polarity a bare one took
     places: list[Place] = field(default_factory=list)
     hedged: bool = False          # a negation softened by "mostly", "largely", "almost", ... (see HEDGE)
+    alternative: bool = False     # introduced by "rather than" / "instead of": denied unless it says otherwise
 
 
 # "Mostly unchanged", "almost no change": a claim that little changed, not that nothing did.
@@ -279,6 +285,8 @@ def segments(text: str) -> list[Segment]:
                 group, exception = group + 1, False
             elif m.group(2):
                 exception = True
+            elif m.group(3):
+                exception = "alternative"
             else:  # a comma ends an exception phrase ("except for X, nothing changed")
                 exception = False
             pos = m.end()
@@ -292,7 +300,8 @@ def segments(text: str) -> list[Segment]:
             if own == "pos" and prev and prev.own == "neg" and prev.group == g and not _VERB.search(t) \
                     and not CHANGE_CUE.search(_NOMINAL_CUE.sub(" ", t)):
                 own = None  # "no new construction, demolition or land-use change": the list goes on
-            out.append(Segment(t, own, own, exc, g, s_idx, places=find_places(t)))
+            out.append(Segment(t, own, own, exc is True, g, s_idx, places=find_places(t),
+                               alternative=exc == "alternative"))
         _inherit(out[start:], start)
         for seg in out[start:]:
             seg.hedged = seg.polarity == "neg" and bool(HEDGE.search(seg.text if seg.own else
@@ -303,7 +312,9 @@ def segments(text: str) -> list[Segment]:
 
 def _inherit(segs: list[Segment], offset: int) -> None:
     for i, s in enumerate(segs):
-        if s.own or s.exception:
+        if s.alternative and not s.own:
+            s.polarity = "neg"
+        if s.own or s.exception or s.alternative:
             continue
         same = [j for j, o in enumerate(segs) if o.group == s.group and o.own and not o.exception]
         before, after = [j for j in same if j < i], [j for j in same if j > i]

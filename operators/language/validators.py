@@ -482,7 +482,7 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violat
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
             continue
-        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or s.own == "neg":
+        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or s.polarity == "neg":
             continue  # "not extensive", "no large-scale change": negated magnitude words say nothing here
         if m := _MOST.search(c):
             if car < cfg.most_car:
@@ -596,6 +596,8 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
     if not question or not _is_yes_no(question, qtype):
         return []
     q = question.lower()
+    if _PROPERTY_Q.match(q):
+        return []  # "Is the change concentrated in one area?" asks about the change, not whether there is one
     # "Is the lower-left corner unchanged?" asks about absence: its "yes" says "no change there".
     asks_absence = bool(_ABSENCE_Q.search(q))
     if not (CHANGE_CUE.search(q) or _GENERIC_CHANGE_Q.search(q) or asks_absence):
@@ -614,8 +616,10 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
         if not places and facts["car"] <= cfg.empty_car:
             return [Violation("existence", f"answers that {question!r} has change, but the mask is empty")]
         return []
-    if not (asks_absence or _GENERIC_CHANGE_Q.search(q)):
-        return []  # "were any trees removed?": a mask cannot say no to a specific object type
+    if not (asks_absence or _GENERIC_CHANGE_Q.search(q)) or _DIRECTED_CHANGE_Q.search(q):
+        # "were any trees removed?", "were buildings demolished?": a mask says neither what changed nor
+        # which way, so it cannot contradict a "no"
+        return []
     places = [p for p in places if _known(facts, p.region)]
     for p in places:
         if place_clearly_changed(facts, p, cfg):
@@ -627,6 +631,10 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
     return []
 
 
+_DIRECTED_CHANGE_Q = re.compile(r"\b(demolish(ed)?|remov(e|ed)|clear(ed)?|disappear(ed)?|torn down|destroy(ed)?|"
+                                r"lost|knocked down|razed)\b")
+_PROPERTY_Q = re.compile(r"\s*(is|are|was|were|does|do|did) the (change|changes|new|construction|development|"
+                         r"buildings?|houses?|structures?)\b(?! (visible|present|there)\b)")
 _ABSENCE_Q = re.compile(r"\b(unchanged|unaffected|intact|untouched|(remain|remains|remained|stay|stays|stayed) "
                         r"(the same|unchanged|as before)|the same as before|free of change|no change)\b")
 

@@ -207,6 +207,15 @@ def test_mask_facts_grid_and_edge_bands(f):
     # "the entire X": every part of X changed
     ("The entire northern half of the image is covered with new houses.", "val_27_0000_0256", {"location"}),
     ("New houses now line the entire bottom edge of the image.", "val_27_0000_0256", set()),
+    # "rather than X" denies X; a state word is "unchanged" only when predicated
+    ("Houses have been added in a scattered pattern, mostly around the edges of this view rather than in its "
+     "center.", "test_55_lr", set()),
+    ("Houses have been added mostly in the center of this view rather than around its edges.", "test_55_lr",
+     {"location"}),
+    ("A diagonal line of buildings runs toward the bottom right, leaving the top-right corner vacant.",
+     "test_121_0768_0256", set()),
+    ("A diagonal line of buildings runs toward the top left, leaving the bottom-right corner vacant.",
+     "test_121_0768_0256", {"location"}),
 ])
 def test_revision4_statements(f, text, mask, expected):
     assert rules(text, f[mask]) == expected
@@ -228,6 +237,15 @@ def test_revision4_statements(f, text, mask, expected):
      {"location"}),
     ("Which area changed least?", "COMPARE", "The upper-right corner, where nothing changed.", "test_121_0768_0256",
      set()),
+    ("What was present before in the lower-left?", "BEFORE/AFTER", "Bare ground, where new houses now stand.",
+     "test_2_0000_0512", set()),
+    # questions about a property of the change, or about its direction, are not existence questions
+    ("Is the change concentrated in one area?", "YES/NO", "No, the new houses are spread over the whole image.",
+     "test_2_0000_0512", set()),
+    ("Is there any change in this image?", "YES/NO", "No.", "test_2_0000_0512", {"existence"}),
+    ("Were any buildings demolished?", "YES/NO", "No, the changes consist of newly built houses.",
+     "test_7_0256_0512", set()),
+    ("Were any buildings built?", "YES/NO", "No.", "test_7_0256_0512", {"existence"}),
 ])
 def test_revision4_answers(f, question, qtype, answer, mask, expected):
     assert rules(answer, f[mask], question, qtype) == expected
