@@ -17,13 +17,19 @@ left third", "toward the south" and "the upper middle":
 - "edges", "borders", "periphery" alone: the outer ring of the 3x3 grid.
 
 Sentences are cut into segments (:func:`segments`) at sentence punctuation, commas, contrast words
-(while, whereas, but, although, though, however), exception words (except, apart from, aside from,
-other than, save for, besides, with the exception of), ", with", and at "and" when both sides have a
-predicate of their own. Each segment gets a polarity:
+(while, whereas, but, although, though), exception words (except, apart from, aside from, other than,
+save for, besides, with the exception of), alternatives (rather than, instead of, as opposed to), and
+at "and" when both sides have a predicate of their own. Each segment gets a polarity:
 
 - ``neg`` when it holds a negation or persistence word (no, not, nothing, unchanged, remains, intact,
-  hardly, ...; "previously empty" and "not only" do not count);
-- ``pos`` when it holds a change word (new, built, appeared, demolished, ...);
+  hardly, already, very few, ...; "previously empty", "built on empty plots" and "not only" do not
+  count; "vacant / bare / undeveloped" only when predicated: "leaving the corner vacant"); it is
+  *hedged* with "mostly", "largely", "almost", ...;
+- ``pos`` when it holds a change word (new, built, appeared, demolished, ...) or places an object
+  ("the houses lie in the north");
+- an alternative without a predicate of its own is ``neg`` ("in the north rather than the south");
+- a verbless list of change nouns after a negated segment continues it ("no new construction,
+  demolition or land-use change");
 - a segment with neither (a bare list of places, "the center, and the right") takes the polarity of
   the predicated segment it belongs to: the first one after it when none came before in its
   contrast group (a list of subjects before their verb), else the last one before it;
