@@ -239,8 +239,9 @@ _VERB = re.compile(r"\b(is|are|was|were|be|been|being|has|have|had|do|does|did|c
 
 # In a caption of change, "the houses lie in the north" places the changed objects: an object word with a
 # verb of position asserts change where it puts them.
-_PLACED_OBJECT = re.compile(r"\b(buildings?|houses?|homes?|structures?|roofs?|residences?|dwellings?|warehouses?|"
-                            r"factor(y|ies)|sheds?|villas?|complex(es)?|blocks?)\b.*\b(lies|lie|lying|sits?|sitting|"
+OBJECT_NOUNS = (r"buildings?|houses?|homes?|structures?|roofs?|residences?|dwellings?|warehouses?|factor(y|ies)|"
+                r"sheds?|villas?|complex(es)?|blocks?")
+_PLACED_OBJECT = re.compile(r"\b(" + OBJECT_NOUNS + r")\b.*\b(lies|lie|lying|sits?|sitting|"
                             r"located|situated|found|placed|positioned|concentrated|clustered|grouped|arranged|"
                             r"distributed|spread|scattered|is|are)\b")
 

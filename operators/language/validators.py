@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from operators.language.phrases import CHANGE_CUE, Place, find_places, own_polarity, segments
+from operators.language.phrases import CHANGE_CUE, OBJECT_NOUNS, Place, find_places, own_polarity, segments
 
 RULES = ("numbers", "change", "location", "magnitude", "counts", "existence")
 
@@ -299,8 +299,7 @@ def check_numbers(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violatio
     return out
 
 
-_OBJECT_WORD = re.compile(r"\b(buildings?|houses?|homes?|structures?|roofs?|residences?|dwellings?|sheds?|"
-                          r"warehouses?|factor(y|ies)|roads?|construction)\b")
+_OBJECT_WORD = re.compile(r"\b(" + OBJECT_NOUNS + r"|roads?|construction)\b")
 
 
 def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
@@ -367,8 +366,8 @@ def place_clearly_changed(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
 # in ...", "confined to ..." / "mostly", "mainly", "most of the new houses", "concentrated in".
 _ONLY = re.compile(r"\b((only|solely|exclusively|entirely|just) (in|on|along|at|near|around|within|across|to|the|"
                    r"this|that)\b|the only\b|all (of )?(the |these |those |them )?(new |changes?\b|construction|"
-                   r"buildings?|houses?|structures?|homes?)|all (of )?(them|these|those)\b|(are|were|is|was) all\b|confined to|limited to|"
-                   r"restricted to|nowhere else)")
+                   r"buildings?|houses?|structures?|homes?)|all (of )?(them|these|those)\b|(are|were|is|was) all\b|"
+                   r"confined to|limited to|restricted to|nowhere else)")
 _MOSTLY = re.compile(r"\b(most of (the |them|these|those)(?!(image|scene|area|frame|view|picture|tile|rest)\b)|"
                      r"mostly|mainly|predominantly|primarily|chiefly|largely|concentrated|the (bulk|majority) of "
                      r"(the )?(new|changes?|construction|buildings?|houses?|structures?|homes?|development))")
