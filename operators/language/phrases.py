@@ -56,7 +56,7 @@ NEGATION = re.compile(
     # state ("bare ground, where houses now stand")
     r"((is|are|was|were|remains?|stays?|left|still) (\w+ )?|(leaving|keeping) ([\w-]+ ){0,4})(vacant|bare|undeveloped|"
     r"unbuilt|open)|"
-    r"(?<!a )(?<!a very )few|(?<!a )little (change|construction|development|new)|"
+    r"(?<!a )(?<!a very )few|(?<!a )(?<!a very )little|"
     # "the same" as persistence, not "along the same street"
     r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
     r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
@@ -184,8 +184,11 @@ def find_places(clause: str) -> list[Place]:
             out.append(replace(place, start=a))
             continue
         outer = found[container][2]
-        if outer.region == "cell:center" or "&" in outer.region:
-            out.append(replace(place, start=a))  # "right of center" is a direction from the centre, not a part of it
+        if outer.region == "cell:center":  # "left of center": beside the centre, not the image's left
+            dropped.update(k for k in range(i, container))
+            continue
+        if "&" in outer.region:
+            out.append(replace(place, start=a))
             continue
         members = [k for k in range(i, container) if k not in dropped]
         for k in members:
@@ -244,6 +247,12 @@ OBJECT_NOUNS = (r"buildings?|houses?|homes?|structures?|roofs?|residences?|dwell
 _PLACED_OBJECT = re.compile(r"\b(" + OBJECT_NOUNS + r")\b.*\b(lies|lie|lying|sits?|sitting|"
                             r"located|situated|found|placed|positioned|concentrated|clustered|grouped|arranged|"
                             r"distributed|spread|scattered|is|are)\b")
+
+
+# "Just reaches into", "a small part of", "slightly": a claim of some change, not of change worth naming.
+HEDGED_PRESENCE = re.compile(r"\b(just|slightly|a little|partly|partially|marginally|barely|a (small |tiny )?(part|"
+                             r"piece|portion|corner|sliver|bit|tip|fragment|edge|end) of|touch(es|ing)?|reach(es|ing)? "
+                             r"into|extend(s|ing)? (slightly )?into|spills? (over )?into)\b")
 
 
 def own_polarity(text: str) -> str | None:

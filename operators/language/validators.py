@@ -19,10 +19,12 @@ named region changed, and :func:`validate_text` checks a text against those fact
                of its pixels changed, and either ``clear_fraction`` of them or a density (its changed
                fraction over the CAR) of at least ``presence_density``, the same test for a cell, a
                third or a half; the quadrant reading of "the lower-left part" needs density
-               ``alt_density``. A place said to be unchanged that changed by ``clear_fraction`` of its
+               ``alt_density``; a hedged presence ("just reaches into the west") needs only
+               ``presence_fraction``. A place said to be unchanged that changed by ``clear_fraction`` of its
                pixels (``hedged_clear_fraction`` when hedged: "mostly unchanged", "very few"). "Only /
                all of the / confined to" places holding less than ``only_share`` of the change,
-               "mostly / mainly / concentrated in" less than ``mostly_share``; "the entire X" with a
+               "mostly / mainly / concentrated in" less than ``mostly_share`` (unless it is the 3x3 cell
+               or quadrant holding the most change); "the entire X" with a
                3x3 piece of X under ``presence_fraction``; "entire / whole image" for a change in
                fewer than ``entire_min_quadrants`` quadrants. An answer that names no place speaks
                about its question's place (not for YES/NO or either-or questions).
@@ -60,7 +62,8 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from operators.language.phrases import CHANGE_CUE, OBJECT_NOUNS, Place, find_places, own_polarity, segments
+from operators.language.phrases import (CHANGE_CUE, HEDGED_PRESENCE, OBJECT_NOUNS, Place, find_places, own_polarity,
+                                        segments)
 
 RULES = ("numbers", "change", "location", "magnitude", "counts", "existence")
 
@@ -347,12 +350,12 @@ def _answer_polarity(answer: str) -> str | None:
                                    "definitely") else "no"
 
 
-def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
+def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig, hedged: bool = False) -> bool:
     """Change worth naming under some reading of the place. The second, coarser reading (the quadrant of "the
     lower-left part") counts only when it changed at least ``alt_density`` times as densely as the image: a
     building's tail reaching into the quadrant from the middle is not "change in the lower-left"."""
-    if has_change(facts, p.region, cfg):
-        return True
+    if has_change(facts, p.region, cfg) or (hedged and _fraction(facts, p.region) >= cfg.presence_fraction):
+        return True  # hedged ("just reaches into the west"): some change is enough
     return bool(p.alt) and _fraction(facts, p.alt) >= cfg.presence_fraction and \
         _density(facts, p.alt) >= cfg.alt_density
 
@@ -390,6 +393,15 @@ def _unchanged_parts(facts: dict, region: str, cfg: ValidatorConfig) -> list[str
     return [n for n, (changed, area) in pieces if area >= largest / 2 and changed / area < cfg.presence_fraction]
 
 
+def _largest_of_its_kind(facts: dict, region: str) -> bool:
+    """A 3x3 cell or quadrant holding more of the change than any other: "mostly in the bottom center" is
+    true of the cell with the most change even when it holds less than ``mostly_share``."""
+    kind = region.split(":")[0]
+    if kind not in ("cell", "quad") or "&" in region:
+        return False
+    return facts["regions"][region][0] >= max(v[0] for k, v in facts["regions"].items() if k.startswith(kind + ":"))
+
+
 def _places_with_continuation(segs, i: int) -> list[Place]:
     """The places of segment ``i`` and of the bare segments that took their polarity from it (a list of
     places continued after a comma: "mostly in the north, the east and the center")."""
@@ -419,7 +431,7 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
         polarity = s.polarity or ("pos" if question_about_change else None)
         places = [p for p in (s.places or question_places) if _known(facts, p.region)]
         for p in places:
-            if polarity == "pos" and not place_has_change(facts, p, cfg):
+            if polarity == "pos" and not place_has_change(facts, p, cfg, bool(HEDGED_PRESENCE.search(s.text))):
                 out.append(Violation("location", f"change placed in the {p.name} ({s.text!r}), where the mask has "
                                                  f"{100 * _fraction(facts, p.region):.1f}% changed"))
             elif polarity == "neg" and place_clearly_changed(facts, p, cfg) and not (
@@ -433,7 +445,8 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
                     share = union_share(facts, [p.region for p in named]) if named else None
                     # A reading with the alternative regions may hold more: take the kinder one.
                     alt = union_share(facts, [p.alt or p.region for p in named]) if named else None
-                    if share is not None and max(share, alt or 0.0) < need:
+                    if share is not None and max(share, alt or 0.0) < need and not (
+                            word == "mostly" and len(named) == 1 and _largest_of_its_kind(facts, named[0].region)):
                         out.append(Violation("location", f"{word!r} in the {_region_names(named)} ({s.text!r}), but "
                                                          f"they hold {100 * max(share, alt or 0.0):.0f}% of the change "
                                                          f"(needs {100 * need:.0f}%)"))
@@ -528,6 +541,10 @@ _GROUP_SIZE = re.compile(r"\b(groups|clusters|rows|sets|blocks|lines|batches|pai
                          r"(" + _NUM + r"\s*(?:to|-|\u2013|or)\s*)?$")
 
 
+_HOW_MANY = re.compile(r"\bhow many\b")
+_BARE_COUNT = re.compile(_COUNT.pattern.split(r"(?: or (\w+))? ")[0] + r"(?: or (\w+))?\b(?!\s*(%|percent|of\b))")
+
+
 def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: ValidatorConfig) -> bool:
     if stated in _VAGUE:
         kind = _VAGUE[stated]
@@ -556,7 +573,8 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
     question_about_change = bool(question) and bool(CHANGE_CUE.search(question.lower()))
     question_places = find_places(question.lower()) if question else []
     out = []
-    for s in segments(text):
+    segs = segments(text)
+    for s in segs:
         if s.polarity == "neg" or not (s.polarity == "pos" or question_about_change):
             continue
         # A count may be about the whole image or about the place the clause names ("a few houses in the
@@ -570,9 +588,13 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
                     for p in places for r in (p.region, p.alt) if r and all(x in by_region for x in r.split("&"))]
             if sets:
                 candidates += [len(set().union(*sets))] + [len(x) for x in sets]
-        for m in _COUNT.finditer(s.text):
+        matches = list(_COUNT.finditer(s.text))
+        # "How many new houses are there? - Just two.": a bare number counts the question's objects.
+        if not matches and s is segs[0] and question and _HOW_MANY.search(question.lower()):
+            matches = [m for m in [_BARE_COUNT.match(s.text)] if m]
+        for m in matches:
             before = s.text[:m.start()]
-            if re.match(r"of\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) or \
+            if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) or \
                     re.match(r"\s*each\b", s.text[m.end():]):
                 continue  # "one of the buildings", "groups of three houses", "two houses each" count no total
             qualifier, stated, alt = m.group(1) or "", m.group(2), m.group(3)

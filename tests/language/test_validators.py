@@ -216,6 +216,13 @@ def test_mask_facts_grid_and_edge_bands(f):
      "test_121_0768_0256", set()),
     ("A diagonal line of buildings runs toward the top left, leaving the bottom-right corner vacant.",
      "test_121_0768_0256", {"location"}),
+    # "left of the center" is beside the centre, not the image's left
+    ("Its long axis runs from the lower left of the center toward the upper right.", "test_102_0512_0000", set()),
+    # "mostly in" a cell or quadrant holding more of the change than any other
+    ("The building is mostly at the bottom center.", "test_77_0512_0256", set()),
+    ("The building is mostly in the center-right part.", "test_77_0512_0256", {"location"}),
+    # "N new structures of varying sizes" is a count ("one of the houses" is not)
+    ("Approximately 25 new structures of varying sizes have been built.", "test_121_0768_0256", {"counts"}),
 ])
 def test_revision4_statements(f, text, mask, expected):
     assert rules(text, f[mask]) == expected
@@ -246,6 +253,16 @@ def test_revision4_statements(f, text, mask, expected):
     ("Were any buildings demolished?", "YES/NO", "No, the changes consist of newly built houses.",
      "test_7_0256_0512", set()),
     ("Were any buildings built?", "YES/NO", "No.", "test_7_0256_0512", {"existence"}),
+    # a hedged presence ("just reaches into") needs some change there, not change worth naming
+    ("Is there any change in the western third?", "YES/NO", "Only a little; the building just reaches into the "
+     "western third at the bottom.", "test_77_0512_0256", set()),
+    ("Is there any change in the western third?", "YES/NO", "Only a little; the building just reaches into the "
+     "western third at the top.", "test_77_0512_0256", {"location"}),
+    ("What changed in the southern part?", "WHAT", "Very little; the southern part is mostly unchanged.",
+     "test_7_0256_0512", set()),
+    # a bare number answers "how many" about the question's objects
+    ("How many new houses are there?", "HOW MUCH", "Just two.", "test_2_0000_0512", {"counts"}),
+    ("How many new houses are there?", "HOW MUCH", "Roughly fifteen.", "test_2_0000_0512", set()),
 ])
 def test_revision4_answers(f, question, qtype, answer, mask, expected):
     assert rules(answer, f[mask], question, qtype) == expected
