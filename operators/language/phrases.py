@@ -62,7 +62,7 @@ NEGATION = re.compile(
     r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
 # Words that look negative but describe the "before" state or stress a positive ("not only ... but").
 _NOT_NEGATION = re.compile(r"\b((previously|formerly|once|originally|what was|used to be)( an?)? (empty|vacant|bare|"
-                           r"open|undeveloped|unused)|(on|onto|over|into|across|of|from|replacing|replaced) (the |an? |some |"
+                           r"open|undeveloped|unused)|(on|onto|over|into|in|at|within|across|of|from|replacing|replaced) (the |an? |some |"
                            r"previously |formerly )*(empty|vacant|bare|open|undeveloped) (land|lots?|plots?|fields?|ground|"
                            r"parcels?|areas?|spaces?|terrain|soil)|not only|no longer)\b")
 

@@ -541,6 +541,8 @@ _GROUP_SIZE = re.compile(r"\b(groups|clusters|rows|sets|blocks|lines|batches|pai
                          r"(" + _NUM + r"\s*(?:to|-|\u2013|or)\s*)?$")
 
 
+_LANDMARK = re.compile(r"\b(along|beside|besides|near|by|next to|around|between|behind|facing|opposite|across|"
+                       r"in front of|alongside|among|adjacent to|close to)\s+(the\s+)?$")
 _HOW_MANY = re.compile(r"\bhow many\b")
 _BARE_COUNT = re.compile(_COUNT.pattern.split(r"(?: or (\w+))? ")[0] + r"(?: or (\w+))?\b(?!\s*(%|percent|of\b))")
 
@@ -594,9 +596,11 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
             matches = [m for m in [_BARE_COUNT.match(s.text)] if m]
         for m in matches:
             before = s.text[:m.start()]
-            if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) or \
-                    re.match(r"\s*each\b", s.text[m.end():]):
-                continue  # "one of the buildings", "groups of three houses", "two houses each" count no total
+            if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) \
+                    or re.match(r"\s*each\b", s.text[m.end():]) or _LANDMARK.search(before):
+                # "one of the buildings", "groups of three houses", "two houses each", "along two roads":
+                # no count of changed objects
+                continue
             qualifier, stated, alt = m.group(1) or "", m.group(2), m.group(3)
             if (r := _RANGE_START.search(before)) and not alt:  # "18 to 20 houses": either end may match
                 alt = r.group(1)

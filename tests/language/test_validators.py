@@ -223,6 +223,11 @@ def test_mask_facts_grid_and_edge_bands(f):
     ("The building is mostly in the center-right part.", "test_77_0512_0256", {"location"}),
     # "N new structures of varying sizes" is a count ("one of the houses" is not)
     ("Approximately 25 new structures of varying sizes have been built.", "test_121_0768_0256", {"counts"}),
+    # LEVIR-CC's own captions of these masks (data/levir-cc): "empty lots" built on, roads as landmarks
+    ("some new houses appear in the empty lots on the right .", "test_55_0256_0000", set()),
+    ("rows of houses are built along two roads .", "train_36_0512_0512", set()),
+    ("two rows of houses are built .", "train_36_0512_0512", set()),
+    ("two houses are built along the roads .", "train_36_0512_0512", {"counts"}),
 ])
 def test_revision4_statements(f, text, mask, expected):
     assert rules(text, f[mask]) == expected
