@@ -81,7 +81,6 @@ _SIDES = {"upper": r"upper(?:most)?|(?<!on )top(?:most)?(?! of (?:a|an|the) (?:b
           "left": r"(?:left(?:most)?|western|west" + _RELATIVE + r")" + _NOT_A_SIDE,
           "right": r"(?:right(?:most)?|eastern|east" + _RELATIVE + r")" + _NOT_A_SIDE}
 _CENTER = r"cent(?:er|re|ral)|middle"
-_ANY_SIDE = "|".join(f"(?:{p})" for p in _SIDES.values())
 _ANY_DIRECTION = "|".join(f"(?:{p})" for p in list(_CORNERS.values()) + list(_SIDES.values()) + [_CENTER])
 # A list of further directions between a direction and its noun: "top and bottom", "upper, central and lower".
 _LIST_TAIL = re.compile(rf"(?:\s*(?:,|\band\b|\bor\b|&|/)\s*(?:the\s+)?(?:(?:far|very|extreme)\s+)?(?:{_ANY_DIRECTION}))*")
