@@ -24,10 +24,14 @@ from operators.language.validators import RULES, mask_facts, validate_text
 REPO = Path(__file__).resolve().parents[1]
 LABELS = REPO / "data" / "levir-cd" / "label"
 HERE = Path(__file__).resolve().parent
-# In the order they were written: the main set, then two held-out sets (see the README for which
-# validator revision first saw each of them).
+# In the order they were written: the main set, two held-out sets, the two development sets of the
+# fourth revision (see the README for which validator revision first saw each of them).
 STATEMENT_SETS = [HERE / "validator_statements.txt", HERE / "validator_statements_heldout.txt",
-                  HERE / "validator_statements_heldout2.txt"]
+                  HERE / "validator_statements_heldout2.txt", HERE / "validator_statements_dev.txt",
+                  HERE / "validator_statements_dev2.txt"]
+# A blind set written by someone who did not see the rules; run whenever it is present.
+if (HERE / "validator_statements_heldout3.txt").exists():
+    STATEMENT_SETS.append(HERE / "validator_statements_heldout3.txt")
 CROPS = {"ul": (0, 0), "ur": (0, 1), "ll": (1, 0), "lr": (1, 1)}
 
 
@@ -54,7 +58,7 @@ def load_mask(name: str, crop: str | None):
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--statements", action="append", default=None,
-                    help="statement file(s) (default: the three sets in benchmarks/)")
+                    help="statement file(s) (default: all the sets in benchmarks/)")
     ap.add_argument("--show", action="store_true", help="print every miss and every false reject")
     args = ap.parse_args(argv)
     statements = [s for path in (args.statements or STATEMENT_SETS) for s in load_statements(Path(path))]

@@ -13,34 +13,45 @@ named region changed, and :func:`validate_text` checks a text against those fact
                "no change" on a mask with CAR >= ``no_change_max_car``. Only generic no-change
                statements count ("no change", "nothing changed", "the scene remains the same"); a
                negation about one object type ("no trees were removed") is not contradicted by a mask.
-``location``   a location phrase (upper-left ... lower-right, upper/lower/left/right part, side, edge, half or
-               third, center, edges) in a clause that asserts change, where that region has no change
-               worth naming (less than ``presence_fraction`` of its pixels changed, or less than
-               ``presence_share`` of all the change unless ``clear_fraction`` of its pixels changed: a
-               sliver of a building crossing into a corner is not "change in the corner"); a location
-               stated as unchanged with at least ``clear_fraction`` of its pixels changed; or
-               "entire / whole image" for a change in fewer than ``entire_min_quadrants`` quadrants.
-               A corner or the center is its 3x3 cell, "upper/lower/left/right" its third, a half its half.
+``location``   a place (read by :func:`operators.language.phrases.find_places`: corners, sides, compass
+               words, edges, thirds, halves, quadrants, "the X part of the Y") in a segment that asserts
+               change, where no reading of it has change worth naming: at least ``presence_fraction``
+               of its pixels changed, and either ``clear_fraction`` of them or a density (its changed
+               fraction over the CAR) of at least ``presence_density``, the same test for a cell, a
+               third or a half; the quadrant reading of "the lower-left part" needs density
+               ``alt_density``; a hedged presence ("just reaches into the west") needs only
+               ``presence_fraction``. A place said to be unchanged that changed by ``clear_fraction`` of its
+               pixels (``hedged_clear_fraction`` when hedged: "mostly unchanged", "very few"). "Only /
+               all of the / confined to" places holding less than ``only_share`` of the change,
+               "mostly / mainly / concentrated in" less than ``mostly_share`` (unless it is the 3x3 cell
+               or quadrant holding the most change); "the entire X" with a
+               3x3 piece of X under ``presence_fraction``; "entire / whole image" for a change in
+               fewer than ``entire_min_quadrants`` quadrants. An answer that names no place speaks
+               about its question's place (not for YES/NO or either-or questions).
 ``magnitude``  CAR bins of JL1-CD: small < ``small_car`` (0.05) <= medium < ``large_car`` (0.2) <= large.
-               "large-scale / extensive / widespread" on a small-bin mask, "most of the image" below
-               ``most_car``, and "small / localized / minor / tiny" on a large-bin mask. Medium masks
-               accept both words (one bin of tolerance).
-``counts``     a stated number of objects ("three new buildings", "a single road", "a dozen houses",
-               "several", "many") in a clause that asserts change, against the number of changed
-               components: a number n passes when ``|n - c| <= max(count_abs_tol, count_rel_tol * c)``
-               (adjacent buildings merge into one component, fragments split one), "a few" needs
-               2 <= c <= 7, "several" c >= 2, "many / numerous / dozens" c >= ``many_min``. When the
-               clause names places, c may also be the components touching those places (together or
-               any one): "three houses in the upper-right" is counted there.
+               "large-scale / extensive / widespread / a considerable portion" on a small-bin mask,
+               "most of the image" below ``most_car``, "small / localized / minor / modest / tiny" on a
+               large-bin mask (medium accepts both: one bin of tolerance), and words that deny almost
+               all change ("negligible", "barely anything", "a tiny patch", "very little") from the
+               medium bin up, when they speak of the whole image.
+``counts``     a stated number of objects ("three new buildings", "a single road", "half a dozen", "18 to
+               20 houses", "several", "many", "dozens") in a segment that asserts change, against the
+               number of changed components: a number n passes when ``|n - c| <= max(count_abs_tol,
+               count_rel_tol * c)`` (adjacent buildings merge into one component, fragments split one),
+               a range when c lies between its ends with that tolerance, "a few / a handful" needs
+               2 <= c <= 7, "several" c >= 2, "many / numerous" c >= ``many_min``, "dozens" at least 24
+               and "hundreds" 200 with the numeric tolerance. Group sizes ("groups of two to four
+               houses") are not totals. When the segment names places, c may also be the components
+               touching those places (together or any one): "three houses in the upper-right".
 ``existence``  a YES/NO answer to a question about change (in a named region or in the image) that the
                mask contradicts: "yes" where the region has no change worth naming (as above) or the
                mask is empty; "no" where the region is clearly changed, or, for the whole image, where
                the CAR is at least ``no_change_max_car``. Questions about absence ("Is the lower-left
                unchanged?") invert the answer. "No" is only checked for generic change or construction
                questions (a mask does not say *what* changed: "were any trees removed?" passes).
-Clauses are split at sentence punctuation, commas (not before "and/or/where/which/that/with") and
-contrast words (while, but, whereas, except, apart from); a clause with a negation or persistence word
-(no, not, unchanged, remains, intact, ...) asserts no change for its places.
+Texts are read in segments with a polarity each (asserts change, asserts none, or a bare list of places
+that takes its verb's polarity; exceptions after a negation assert change): see
+:mod:`operators.language.phrases`.
 """
 from __future__ import annotations
 
@@ -51,6 +62,9 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
+from operators.language.phrases import (CHANGE_CUE, HEDGED_PRESENCE, OBJECT_NOUNS, Place, find_places, own_polarity,
+                                        segments)
+
 RULES = ("numbers", "change", "location", "magnitude", "counts", "existence")
 
 
@@ -59,12 +73,17 @@ class ValidatorConfig:
     empty_car: float = 0.0             # a mask with CAR at or below this has no change
     no_change_max_car: float = 0.01    # "no change" is tolerated up to this CAR (speckle, slivers)
     presence_fraction: float = 0.005   # a region "has change" when this share of its pixels changed ...
-    presence_share: float = 0.05       # ... and it holds this share of all the change (or is clearly changed)
+    presence_density: float = 0.45     # ... and it changed at least this times as densely as the whole image
+                                       #     (for a 3x3 cell: holds 5% of the change), or is clearly changed
     clear_fraction: float = 0.05       # a region "clearly changed" when this share of its pixels changed
+    hedged_clear_fraction: float = 0.2  # "mostly / almost unchanged" is contradicted from this share (large bin)
     entire_min_quadrants: int = 3      # "entire image" needs change in at least this many of the 4 quadrants
     small_car: float = 0.05            # JL1-CD CAR bins: small < 0.05 <= medium < 0.2 <= large
     large_car: float = 0.2
     most_car: float = 0.35             # "most of / the majority of the image" needs at least this CAR
+    alt_density: float = 1.0           # "the lower-left part" read as the quadrant: changed as densely as the image
+    only_share: float = 2 / 3          # "only / all of the new houses / confined to" X: X holds this share of the change
+    mostly_share: float = 0.5          # "mostly / mainly / most of the houses / concentrated in" X: this share
     count_abs_tol: int = 1
     count_rel_tol: float = 0.5
     many_min: int = 4
@@ -82,29 +101,59 @@ def _bands(n: int, parts: int) -> list[int]:
     return [int(round(v)) for v in np.linspace(0, n, parts + 1)]
 
 
-def region_boxes(height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
-    """Named boxes (y0, y1, x0, x1): the 3x3 cells, thirds, halves, quadrants, center square."""
-    r3, c3 = _bands(height, 3), _bands(width, 3)
-    h2, w2 = height // 2, width // 2
-    names = (("upper-left", "upper", "upper-right"), ("left", "center", "right"),
-             ("lower-left", "lower", "lower-right"))
-    boxes = {f"cell:{names[i][j]}": (r3[i], r3[i + 1], c3[j], c3[j + 1]) for i in range(3) for j in range(3)}
-    boxes.update({
-        "third:upper": (0, r3[1], 0, width), "third:lower": (r3[2], height, 0, width),
-        "third:left": (0, height, 0, c3[1]), "third:right": (0, height, c3[2], width),
-        "half:upper": (0, h2, 0, width), "half:lower": (h2, height, 0, width),
-        "half:left": (0, height, 0, w2), "half:right": (0, height, w2, width),
-        "quad:upper-left": (0, h2, 0, w2), "quad:upper-right": (0, h2, w2, width),
-        "quad:lower-left": (h2, height, 0, w2), "quad:lower-right": (h2, height, w2, width),
-        "square:center": (height // 4, height - height // 4, width // 4, width - width // 4),
-        "all": (0, height, 0, width),
+GRID = 12           # facts keep changed pixels on a 12x12 grid: thirds, halves, quadrants, sixths fall on it
+EDGE_BAND = 2       # an edge ("the bottom edge") is the outer 2/12 = 1/6 of the image on that side
+_CELL_NAMES = (("upper-left", "upper", "upper-right"), ("left", "center", "right"),
+               ("lower-left", "lower", "lower-right"))
+
+
+def grid_regions() -> dict[str, tuple[int, int, int, int]]:
+    """Named regions in grid units (y0, y1, x0, x1) of the :data:`GRID` x :data:`GRID` grid: the 3x3 cells,
+    thirds, two thirds, halves, quadrants, edge bands, the center square and the whole image."""
+    g, t, h, e = GRID, GRID // 3, GRID // 2, EDGE_BAND
+    out = {f"cell:{_CELL_NAMES[i][j]}": (i * t, (i + 1) * t, j * t, (j + 1) * t) for i in range(3) for j in range(3)}
+    out.update({
+        "third:upper": (0, t, 0, g), "third:lower": (g - t, g, 0, g), "third:left": (0, g, 0, t), "third:right": (0, g, g - t, g),
+        "thirds2:upper": (0, 2 * t, 0, g), "thirds2:lower": (t, g, 0, g),
+        "thirds2:left": (0, g, 0, 2 * t), "thirds2:right": (0, g, t, g),
+        "half:upper": (0, h, 0, g), "half:lower": (h, g, 0, g), "half:left": (0, g, 0, h), "half:right": (0, g, h, g),
+        "quad:upper-left": (0, h, 0, h), "quad:upper-right": (0, h, h, g),
+        "quad:lower-left": (h, g, 0, h), "quad:lower-right": (h, g, h, g),
+        "edge:upper": (0, e, 0, g), "edge:lower": (g - e, g, 0, g), "edge:left": (0, g, 0, e), "edge:right": (0, g, g - e, g),
+        "square:center": (g // 4, g - g // 4, g // 4, g - g // 4),
+        "all": (0, g, 0, g),
     })
-    return boxes
+    return out
+
+
+def region_boxes(height: int, width: int) -> dict[str, tuple[int, int, int, int]]:
+    """Named boxes in pixels (y0, y1, x0, x1), see :func:`grid_regions`."""
+    rows, cols = _bands(height, GRID), _bands(width, GRID)
+    return {name: (rows[y0], rows[y1], cols[x0], cols[x1]) for name, (y0, y1, x0, x1) in grid_regions().items()}
+
+
+def _grid_cover(region: str) -> np.ndarray:
+    """Which grid cells a named region covers (the ring is everything but the center cell)."""
+    cover = np.zeros((GRID, GRID), bool)
+    if region.startswith("middle:"):  # the middle third, each way, of a named region
+        y0, y1, x0, x1 = grid_regions()[region[len("middle:"):]]
+        dy, dx = (y1 - y0) / 3, (x1 - x0) / 3
+        cover[int(round(y0 + dy)):int(round(y1 - dy)), int(round(x0 + dx)):int(round(x1 - dx))] = True
+        return cover
+    if region == "ring":
+        cover[:] = True
+        region, value = "cell:center", False
+    else:
+        value = True
+    y0, y1, x0, x1 = grid_regions()[region]
+    cover[y0:y1, x0:x1] = value
+    return cover
 
 
 def mask_facts(mask: np.ndarray, components: int | None = None, min_component_px: int = 10) -> dict:
     """What the validators need from a boolean mask: size, changed pixels, components and, for every
-    named region, ``[changed pixels, region pixels]``. JSON-serialisable (it travels in rows)."""
+    named region, ``[changed pixels, region pixels]``, and the changed pixels on the 12x12 grid (for the share
+    of the change held by several regions together). JSON-serialisable (it travels in rows)."""
     m = np.asarray(mask).astype(bool)
     h, w = m.shape
     regions = {}
@@ -117,8 +166,10 @@ def mask_facts(mask: np.ndarray, components: int | None = None, min_component_px
         from operators.language.mask_analysis import analyze_mask
         components = analyze_mask(m).components
     changed = regions["all"][0]
+    rows, cols = _bands(h, GRID), _bands(w, GRID)
+    grid = [[int(m[rows[i]:rows[i + 1], cols[j]:cols[j + 1]].sum()) for j in range(GRID)] for i in range(GRID)]
     return {"height": h, "width": w, "changed_pixels": changed, "car": changed / float(h * w) if h * w else 0.0,
-            "components": int(components), "regions": regions,
+            "components": int(components), "regions": regions, "grid": grid,
             "region_components": _components_by_region(m, min_component_px)}
 
 
@@ -142,100 +193,91 @@ def _components_by_region(m: np.ndarray, min_px: int) -> dict[str, list[int]]:
     return out
 
 
+def _known(facts: dict, region: str) -> bool:
+    """Facts stored by an older version lack the newer regions (edge bands, two thirds) and the grid that
+    intersections ("the eastern part of the northern half") are read from: those are not checked."""
+    if "&" in region or region.startswith("middle:"):
+        names = [r.removeprefix("middle:") for r in region.split("&")]
+        return bool(facts.get("grid")) and all(r in grid_regions() or r == "ring" for r in names)
+    return region in facts["regions"]
+
+
+def _stats(facts: dict, region: str) -> tuple[int, int]:
+    """Changed pixels and pixels of a named region or an intersection of them."""
+    if "&" not in region and not region.startswith("middle:"):
+        return tuple(facts["regions"][region])
+    cover = np.ones((GRID, GRID), bool)
+    for r in region.split("&"):
+        cover &= _grid_cover(r)
+    rows, cols = np.diff(_bands(facts["height"], GRID)), np.diff(_bands(facts["width"], GRID))
+    return int(np.asarray(facts["grid"])[cover].sum()), int(np.outer(rows, cols)[cover].sum())
+
+
 def _fraction(facts: dict, region: str) -> float:
-    changed, area = facts["regions"][region]
+    changed, area = _stats(facts, region)
     return changed / area if area else 0.0
 
 
+def _density(facts: dict, region: str) -> float:
+    """How densely the region changed relative to the whole image (1 = as dense as the image overall)."""
+    return _fraction(facts, region) / facts["car"] if facts["car"] else 0.0
+
+
 def has_change(facts: dict, region: str, cfg: "ValidatorConfig") -> bool:
-    """Change worth naming: enough of the region's pixels, and either a fair share of all the change or
-    clearly changed (a sliver of a building crossing into a corner does not make "change in the corner")."""
+    """Change worth naming: at least ``presence_fraction`` of the region's pixels, and either clearly changed
+    or at least ``presence_density`` times as densely changed as the image overall. The density test is
+    the same for a corner cell, a third or a half: a sliver of a building crossing into a corner, or a
+    few houses' worth spread over a half that holds little of the change, is not "change there"."""
     fraction = _fraction(facts, region)
-    share = facts["regions"][region][0] / facts["changed_pixels"] if facts["changed_pixels"] else 0.0
-    return fraction >= cfg.presence_fraction and (share >= cfg.presence_share or fraction >= cfg.clear_fraction)
+    return fraction >= cfg.presence_fraction and (fraction >= cfg.clear_fraction
+                                                  or _density(facts, region) >= cfg.presence_density)
 
 
 def clearly_changed(facts: dict, region: str, cfg: "ValidatorConfig") -> bool:
     return _fraction(facts, region) >= cfg.clear_fraction
 
 
+def union_share(facts: dict, regions: list[str]) -> float | None:
+    """Share of all the change that lies in the named regions together (None without the grid)."""
+    if not facts.get("grid") or not facts["changed_pixels"]:
+        return None
+    cover = np.zeros((GRID, GRID), bool)
+    for r in regions:
+        part = np.ones((GRID, GRID), bool)
+        for name in r.split("&"):
+            part &= _grid_cover(name)
+        cover |= part
+    return float(np.asarray(facts["grid"])[cover].sum()) / facts["changed_pixels"]
+
+
 # -- text patterns ---------------------------------------------------------------------------------
-CHANGE_CUE = re.compile(
-    r"\b(new(ly)?|built|build|building of|constructed|construction|erected|developed|development|"
-    r"appear(s|ed|ing)?|emerg(e|es|ed|ing)|added|demolish(ed|ing)?|demolition|removed|removal|clear(ed|ing)|"
-    r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing|ation)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
-    r"alter(ed|ation)|paved|excavat(ed|ion)|disappear(ed|s)?|vanish(ed)?|gone|lost|occup(y|ies|ied)|"
-    r"covers?|covered|spans?|line|lines|runs?|stands?|form(s|ed)?|visible)\b")
-NEGATION = re.compile(
-    r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
-    r"remain(s|ed)?|stays?|stayed|same|identical|n't|absent|free of)\b")
 GLOBAL_NO_CHANGE = re.compile(
     r"\b(no (significant |notable |visible |obvious |apparent |major |noticeable |discernible |substantial |"
     r"meaningful |real |clear |new )*(changes?|differences?|construction|development)\b"
-    r"|nothing (has |have |was |were )?(changed|(been )?(built|added|changed|constructed|demolished|removed))"
+    r"|nothing (\w+ ){0,3}?(changed|(been )?(built|added|changed|constructed|demolished|removed))"
     r"|no new (buildings?|structures?|houses?|construction)( or (other )?changes?)?( (were|was|have|has|are|is|appear)"
     r"( been)? ?(built|constructed|added|visible|appeared|appear)?)?\b"
-    r"|(image|scene|area|landscape|everything|view)s? (appears? |looks? |seems? )?(remains?|stays?|is|are|looks?|appears?)? ?"
-    r"(largely |essentially |virtually |basically |entirely )?(unchanged|the same|identical)"
+    r"|(image|scene|area|landscape|everything|view|neighbou?rhood|region|site|tile|frame|picture|photo)s? "
+    r"(appears? |looks? |seems? )?(to )?(remains?|stays?|is|are|looks?|appears?|be)? ?"
+    r"(largely |essentially |virtually |basically |entirely |completely |exactly )?(unchanged|the same|identical)"
     r"|(^|\b)(remains?|stays?) (the same|unchanged)\b"
     r"|no change (occurred|is visible|happened|took place)? ?anywhere)")
-
-_CORNER = {"upper-left": r"(upper|top)[ -]left|north[ -]?west(ern)?",
-           "upper-right": r"(upper|top)[ -]right|north[ -]?east(ern)?",
-           "lower-left": r"(lower|bottom)[ -]left|south[ -]?west(ern)?",
-           "lower-right": r"(lower|bottom)[ -]right|south[ -]?east(ern)?"}
-_SIDE_NOUN = r"(part|parts|portion|portions|area|areas|section|side|sides|edge|edges|region|band|strip|corner|half|third|column|row|border|margin)"
-_SIDE = {"upper": r"upper|top|northern|north(?= (part|side|edge|half|portion|section))",
-         "lower": r"lower|bottom|southern|south(?= (part|side|edge|half|portion|section))",
-         "left": r"(?<=the )(far )?left(?! (behind|unchanged|intact|untouched|as|over|in place))|left(?=[- ]hand)|western|left(?= " + _SIDE_NOUN + r")",
-         "right": r"(?<=the )(far )?right(?! (next|after|before|away|now))|right(?=[- ]hand)|eastern|right(?= " + _SIDE_NOUN + r")"}
-_ENTIRE = re.compile(r"\b((entire|whole) (image|scene|area|frame|view|tile)|(throughout|all over|across) the "
-                     r"(entire |whole )?(image|scene|frame)|everywhere)\b")
-
-
-@dataclass(frozen=True)
-class Place:
-    name: str          # what the text said, normalised ("upper-left", "upper half", "center", ...)
-    region: str        # the named box of :func:`region_boxes` it stands for
-
-
-def find_places(clause: str) -> list[Place]:
-    """Location phrases of one lower-cased clause, longest first, without overlaps."""
-    found: list[tuple[int, int, Place]] = []
-
-    def add(pattern: str, place: Place) -> None:
-        for m in re.finditer(pattern, clause):
-            if not any(a < m.end() and m.start() < b for a, b, _ in found):
-                found.append((m.start(), m.end(), place))
-
-    for name, pat in _CORNER.items():
-        add(rf"\b({pat})\b", Place(name, f"cell:{name}"))
-    for side, pat in _SIDE.items():
-        add(rf"\b({pat}) half\b", Place(f"{side} half", f"half:{side}"))
-        add(rf"\b({pat}) third\b", Place(f"{side} third", f"third:{side}"))
-    add(r"\b(cent(er|re|ral)|middle)\b", Place("center", "cell:center"))
-    add(r"\b(edges|borders|periphery|peripheral|margins|outskirts)\b", Place("edges", "ring"))
-    for side, pat in _SIDE.items():
-        add(rf"\b({pat})\b", Place(side, f"third:{side}"))
-    return [p for _, _, p in sorted(found, key=lambda f: f[0])]
-
-
-_CLAUSE_SPLIT = re.compile(r"[.;:!?]|,(?! (and|or|where|which|that|with) )|\b(while|whereas|but|although|though|except|apart from|"
-                           r"besides|with the exception of)\b")
+_ENTIRE = re.compile(r"\b((entire|whole) (image|scene|area|frame|view|tile)|(throughout|all over) the "
+                     r"(entire |whole )?(image|scene|frame|area|view)|across the (entire|whole) (image|scene|frame|area)|"
+                     r"everywhere)\b")
 
 
 def clauses(text: str) -> list[str]:
-    return [c.strip() for c in _CLAUSE_SPLIT.split(text.lower()) if c and c.strip() and c.strip() not in (
-        "while", "whereas", "but", "although", "though", "except", "apart from", "besides",
-        "with the exception of", "and", "or")]
+    """The segments of a text (see :mod:`operators.language.phrases`)."""
+    return [s.text for s in segments(text)]
 
 
 def _negated(clause: str) -> bool:
-    return bool(NEGATION.search(clause))
+    return own_polarity(clause) == "neg"
 
 
 def _asserts_change(clause: str) -> bool:
-    return bool(CHANGE_CUE.search(clause)) and not _negated(clause)
+    return own_polarity(clause) == "pos"
 
 
 # -- rules -------------------------------------------------------------------------------------------
@@ -260,25 +302,36 @@ def check_numbers(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violatio
     return out
 
 
+_OBJECT_WORD = re.compile(r"\b(" + OBJECT_NOUNS + r"|roads?|construction)\b")
+
+
 def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
-    parts = clauses(text)
+    segs = segments(text)
     if facts["car"] <= cfg.empty_car:
-        for c in parts:
-            if _asserts_change(c):
-                return [Violation("change", f"asserts change ({c!r}) but the mask is empty")]
+        for s in segs:
+            if s.own == "pos":
+                return [Violation("change", f"asserts change ({s.text!r}) but the mask is empty")]
         return []
     if question and find_places(question.lower()):
         return []  # "No, nothing changed there" answers about the question's place (the location rules' job)
-    if facts["car"] >= cfg.no_change_max_car and not any(_asserts_change(c) for c in parts):
-        for c in parts:
-            if GLOBAL_NO_CHANGE.search(c) and not find_places(c) and not _PARTIAL.search(c):
-                return [Violation("change", f"asserts no change ({c!r}) but {100 * facts['car']:.1f}% of the "
+    # Change asserted anywhere, or excepted from the no-change claim with a place or an object ("apart from
+    # two buildings in the north-east, nothing changed"), makes the claim partial.
+    if facts["car"] >= cfg.no_change_max_car and not any(
+            s.own == "pos" or (s.exception and s.polarity == "pos" and (s.places or _OBJECT_WORD.search(s.text)))
+            for s in segs):
+        for i, s in enumerate(segs):
+            # "The upper-right corner, where nothing changed": the place belongs to the claim.
+            local = any(o.inherited_from == i and o.places for o in segs)
+            if GLOBAL_NO_CHANGE.search(s.text) and not s.places and not local and not _PARTIAL.search(s.text):
+                return [Violation("change", f"asserts no change ({s.text!r}) but {100 * facts['car']:.1f}% of the "
                                             f"mask changed")]
     return []
 
 
-_PARTIAL = re.compile(r"\b(most|much|rest|remainder|part|parts|portion|majority|some|areas?) of (the )?"
-                      r"(image|scene|area|surroundings|neighbou?rhood)\b|\belsewhere\b")
+# "Most of the image is unchanged" / "the rest of the scene": a part, not the whole ("this part of the
+# neighbourhood" is the whole view).
+_PARTIAL = re.compile(r"(?<!this )(?<!that )\b(most|much|rest|remainder|part|parts|portion|majority|some|areas?) of "
+                      r"(the )?(image|scene|area|surroundings|neighbou?rhood)\b|\belsewhere\b")
 
 
 def _is_yes_no(question: str | None, qtype: str | None) -> bool:
@@ -289,47 +342,159 @@ def _is_yes_no(question: str | None, qtype: str | None) -> bool:
 
 
 def _answer_polarity(answer: str) -> str | None:
-    m = re.match(r"\s*(yes|yeah|yep|correct|indeed|no|nope|not really)\b", answer.lower())
+    m = re.match(r"\s*(yes|yeah|yep|correct|indeed|absolutely|certainly|definitely|no|nope|not really|not at all|"
+                 r"none|nothing|never)\b", answer.lower())
     if not m:
         return None
-    return "yes" if m.group(1) in ("yes", "yeah", "yep", "correct", "indeed") else "no"
+    return "yes" if m.group(1) in ("yes", "yeah", "yep", "correct", "indeed", "absolutely", "certainly",
+                                   "definitely") else "no"
 
 
-def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
+def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig, hedged: bool = False) -> bool:
+    """Change worth naming under some reading of the place. The second, coarser reading (the quadrant of "the
+    lower-left part") counts only when it changed at least ``alt_density`` times as densely as the image: a
+    building's tail reaching into the quadrant from the middle is not "change in the lower-left"."""
+    if has_change(facts, p.region, cfg) or (hedged and _fraction(facts, p.region) >= cfg.presence_fraction):
+        return True  # hedged ("just reaches into the west"): some change is enough
+    return bool(p.alt) and _fraction(facts, p.alt) >= cfg.presence_fraction and \
+        _density(facts, p.alt) >= cfg.alt_density
+
+
+def place_clearly_changed(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
+    """Clearly changed under every reading of the place."""
+    return clearly_changed(facts, p.region, cfg) and (not p.alt or clearly_changed(facts, p.alt, cfg))
+
+
+# Exclusive and majority claims about where the change is: "only in the north", "all of the new houses are
+# in ...", "confined to ..." / "mostly", "mainly", "most of the new houses", "concentrated in".
+_ONLY = re.compile(r"\b((only|solely|exclusively|entirely|just) (in|on|along|at|near|around|within|across|to|the|"
+                   r"this|that)\b|the only\b|all (of )?(the |these |those |them )?(new |changes?\b|construction|"
+                   r"buildings?|houses?|structures?|homes?)|all (of )?(them|these|those)\b|(are|were|is|was) all\b|"
+                   r"confined to|limited to|restricted to|nowhere else)")
+_MOSTLY = re.compile(r"\b(most of (the |them|these|those)(?!(image|scene|area|frame|view|picture|tile|rest)\b)|"
+                     r"mostly|mainly|predominantly|primarily|chiefly|largely|concentrated|the (bulk|majority) of "
+                     r"(the )?(new|changes?|construction|buildings?|houses?|structures?|homes?|development))")
+
+
+# "The entire northern half", "all along the bottom edge", "the full width of the top": the whole place.
+_WHOLE_OF = re.compile(r"\b(entire|entirety of|whole|full|fully|completely|all (along|over|across)|all of|"
+                       r"across the (entire|whole|full))( (length|width|extent|expanse|stretch))?( of)?( the)?\s*$")
+
+
+def _unchanged_parts(facts: dict, region: str, cfg: ValidatorConfig) -> list[str]:
+    """The 3x3 cells a place spreads over (its pieces at least half the size of its largest) that have
+    less than ``presence_fraction`` of their pixels changed inside the place."""
+    if not _known(facts, region) or not facts.get("grid"):
+        return []
+    pieces = [(name.removeprefix("cell:"), _stats(facts, f"{region}&{name}"))
+              for name in grid_regions() if name.startswith("cell:")]
+    pieces = [(n, st) for n, st in pieces if st[1]]
+    largest = max(st[1] for _, st in pieces)
+    return [n for n, (changed, area) in pieces if area >= largest / 2 and changed / area < cfg.presence_fraction]
+
+
+def _largest_of_its_kind(facts: dict, region: str) -> bool:
+    """A 3x3 cell or quadrant holding more of the change than any other: "mostly in the bottom center" is
+    true of the cell with the most change even when it holds less than ``mostly_share``."""
+    kind = region.split(":")[0]
+    if kind not in ("cell", "quad") or "&" in region:
+        return False
+    return facts["regions"][region][0] >= max(v[0] for k, v in facts["regions"].items() if k.startswith(kind + ":"))
+
+
+def _places_with_continuation(segs, i: int) -> list[Place]:
+    """The places of segment ``i`` and of the bare segments that took their polarity from it (a list of
+    places continued after a comma: "mostly in the north, the east and the center")."""
+    out = list(segs[i].places)
+    for s in segs[i + 1:]:
+        if s.inherited_from != i:
+            break
+        out += s.places
+    return out
+
+
+def _region_names(places: list[Place]) -> str:
+    return ", ".join(p.name for p in places)
+
+
+def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None,
+                   qtype: str | None = None) -> list[Violation]:
     out = []
-    question_about_change = bool(question) and bool(CHANGE_CUE.search(question.lower()))
-    for c in clauses(text):
-        places = find_places(c)
-        negative = _negated(c)
-        positive = not negative and (bool(CHANGE_CUE.search(c)) or question_about_change)
+    q = question.lower() if question else ""
+    question_about_change = bool(q) and bool(CHANGE_CUE.search(q))
+    # An answer that names no place speaks about the question's place ("What happened in the north-east?
+    # - New houses were built."), unless the question offers places to choose from.
+    question_places = find_places(q) if q and not _is_yes_no(question, qtype) and " or " not in q and \
+        (qtype or "").upper() != "COMPARE" else []
+    segs = segments(text)
+    for i, s in enumerate(segs):
+        polarity = s.polarity or ("pos" if question_about_change else None)
+        places = [p for p in (s.places or question_places) if _known(facts, p.region)]
         for p in places:
-            if positive and not has_change(facts, p.region, cfg):
-                out.append(Violation("location", f"change placed in the {p.name} ({c!r}), where the mask has "
+            if polarity == "pos" and not place_has_change(facts, p, cfg, bool(HEDGED_PRESENCE.search(s.text))):
+                out.append(Violation("location", f"change placed in the {p.name} ({s.text!r}), where the mask has "
                                                  f"{100 * _fraction(facts, p.region):.1f}% changed"))
-            elif negative and clearly_changed(facts, p.region, cfg):
-                out.append(Violation("location", f"the {p.name} is said to be unchanged ({c!r}), but "
+            elif polarity == "neg" and place_clearly_changed(facts, p, cfg) and not (
+                    s.hedged and _fraction(facts, p.region) < cfg.hedged_clear_fraction):
+                out.append(Violation("location", f"the {p.name} is said to be unchanged ({s.text!r}), but "
                                                  f"{100 * _fraction(facts, p.region):.1f}% of it changed"))
-        if _ENTIRE.search(c) and not negative and (CHANGE_CUE.search(c) or question_about_change):
+        if polarity == "pos" and s.places and facts["changed_pixels"]:
+            for pattern, need, word in ((_ONLY, cfg.only_share, "only"), (_MOSTLY, cfg.mostly_share, "mostly")):
+                if pattern.search(s.text):
+                    named = [p for p in _places_with_continuation(segs, i) if _known(facts, p.region)]
+                    share = union_share(facts, [p.region for p in named]) if named else None
+                    # A reading with the alternative regions may hold more: take the kinder one.
+                    alt = union_share(facts, [p.alt or p.region for p in named]) if named else None
+                    if share is not None and max(share, alt or 0.0) < need and not (
+                            word == "mostly" and len(named) == 1 and _largest_of_its_kind(facts, named[0].region)):
+                        out.append(Violation("location", f"{word!r} in the {_region_names(named)} ({s.text!r}), but "
+                                                         f"they hold {100 * max(share, alt or 0.0):.0f}% of the change "
+                                                         f"(needs {100 * need:.0f}%)"))
+                    break
+        if polarity == "pos":
+            for p in places:
+                if _WHOLE_OF.search(s.text[max(0, p.start - 40):p.start]) and p in s.places:
+                    gaps = _unchanged_parts(facts, p.region, cfg)
+                    if gaps:
+                        out.append(Violation("location", f"change over the whole {p.name} ({s.text!r}), but its "
+                                                         f"{', '.join(gaps)} part has no change"))
+        if _ENTIRE.search(s.text) and polarity == "pos":
             quads = sum(1 for k in facts["regions"] if k.startswith("quad:") and has_change(facts, k, cfg))
             if facts["changed_pixels"] and quads < cfg.entire_min_quadrants:
-                out.append(Violation("location", f"change over the entire image ({c!r}), but only {quads} of 4 "
+                out.append(Violation("location", f"change over the entire image ({s.text!r}), but only {quads} of 4 "
                                                  f"quadrants changed"))
     return out
 
 
 _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|vast|sweeping|wholesale|"
-                    r"large (portion|part|area|share|swath|tract|fraction)s?|substantial (portion|part|share|fraction)|"
-                    r"much of the (image|scene|area))\b")
-_MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?majority of the (image|scene|area)|"
+                    r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|tract|fraction|"
+                    r"amount|proportion)s?|much of the (image|scene|area)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
+_MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?(majority|bulk) of the (image|scene|area)|"
                    r"(nearly|almost|virtually) (all|the entire|the whole) (of the )?(image|scene|area))\b")
-_SMALL = re.compile(r"\b(small[- ]scale|locali[sz]ed|minor|limited|slight(ly)?|tiny|negligible|marginal|"
-                    r"small (portion|part|area|patch|fraction|share|change|changes|amount))\b")
+# Graded small-magnitude words: "small / minor / modest" are wrong on a large-bin mask; "negligible / barely
+# anything / a tiny patch" deny almost all change and are wrong from the medium bin up.
+_SMALL = re.compile(r"\b(small[- ]scale|locali[sz]ed|minor|limited|slight(ly)?|tiny|negligible|marginal|modest|"
+                    r"small (portion|part|area|patch|fraction|share|change|changes|amount|proportion))\b")
+_NEAR_NONE = re.compile(r"\b(negligible|minimal|insignificant|minuscule|trivial|(barely|hardly|scarcely) (any|anything|"
+                        r"noticeable|visible|perceptible)|(almost|virtually|practically) nothing|next to nothing|very "
+                        r"(little|small|minor|slight)|(tiny|very small) (patch|patches|spot|spots|change|changes|area|"
+                        r"fraction|portion|part|amount|bit))\b")
 
 
 def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
     car, out = facts["car"], []
-    for c in clauses(text):
-        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or _negated(c):
+    for s in segments(text):
+        c = s.text
+        about_change = bool(CHANGE_CUE.search(c)) or bool(re.search(r"\b(it|this|differences?)\b", c))
+        # Near-"no change" words deny the change themselves ("barely anything changed"): read before the
+        # negation test below. About the whole image only: "hardly any change in the north" is the location
+        # rule's business.
+        if (m := _NEAR_NONE.search(c)) and not s.places and car >= cfg.small_car and about_change \
+                and not re.search(r"\b(not|n't|rather than|instead of)\b", c):
+            out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
+                                              f"(small bin: < {100 * cfg.small_car:g}%)"))
+            continue
+        if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or s.polarity == "neg":
             continue  # "not extensive", "no large-scale change": negated magnitude words say nothing here
         if m := _MOST.search(c):
             if car < cfg.most_car:
@@ -339,8 +504,7 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violat
         if (m := _LARGE.search(c)) and car < cfg.small_car:
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
-        elif (m := _SMALL.search(c)) and car >= cfg.large_car and (CHANGE_CUE.search(c) or "change" in c
-                                                                  or re.search(r"\b(it|this)\b", c)):
+        elif (m := _SMALL.search(c)) and car >= cfg.large_car and about_change:
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(large bin: >= {100 * cfg.large_car:g}%)"))
     return out
@@ -349,19 +513,38 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violat
 _NUMBER_WORDS = {"one": 1, "a single": 1, "single": 1, "only one": 1, "two": 2, "a pair of": 2, "a couple of": 2,
                  "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
                  "eleven": 11, "twelve": 12, "a dozen": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
-                 "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30}
+                 "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30,
+                 "half a dozen": 6, "a half dozen": 6, "two dozen": 24, "a score of": 20}
 _VAGUE = {"a few": "few", "a handful of": "few", "several": "several", "many": "many", "numerous": "many",
-          "dozens of": "many", "a large number of": "many", "multiple": "several", "a number of": "several"}
+          "a large number of": "many", "a good number of": "many", "lots of": "many", "a lot of": "many",
+          "a small number of": "few", "multiple": "several", "a number of": "several", "a series of": "several", "a group of": "several",
+          "a cluster of": "several", "a row of": "several", "dozens of": "dozens", "a few dozen": "dozens", "several dozen": "dozens",
+          "hundreds of": "hundreds"}
+# "Dozens" / "hundreds" are read as at least 24 / 200, with the numeric tolerance.
+_VAGUE_AT_LEAST = {"dozens": 24, "hundreds": 200}
 _OBJECTS = (r"(new |small |large |big |single[- ]family |residential |detached |separate |additional |individual |"
             r"very |huge |massive |industrial |commercial |distinct |rectangular |tall |low[- ]rise |"
             r"light[- ]roofed |grey |gray |white |red |blue )*"
             r"(buildings?|houses?|homes?|structures?|roofs?|residences?|dwellings?|villas?|warehouses?|"
             r"factories|factory|sheds?|blocks?|roads?|ponds?|patches|patch|plots?|fields?|facilities|facility|"
             r"constructions?|objects?|units?|buildings?)")
-_COUNT = re.compile(r"\b(about |around |approximately |roughly |nearly |almost |some |over |more than |at least |"
-                    r"fewer than |less than |exactly |only |just )?"
+_COUNT = re.compile(r"\b(about |around |approximately |roughly |nearly |almost |some |well over |over |more than |"
+                    r"at least |fewer than |less than |under |at most |no more than |up to |exactly |only |just |something like |"
+                    r"close to )?"
                     r"(" + "|".join(sorted(map(re.escape, list(_NUMBER_WORDS) + list(_VAGUE)), key=len, reverse=True))
                     + r"|\d{1,3})(?: or (\w+))? " + _OBJECTS + r"\b")
+
+
+_NUM = r"(\d{1,3}|" + "|".join(sorted(map(re.escape, _NUMBER_WORDS), key=len, reverse=True)) + ")"
+_RANGE_START = re.compile(r"\b" + _NUM + r"\s*(?:to|-|\u2013|and)\s*$")
+_GROUP_SIZE = re.compile(r"\b(groups|clusters|rows|sets|blocks|lines|batches|pairs|each|per)\s+(of\s+)?"
+                         r"(" + _NUM + r"\s*(?:to|-|\u2013|or)\s*)?$")
+
+
+_LANDMARK = re.compile(r"\b(along|beside|besides|near|by|next to|around|between|behind|facing|opposite|across|"
+                       r"in front of|alongside|among|adjacent to|close to)\s+(the\s+)?$")
+_HOW_MANY = re.compile(r"\bhow many\b")
+_BARE_COUNT = re.compile(_COUNT.pattern.split(r"(?: or (\w+))? ")[0] + r"(?: or (\w+))?\b(?!\s*(%|percent|of\b))")
 
 
 def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: ValidatorConfig) -> bool:
@@ -371,39 +554,56 @@ def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: Validat
             return 2 <= c <= 7
         if kind == "several":
             return c >= 2
+        if kind in _VAGUE_AT_LEAST:
+            return c + max(cfg.count_abs_tol, cfg.count_rel_tol * c) >= _VAGUE_AT_LEAST[kind]
         return c >= cfg.many_min
     n = int(stated) if stated.isdigit() else _NUMBER_WORDS[stated]
     tol = max(cfg.count_abs_tol, cfg.count_rel_tol * c)
-    if alt:  # "six or seven houses": either end may match
+    if alt:  # "six or seven houses", "18 to 20 houses": anything from one end to the other
         m = _NUMBER_WORDS.get(alt, int(alt) if alt.isdigit() else None)
-        if m is not None and abs(m - c) <= tol:
+        if m is not None and min(n, m) - tol <= c <= max(n, m) + tol:
             return True
     q = qualifier.strip()
-    if q in ("more than", "over", "at least"):
+    if q in ("more than", "over", "at least", "well over"):
         return c + tol >= n
-    if q in ("fewer than", "less than"):
+    if q in ("fewer than", "less than", "under", "at most", "no more than", "up to"):
         return c - tol <= n
     return abs(n - c) <= tol
 
 
 def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     question_about_change = bool(question) and bool(CHANGE_CUE.search(question.lower()))
+    question_places = find_places(question.lower()) if question else []
     out = []
-    for clause in clauses(text):
-        if _negated(clause) or not (CHANGE_CUE.search(clause) or question_about_change):
+    segs = segments(text)
+    for s in segs:
+        if s.polarity == "neg" or not (s.polarity == "pos" or question_about_change):
             continue
         # A count may be about the whole image or about the place the clause names ("a few houses in the
         # lower-right": components touching that region); either reading may match.
         candidates = [int(facts["components"])]
-        places = find_places(clause) or find_places(question.lower() if question else "")
+        places = s.places or question_places
         by_region = facts.get("region_components") or {}
         if places and by_region:  # all the named places together, or any one of them
-            sets = [set(by_region.get(p.region, [])) for p in places]
-            candidates += [len(set().union(*sets))] + [len(x) for x in sets]
-        for m in _COUNT.finditer(clause):
-            if re.match(r"of\b", clause[m.end():].strip()):
-                continue  # "one of the buildings" counts nothing
+            # An intersection ("the top of the west") counts the components touching all its parts (at most).
+            sets = [set.intersection(*(set(by_region[x]) for x in r.split("&")))
+                    for p in places for r in (p.region, p.alt) if r and all(x in by_region for x in r.split("&"))]
+            if sets:
+                candidates += [len(set().union(*sets))] + [len(x) for x in sets]
+        matches = list(_COUNT.finditer(s.text))
+        # "How many new houses are there? - Just two.": a bare number counts the question's objects.
+        if not matches and s is segs[0] and question and _HOW_MANY.search(question.lower()):
+            matches = [m for m in [_BARE_COUNT.match(s.text)] if m]
+        for m in matches:
+            before = s.text[:m.start()]
+            if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) \
+                    or re.match(r"\s*each\b", s.text[m.end():]) or _LANDMARK.search(before):
+                # "one of the buildings", "groups of three houses", "two houses each", "along two roads":
+                # no count of changed objects
+                continue
             qualifier, stated, alt = m.group(1) or "", m.group(2), m.group(3)
+            if (r := _RANGE_START.search(before)) and not alt:  # "18 to 20 houses": either end may match
+                alt = r.group(1)
             if not any(_count_ok(stated, qualifier, alt, c, cfg) for c in candidates):
                 where = f" ({candidates[1]} where the text places them)" if len(candidates) > 1 else ""
                 out.append(Violation("counts", f"{m.group(0).strip()!r} but the mask has {candidates[0]} changed "
@@ -421,6 +621,8 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
     if not question or not _is_yes_no(question, qtype):
         return []
     q = question.lower()
+    if _PROPERTY_Q.match(q):
+        return []  # "Is the change concentrated in one area?" asks about the change, not whether there is one
     # "Is the lower-left corner unchanged?" asks about absence: its "yes" says "no change there".
     asks_absence = bool(_ABSENCE_Q.search(q))
     if not (CHANGE_CUE.search(q) or _GENERIC_CHANGE_Q.search(q) or asks_absence):
@@ -432,16 +634,20 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
         polarity = "no" if polarity == "yes" else "yes"
     places = find_places(q)
     if polarity == "yes":
-        if places and not any(has_change(facts, p.region, cfg) for p in places):
+        places = [p for p in places if _known(facts, p.region)]
+        if places and not any(place_has_change(facts, p, cfg) for p in places):
             where = ", ".join(f"the {p.name} {100 * _fraction(facts, p.region):.1f}% changed" for p in places)
             return [Violation("existence", f"answers that {question!r} has change, but the mask has {where}")]
         if not places and facts["car"] <= cfg.empty_car:
             return [Violation("existence", f"answers that {question!r} has change, but the mask is empty")]
         return []
-    if not (asks_absence or _GENERIC_CHANGE_Q.search(q)):
-        return []  # "were any trees removed?": a mask cannot say no to a specific object type
+    if not (asks_absence or _GENERIC_CHANGE_Q.search(q)) or _DIRECTED_CHANGE_Q.search(q):
+        # "were any trees removed?", "were buildings demolished?": a mask says neither what changed nor
+        # which way, so it cannot contradict a "no"
+        return []
+    places = [p for p in places if _known(facts, p.region)]
     for p in places:
-        if clearly_changed(facts, p.region, cfg):
+        if place_clearly_changed(facts, p, cfg):
             return [Violation("existence", f"answers that {question!r} has no change, but "
                                            f"{100 * _fraction(facts, p.region):.1f}% of the {p.name} changed")]
     if not places and facts["car"] >= cfg.no_change_max_car:
@@ -450,6 +656,10 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
     return []
 
 
+_DIRECTED_CHANGE_Q = re.compile(r"\b(demolish(ed)?|remov(e|ed)|clear(ed)?|disappear(ed)?|torn down|destroy(ed)?|"
+                                r"lost|knocked down|razed)\b")
+_PROPERTY_Q = re.compile(r"\s*(is|are|was|were|does|do|did) the (change|changes|new|construction|development|"
+                         r"buildings?|houses?|structures?)\b(?! (visible|present|there)\b)")
 _ABSENCE_Q = re.compile(r"\b(unchanged|unaffected|intact|untouched|(remain|remains|remained|stay|stays|stayed) "
                         r"(the same|unchanged|as before)|the same as before|free of change|no change)\b")
 
@@ -464,7 +674,7 @@ def validate_text(text: str, facts: dict, question: str | None = None, qtype: st
     if "change" in rules:
         found += check_change(text, facts, cfg, question)
     if "location" in rules:
-        found += check_location(text, facts, cfg, question)
+        found += check_location(text, facts, cfg, question, qtype)
     if "magnitude" in rules:
         found += check_magnitude(text, facts, cfg)
     if "counts" in rules:

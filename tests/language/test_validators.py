@@ -31,9 +31,18 @@ def facts(name, crop=None):
 @pytest.fixture(scope="module")
 def f():
     names = ("test_77_0512_0256", "train_386_0512_0768", "test_2_0000_0000", "val_27_0000_0256",
-             "test_55_0256_0000", "test_102_0512_0000")
+             "test_55_0256_0000", "test_102_0512_0000", "test_121_0768_0256", "test_7_0256_0512",
+             "train_36_0512_0512", "train_412_0512_0768", "test_2_0000_0512")
     out = {n: facts(n) for n in names}
     out["test_55_ul"] = facts("test_55_0256_0000", (0, 128, 0, 128))   # a sliver of one house: CAR 0.009
+    out["test_55_ur"] = facts("test_55_0256_0000", (0, 128, 128, 256))  # two houses in the lower-left only
+    out["test_7_ll"] = facts("test_7_0256_0512", (128, 256, 0, 128))    # two buildings in the upper-right
+    out["test_102_ul"] = facts("test_102_0512_0000", (0, 128, 0, 128))  # a building's corner, lower-right
+    out["test_2_0512_lr"] = facts("test_2_0000_0512", (128, 256, 128, 256))  # 3 houses, middle band only
+    out["test_2_0512_ur"] = facts("test_2_0000_0512", (0, 128, 128, 256))    # CAR 0.12
+    out["test_2_ul"] = facts("test_2_0000_0000", (0, 128, 0, 128))      # 6 houses, little in the upper-right
+    out["test_55_lr"] = facts("test_55_0256_0000", (128, 256, 128, 256))  # 7 houses
+    out["test_77_lr"] = facts("test_77_0512_0256", (128, 256, 128, 256))  # CAR 0.47
     return out
 
 
@@ -112,6 +121,156 @@ def test_caption_statements(f, text, mask, expected):
 ])
 def test_yes_no_answers(f, question, answer, mask, expected):
     assert rules(answer, f[mask], question, "YES/NO") == expected
+
+
+def test_mask_facts_grid_and_edge_bands(f):
+    from operators.language.validators import union_share
+    g = f["test_7_0256_0512"]
+    assert sum(map(sum, g["grid"])) == g["changed_pixels"]
+    assert g["regions"]["edge:lower"][0] == 0 and g["regions"]["third:lower"][0] > 0   # nothing at the very bottom
+    assert g["regions"]["edge:upper"][1] == round(256 / 6) * 256                        # the outer sixth
+    whole = union_share(g, ["half:upper", "half:lower"])
+    assert whole == pytest.approx(1.0)
+    assert union_share(g, ["third:upper", "half:upper"]) == pytest.approx(union_share(g, ["half:upper"]))
+
+
+# Revision 4 (README, "How well they work"): 40 of these 73 cases (with the grid test) fail on revision 3
+# (checked); the others guard the opposite direction of the same behaviour.
+@pytest.mark.parametrize("text, mask, expected", [
+    # compass words and edge bands ("the bottom edge" is the outer sixth, not the lower third)
+    ("New houses were added in the northeast corner.", "val_27_0000_0256", set()),
+    ("The new buildings are concentrated in the northeastern corner of the scene.", "test_121_0768_0256", {"location"}),
+    ("Most of the newly built houses are clustered toward the bottom edge of the image.", "test_7_0256_0512",
+     {"location"}),
+    ("A row of new houses runs along the southern edge of the image.", "val_27_0000_0256", set()),
+    ("Three new houses stand in a row across the middle band; the top and bottom edges show no change.",
+     "test_2_0512_lr", set()),
+    ("A row of new houses has been built along the western edge of the image.", "train_36_0512_0512", {"location"}),
+    # thirds and two thirds
+    ("A curved line of new homes extends from the upper middle toward the eastern edge, and the western third "
+     "shows no sign of change.", "train_412_0512_0768", set()),
+    ("New houses have been built across the western third of the image.", "train_412_0512_0768", {"location"}),
+    ("About twelve houses were built, most of them in the upper two thirds of the image.", "test_7_0256_0512", set()),
+    # presence by density: a third or a half holding little of the change is not "change there"
+    ("The new houses are on the left side of the image.", "train_36_0512_0512", {"location"}),
+    ("The change is spread over the entire image.", "test_77_0512_0256", {"location"}),
+    # a corner direction without "corner" may mean the quadrant, if the quadrant holds the change densely
+    ("A single elongated structure has been erected in the southwest part of the image.", "test_102_0512_0000",
+     {"location"}),
+    # negation scope: each part of the sentence has its own polarity
+    ("The changes are found mostly along the western side and across the southern part of the image, with the "
+     "north-eastern corner left untouched.", "test_121_0768_0256", set()),
+    ("The new buildings are located in the southwest corner of this image, and nothing changed in the north or "
+     "the east.", "test_55_ur", set()),
+    ("The new buildings are located in the northeast corner of this image, and nothing changed in the south.",
+     "test_55_ur", {"location"}),
+    # exceptions: "except X" after a negated main clause asserts change in X
+    ("Except for a small area in the southwest, the image shows no change.", "test_7_ll", {"location"}),
+    ("Apart from two buildings in the northeast, this part of the scene shows no change.", "test_7_ll", set()),
+    # exclusive and majority claims
+    ("All of the new houses are located in the eastern third of the image.", "test_2_0000_0512", {"location"}),
+    ("The new houses are all bunched together in the top-right corner of this view.", "test_2_ul", {"location"}),
+    ("The change is limited to the lower-right corner.", "test_102_ul", set()),
+    # graded magnitude words: "negligible" is wrong from the medium bin up, "modest" on the large bin
+    ("The change is negligible, limited to one or two tiny spots.", "val_27_0000_0256", {"magnitude"}),
+    ("Barely anything has changed here; the difference between the images is negligible.", "test_2_ul",
+     {"magnitude"}),
+    ("The change here is minimal: only a small corner of a building appears at the bottom right.", "test_55_ul",
+     set()),
+    ("Only a modest patch of the image has changed.", "test_77_lr", {"magnitude"}),
+    # no-change vocabulary
+    ("Nothing appears to have changed between the two acquisitions.", "train_412_0512_0768", {"change"}),
+    ("Nothing appears to have changed between the two acquisitions.", "train_386_0512_0768", set()),
+    ("This part of the neighbourhood is unchanged between the two dates.", "test_2_0512_ur", {"change"}),
+    ("The most striking difference is the appearance of one massive building; no other notable construction "
+     "can be seen.", "test_102_0512_0000", set()),
+    # quantity words: "dozens" is at least 24 with the numeric tolerance, "half a dozen" is six
+    ("Dozens of new buildings have sprung up across the scene.", "test_121_0768_0256", {"counts"}),
+    ("Dozens of new houses have sprung up across the scene.", "test_2_0000_0000", set()),
+    ("Roughly half a dozen new houses are visible, grouped on the left and in the upper right.", "test_55_lr", set()),
+    ("Half a dozen new houses were built.", "test_2_0000_0000", {"counts"}),
+    # "the X part of the Y" is the part of Y; an exception lies inside its main clause's place
+    ("The left and central parts of the upper half show no new buildings.", "val_27_0000_0256", set()),
+    ("The right part of the upper half shows no new buildings.", "val_27_0000_0256", {"location"}),
+    ("The western half of the scene is mostly unaffected, apart from a few houses near the top.",
+     "train_36_0512_0512", set()),
+    # hedged negations ("mostly", "very few") tolerate change up to the large bin in that place
+    ("Most new homes are in the northern half, and very few are near the bottom.", "test_7_0256_0512", set()),
+    ("The left half of the image is largely unchanged.", "test_121_0768_0256", {"location"}),
+    # a verbless list of change nouns continues the negation before it
+    ("There are no signs of new construction, demolition or land-use change.", "train_386_0512_0768", set()),
+    # count ranges and group sizes
+    ("The new buildings appear in small groups of two to four houses.", "test_55_0256_0000", set()),
+    ("Between two and four houses were built.", "test_55_0256_0000", {"counts"}),
+    # objects placed by a verb of position are the changed objects
+    ("Most of the building lies in the lower-left quadrant.", "test_102_0512_0000", {"location"}),
+    # "the entire X": every part of X changed
+    ("The entire northern half of the image is covered with new houses.", "val_27_0000_0256", {"location"}),
+    ("New houses now line the entire bottom edge of the image.", "val_27_0000_0256", set()),
+    # "rather than X" denies X; a state word is "unchanged" only when predicated
+    ("Houses have been added in a scattered pattern, mostly around the edges of this view rather than in its "
+     "center.", "test_55_lr", set()),
+    ("Houses have been added mostly in the center of this view rather than around its edges.", "test_55_lr",
+     {"location"}),
+    ("A diagonal line of buildings runs toward the bottom right, leaving the top-right corner vacant.",
+     "test_121_0768_0256", set()),
+    ("A diagonal line of buildings runs toward the top left, leaving the bottom-right corner vacant.",
+     "test_121_0768_0256", {"location"}),
+    # "left of the center" is beside the centre, not the image's left
+    ("Its long axis runs from the lower left of the center toward the upper right.", "test_102_0512_0000", set()),
+    # "mostly in" a cell or quadrant holding more of the change than any other
+    ("The building is mostly at the bottom center.", "test_77_0512_0256", set()),
+    ("The building is mostly in the center-right part.", "test_77_0512_0256", {"location"}),
+    # "N new structures of varying sizes" is a count ("one of the houses" is not)
+    ("Approximately 25 new structures of varying sizes have been built.", "test_121_0768_0256", {"counts"}),
+    # LEVIR-CC's own captions of these masks (data/levir-cc): "empty lots" built on, roads as landmarks
+    ("some new houses appear in the empty lots on the right .", "test_55_0256_0000", set()),
+    ("rows of houses are built along two roads .", "train_36_0512_0512", set()),
+    ("two rows of houses are built .", "train_36_0512_0512", set()),
+    ("two houses are built along the roads .", "train_36_0512_0512", {"counts"}),
+])
+def test_revision4_statements(f, text, mask, expected):
+    assert rules(text, f[mask]) == expected
+
+
+@pytest.mark.parametrize("question, qtype, answer, mask, expected", [
+    ("Has any development occurred in the north of the image?", "YES/NO",
+     "No, the top of the scene remains unchanged; the construction is confined to the middle and lower parts.",
+     "test_55_0256_0000", set()),
+    ("Has any development occurred in the south of the image?", "YES/NO", "No, the south is unchanged.",
+     "test_55_0256_0000", {"existence", "location"}),
+    ("Were new houses built in the lower-left part of the image?", "YES/NO", "Yes, a group of new houses was built "
+     "there.", "test_55_0256_0000", set()),
+    ("Has anything been built in the upper-right area?", "YES/NO", "Yes, new houses were built there.",
+     "test_55_0256_0000", {"existence"}),
+    # an answer naming no place speaks about the question's place
+    ("What happened in the northeast corner?", "WHAT", "Several new houses were built.", "val_27_0000_0256", set()),
+    ("What happened in the northeast corner?", "WHAT", "Several new houses were built.", "test_121_0768_0256",
+     {"location"}),
+    ("Which area changed least?", "COMPARE", "The upper-right corner, where nothing changed.", "test_121_0768_0256",
+     set()),
+    ("What was present before in the lower-left?", "BEFORE/AFTER", "Bare ground, where new houses now stand.",
+     "test_2_0000_0512", set()),
+    # questions about a property of the change, or about its direction, are not existence questions
+    ("Is the change concentrated in one area?", "YES/NO", "No, the new houses are spread over the whole image.",
+     "test_2_0000_0512", set()),
+    ("Is there any change in this image?", "YES/NO", "No.", "test_2_0000_0512", {"existence"}),
+    ("Were any buildings demolished?", "YES/NO", "No, the changes consist of newly built houses.",
+     "test_7_0256_0512", set()),
+    ("Were any buildings built?", "YES/NO", "No.", "test_7_0256_0512", {"existence"}),
+    # a hedged presence ("just reaches into") needs some change there, not change worth naming
+    ("Is there any change in the western third?", "YES/NO", "Only a little; the building just reaches into the "
+     "western third at the bottom.", "test_77_0512_0256", set()),
+    ("Is there any change in the western third?", "YES/NO", "Only a little; the building just reaches into the "
+     "western third at the top.", "test_77_0512_0256", {"location"}),
+    ("What changed in the southern part?", "WHAT", "Very little; the southern part is mostly unchanged.",
+     "test_7_0256_0512", set()),
+    # a bare number answers "how many" about the question's objects
+    ("How many new houses are there?", "HOW MUCH", "Just two.", "test_2_0000_0512", {"counts"}),
+    ("How many new houses are there?", "HOW MUCH", "Roughly fifteen.", "test_2_0000_0512", set()),
+])
+def test_revision4_answers(f, question, qtype, answer, mask, expected):
+    assert rules(answer, f[mask], question, qtype) == expected
 
 
 def test_where_answer_is_read_with_its_question(f):

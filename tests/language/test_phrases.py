@@ -1,0 +1,48 @@
+"""How the validators read location phrases and the polarity of each part of a sentence (pure text)."""
+import pytest
+
+from operators.language.phrases import find_places, segments
+
+
+@pytest.mark.parametrize("phrase, regions", [
+    ("in the north of the image", [("third:upper", None)]),
+    ("toward the southeast", [("cell:lower-right", "quad:lower-right")]),
+    ("the north-eastern corner", [("cell:upper-right", None)]),
+    ("the bottom-left quadrant", [("quad:lower-left", None)]),
+    ("along the bottom edge", [("edge:lower", None)]),
+    ("the top and bottom edges", [("edge:upper", None), ("edge:lower", None)]),
+    ("the western and southern edges", [("edge:left", None), ("edge:lower", None)]),
+    ("the left third", [("third:left", None)]),
+    ("the right two-thirds", [("thirds2:right", None)]),
+    ("the upper and lower halves", [("half:upper", None), ("half:lower", None)]),
+    ("the upper middle", [("cell:upper", None)]),
+    ("centre-right", [("cell:right", None)]),
+    ("near the edges", [("ring", None)]),
+    # not locations in the image
+    ("houses left untouched", []),
+    ("right next to the road", []),
+    ("north of the road", []),
+    ("on top of the hill", []),
+])
+def test_find_places(phrase, regions):
+    assert [(p.region, p.alt) for p in find_places(phrase)] == regions
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a bare list of places takes the polarity of its verb, before or after it
+    ("The top third, as well as the western edge, remains as it was.", [("neg", ["upper third"]), ("neg", ["left edge"]),
+                                                                       ("neg", [])]),
+    ("New houses line the north, the center, and the south.", [("pos", ["upper"]), ("pos", ["center"]),
+                                                               ("pos", ["lower"])]),
+    # "and" between two predications splits; inside a list of places it does not
+    ("New houses were built in the north and the south remained empty.", [("pos", ["upper"]), ("neg", ["lower"])]),
+    ("The upper-left and lower-right corners show no change.", [("neg", ["upper-left corner", "lower-right corner"])]),
+    # exceptions after a negated main clause assert change; contrast words start a new group
+    ("Except for a small area in the southwest, the image shows no change.", [("pos", ["lower-left"]), ("neg", [])]),
+    ("While the north stays the same, the south has new houses.", [("neg", ["upper"]), ("pos", ["lower"])]),
+    # words that look negative but describe the before state
+    ("New houses were built on previously empty land in the east.", [("pos", ["right"])]),
+    ("New houses were built on empty plots along the same street.", [("pos", [])]),
+])
+def test_segment_polarity(text, expected):
+    assert [(s.polarity, [p.name for p in s.places]) for s in segments(text)] == expected
