@@ -76,10 +76,10 @@ class RegistrationConfig:
     ratio: float = _opt(0.75, "Lowe ratio test threshold for FLANN 2-NN matches")
     flann_trees: int = _opt(4, "FLANN kd-tree count (brute force fails at >= 2^18 descriptors)")
     flann_checks: int = _opt(32, "FLANN leaf checks per query (higher = slower, more exact)")
-    ransac_method: str = _opt("usac_accurate", "robust estimator of the slice homography: ransac "
-                                               "(OpenCV's classic loop, runs to ransac_max_iters "
-                                               "when inliers are scarce) or usac_accurate (USAC: "
-                                               "SPRT early rejection, graph-cut local optimisation)")
+    ransac_method: str = _opt("usac_fast", "robust estimator of the slice homography: ransac "
+                                           "(OpenCV's classic loop, runs to ransac_max_iters when "
+                                           "inliers are scarce) or usac_fast (USAC: SPRT early "
+                                           "rejection, local optimisation)")
     ransac_threshold_px: float = _opt(3.0, "RANSAC reprojection threshold in px")
     ransac_max_iters: int = _opt(5000, "RANSAC iteration cap")
     ransac_confidence: float = _opt(0.999, "RANSAC confidence")
@@ -180,8 +180,9 @@ class RegistrationConfig:
 
 _INTERP = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC}
 # Same fits on clear slices; on slices with few inliers the classic loop spends its whole
-# iteration budget (~20-100 ms a slice) where USAC stops in about one.
-_ROBUST = {"ransac": cv2.RANSAC, "usac_accurate": cv2.USAC_ACCURATE}
+# iteration budget (~20-100 ms a slice) where USAC stops in about one. USAC_ACCURATE's graph-cut
+# optimisation runs out of memory (std::bad_alloc) on a 3000 px slice's ~50,000 matches.
+_ROBUST = {"ransac": cv2.RANSAC, "usac_fast": cv2.USAC_FAST}
 
 
 # ---- grey and features -----------------------------------------------------------------------
