@@ -541,7 +541,7 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str 
         if (m := _LARGE.search(c)) and car < cfg.small_car:
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
-        elif (m := _small_amount(c)) and car >= cfg.large_car:
+        elif (m := _small_amount(c)) and car >= cfg.large_car and not s.places:  # of a place: not the whole's
             out.append(Violation("magnitude", f"{m.group('word')!r} said of the change, but the change area ratio is "
                                               f"{100 * car:.1f}% (large bin: >= {100 * cfg.large_car:g}%)"))
         elif (m := _SMALL.search(c)) and car >= cfg.large_car and about_change:

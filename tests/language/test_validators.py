@@ -43,6 +43,7 @@ def f():
     out["test_2_ul"] = facts("test_2_0000_0000", (0, 128, 0, 128))      # 6 houses, little in the upper-right
     out["test_55_lr"] = facts("test_55_0256_0000", (128, 256, 128, 256))  # 7 houses
     out["test_77_lr"] = facts("test_77_0512_0256", (128, 256, 128, 256))  # CAR 0.47
+    out["test_121_ul"] = facts("test_121_0768_0256", (0, 128, 0, 128))  # CAR 0.30, its left third 9% changed
     return out
 
 
@@ -351,6 +352,7 @@ def test_caption_policy(f, policy):
     ("The development is small and hardly alters the neighbourhood.", "test_2_0000_0000", {"magnitude"}),
     ("The development is small and hardly alters the neighbourhood.", "test_55_ul", set()),
     ("Only minor modifications were made.", "test_2_0000_0000", {"magnitude"}),
+    ("The amount of change in the west is small.", "test_121_ul", set()),   # of a place (CAR 0.30, west 9%)
     ("Small houses were built across the area.", "test_2_0000_0000", set()),
     ("The new houses are small and closely packed.", "test_2_0000_0000", set()),
     # "exactly as they were", "as before", "nil" state that nothing changed
