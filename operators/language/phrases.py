@@ -51,7 +51,7 @@ CHANGE_CUE = re.compile(
     r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
-    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|nil|"
+    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|nil|zero|non-?existent|"
     # "exactly as they were", "as before": the earlier state, kept ("as they were built" is not)
     r"as (it|they) (was|were|used to be|had been)(?! (\w+ed|built|being|made|torn|seen|shown)\b)|"
     r"(?<!, )(?<!, and )as (before|previously|earlier)|"

@@ -492,7 +492,8 @@ _SUBJECT_TAIL = re.compile(r"(\s+(here|there|overall|now|in (this|that|the|each)
                            r"development|modifications?|alterations?)))+\s*$")
 _AMOUNT_HEAD = re.compile(r"\b(amount|extent|scale|degree|share|proportion|changes?|modifications?|alterations?|"
                           r"differences?|construction|development|transformation|footprint|(changed|affected|modified|"
-                          r"built[- ]up) (area|region|part|portion|surface))\s*$")
+                          r"built[- ]up) (area|region|part|portion|surface)|(area|region|part|portion|surface) (affected|"
+                          r"changed|modified))\s*$")
 # A question about the amount makes its answer's "very little" / "minor" speak of the change.
 _AMOUNT_QUESTION = re.compile(r"\b(how (much|extensive|large|big|significant|widespread|substantial)|to what (extent|"
                               r"degree)|(large|small)[- ]scale|extent|amount|magnitude|scale)\b")

@@ -66,6 +66,7 @@ def test_side_refined_by_the_middle(phrase, regions):
     ("a new house stands where the field was empty before", ["pos"]),
     ("the roads are exactly as they were", ["neg"]),
     ("the amount of change is nil", ["neg"]),
+    ("the buildings are the same as in the first image, and the change is zero", ["neg", "neg"]),
     ("the field was empty before and is empty now", ["neg"]),
 ])
 def test_before_state_and_no_change_words(text, polarities):
