@@ -520,9 +520,13 @@ _NEAR_NONE = re.compile(r"\b(negligible|minimal|insignificant|minuscule|trivial|
 
 def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     car, out = facts["car"], []
-    amount_question = bool(question) and bool(_AMOUNT_QUESTION.search(question.lower()))
+    # An answer to "how much changed in the west?" speaks of the west: not checked against the whole image.
+    question_places = find_places(question.lower()) if question else []
+    amount_question = bool(question) and bool(_AMOUNT_QUESTION.search(question.lower())) and not question_places
     for s in segments(text):
         c = s.text
+        if question_places and not s.places:
+            continue
         about_change = amount_question or bool(CHANGE_CUE.search(c)) or bool(_ABOUT_CHANGE.search(c))
         # Near-"no change" words deny the change themselves ("barely anything changed"): read before the
         # negation test below. About the whole image only: "hardly any change in the north" is the location

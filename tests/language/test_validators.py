@@ -380,6 +380,7 @@ def test_revision5_statements(f, text, mask, expected):
 @pytest.mark.parametrize("question, qtype, answer, mask, expected", [
     ("How much of the scene changed?", "HOW MUCH", "Very little.", "test_77_lr", {"magnitude"}),
     ("How much of the scene changed?", "HOW MUCH", "Very little.", "test_55_ul", set()),
+    ("How much changed in the west?", "HOW MUCH", "Very little; the change there is small.", "test_121_ul", set()),
     ("What is different between the two dates?", "BEFORE/AFTER", "A new shed now stands where the yard was bare "
      "before.", "train_386_0512_0768", {"change"}),
     ("Is there any change on the left side of the image, around the middle?", "YES/NO", "No, it is unchanged.",
