@@ -14,7 +14,10 @@ left third", "toward the south" and "the upper middle":
   half; third (two thirds): the third (two thirds); quadrant / quarter: the quadrant; corner: the 3x3
   corner cell; any other noun (part, side, area, ...) or none: a side is its third, a corner direction
   its 3x3 cell *or* its quadrant ("the lower-left part" may mean either), a compound its edge-centre cell;
-- "edges", "borders", "periphery" alone: the outer ring of the 3x3 grid.
+- "edges", "borders", "periphery" alone: the outer ring of the 3x3 grid;
+- a side refined by the middle next to it ("on the right side of the image, around the middle", "at the
+  bottom, in the middle"): the side's middle cell (an edge: the edge's middle), unless the two are items of
+  a list ("at the top and in the middle").
 
 Sentences are cut into segments (:func:`segments`) at sentence punctuation, commas, contrast words
 (while, whereas, but, although, though), exception words (except, apart from, aside from, other than,
@@ -22,8 +25,9 @@ save for, besides, with the exception of), alternatives (rather than, instead of
 at "and" when both sides have a predicate of their own. Each segment gets a polarity:
 
 - ``neg`` when it holds a negation or persistence word (no, not, nothing, unchanged, remains, intact,
-  hardly, already, very few, ...; "previously empty", "built on empty plots" and "not only" do not
-  count; "vacant / bare / undeveloped" only when predicated: "leaving the corner vacant"); it is
+  hardly, already, very few, exactly as they were, as before, nil, ...; "previously empty", "built on
+  empty plots", a state of the earlier date ("where the ground was empty before", "the lot that was
+  vacant") and "not only" do not count; "vacant / bare / undeveloped" only when predicated: "leaving the corner vacant"); it is
   *hedged* with "mostly", "largely", "almost", ...;
 - ``pos`` when it holds a change word (new, built, appeared, demolished, ...) or places an object
   ("the houses lie in the north");

@@ -31,9 +31,11 @@ named region changed, and :func:`validate_text` checks a text against those fact
 ``magnitude``  CAR bins of JL1-CD: small < ``small_car`` (0.05) <= medium < ``large_car`` (0.2) <= large.
                "large-scale / extensive / widespread / a considerable portion" on a small-bin mask,
                "most of the image" below ``most_car``, "small / localized / minor / modest / tiny" on a
-               large-bin mask (medium accepts both: one bin of tolerance), and words that deny almost
-               all change ("negligible", "barely anything", "a tiny patch", "very little") from the
-               medium bin up, when they speak of the whole image.
+               large-bin mask (medium accepts both: one bin of tolerance; "small" only as an amount,
+               said of the change or an area, not of objects: "small houses"), and words that deny almost
+               all change ("negligible", "barely anything", "hardly affects", "a tiny patch", "very
+               little") from the medium bin up, when they speak of the whole image (an answer to "how
+               much changed?" does; one to "how much changed in the west?" does not).
 ``counts``     a stated number of objects ("three new buildings", "a single road", "half a dozen", "18 to
                20 houses", "several", "many", "dozens") in a segment that asserts change, against the
                number of changed components: a number n passes when ``|n - c| <= max(count_abs_tol,
