@@ -14,7 +14,10 @@ left third", "toward the south" and "the upper middle":
   half; third (two thirds): the third (two thirds); quadrant / quarter: the quadrant; corner: the 3x3
   corner cell; any other noun (part, side, area, ...) or none: a side is its third, a corner direction
   its 3x3 cell *or* its quadrant ("the lower-left part" may mean either), a compound its edge-centre cell;
-- "edges", "borders", "periphery" alone: the outer ring of the 3x3 grid.
+- "edges", "borders", "periphery" alone: the outer ring of the 3x3 grid;
+- a side refined by the middle next to it ("on the right side of the image, around the middle", "at the
+  bottom, in the middle"): the side's middle cell (an edge: the edge's middle), unless the two are items of
+  a list ("at the top and in the middle").
 
 Sentences are cut into segments (:func:`segments`) at sentence punctuation, commas, contrast words
 (while, whereas, but, although, though), exception words (except, apart from, aside from, other than,
@@ -22,8 +25,9 @@ save for, besides, with the exception of), alternatives (rather than, instead of
 at "and" when both sides have a predicate of their own. Each segment gets a polarity:
 
 - ``neg`` when it holds a negation or persistence word (no, not, nothing, unchanged, remains, intact,
-  hardly, already, very few, ...; "previously empty", "built on empty plots" and "not only" do not
-  count; "vacant / bare / undeveloped" only when predicated: "leaving the corner vacant"); it is
+  hardly, already, very few, exactly as they were, as before, nil, ...; "previously empty", "built on
+  empty plots", a state of the earlier date ("where the ground was empty before", "the lot that was
+  vacant") and "not only" do not count; "vacant / bare / undeveloped" only when predicated: "leaving the corner vacant"); it is
   *hedged* with "mostly", "largely", "almost", ...;
 - ``pos`` when it holds a change word (new, built, appeared, demolished, ...) or places an object
   ("the houses lie in the north");
@@ -51,7 +55,10 @@ CHANGE_CUE = re.compile(
     r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
-    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|"
+    r"remain(s|ed)?|stays?|stayed|identical|n't|absent|free of|hardly|barely|scarcely|already|nil|zero|non-?existent|"
+    # "exactly as they were", "as before": the earlier state, kept ("as they were built" is not)
+    r"as (it|they) (was|were|used to be|had been)(?! (\w+ed|built|being|made|torn|seen|shown)\b)|"
+    r"(?<!, )(?<!, and )as (before|previously|earlier)|"
     # a state word says "unchanged" only when predicated ("leaving the corner vacant"), not as the before
     # state ("bare ground, where houses now stand")
     r"((is|are|was|were|remains?|stays?|left|still) (\w+ )?|(leaving|keeping) ([\w-]+ ){0,4})(vacant|bare|undeveloped|"
@@ -60,9 +67,17 @@ NEGATION = re.compile(
     # "the same" as persistence, not "along the same street"
     r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
     r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
-# Words that look negative but describe the "before" state or stress a positive ("not only ... but").
+# Words that look negative but describe the "before" state or stress a positive ("not only ... but"). A state
+# word is the earlier date's when said so ("empty before", "vacant in the first image") or in a relative
+# clause in the past ("where the ground was empty", "the lot that was vacant"): "a new building stands where
+# the ground was empty before" asserts change.
+_STATE = r"(empty|vacant|bare|open|undeveloped|unused|unbuilt)"
 _NOT_NEGATION = re.compile(r"\b((previously|formerly|once|originally|what was|used to be)( an?)? (empty|vacant|bare|"
-                           r"open|undeveloped|unused)|(on|onto|over|into|in|at|within|across|of|from|replacing|replaced) (the |an? |some |"
+                           r"open|undeveloped|unused)|"
+                           rf"{_STATE} (before|earlier|previously|at first|in the (first|earlier|older|previous|"
+                           r"before) (image|photo|picture|scene|date))(?! (and|&) (after|now|later|since)\b)|"
+                           rf"(where|which|that) ([\w-]+ ){{0,3}}(was|were|had been|used to be|lay|stood) ((?!(still|left|kept|again) )\w+ )?{_STATE}"
+                           r"(?! (and|but) (still|is|are|remains?|stays?)\b)|(on|onto|over|into|in|at|within|across|of|from|replacing|replaced) (the |an? |some |"
                            r"previously |formerly )*(empty|vacant|bare|open|undeveloped) (land|lots?|plots?|fields?|ground|"
                            r"parcels?|areas?|spaces?|terrain|soil)|not only|no longer)\b")
 
@@ -99,6 +114,7 @@ class Place:
     region: str             # the named box (validators.region_boxes) it stands for
     alt: str | None = None  # a second reading the text allows ("the lower-left part": cell or quadrant)
     start: int = field(default=0, compare=False)  # where the phrase starts in its clause
+    refined_end: int = field(default=0, compare=False)  # a side refined by "the middle": where that phrase ends
 
 
 def _noun_after(clause: str, pos: int) -> tuple[str | None, bool, int]:
@@ -130,6 +146,31 @@ def _corner_place(corner: str, noun: str | None) -> Place:
 
 
 _OF_THE = re.compile(r"\s+of\s+(?:the\s+)?(?:image's\s+|scene's\s+)?")
+# Between a side and "the middle" that refines it ("on the right side of the image, around the middle", "at
+# the bottom, in the middle"): a comma or a preposition, not "and" / "or" (a list of two places).
+_REFINES = re.compile(r"(?:\s+of\s+(?:the\s+)?(?:image|scene|frame|picture|view|tile))?\s*,?\s*"
+                      r"(?:(?:in|at|around|near|toward|towards|about|along|on)\s+)?(?:the\s+)?(?:very\s+)?")
+_LIST_JOIN = re.compile(r"\s*(?:,|\band\b|\bor\b|&)\s*(?:,?\s*(?:and|or)\s+)?(?:(?:in|at|on|around|near|toward|towards|along|by|the|very|far)\s+){0,3}")
+
+
+def _side_and_middle(clause: str, found: list) -> list:
+    """A side and "the middle" next to each other, in either order, are the side's middle cell ("at the bottom,
+    in the middle": the bottom-centre cell; along an edge, the edge's middle), unless they are two items of a
+    longer list ("at the top, in the middle and at the bottom")."""
+    out = list(found)
+    i = 0
+    while i + 1 < len(out):
+        (a0, a1, pa), (b0, b1, pb) = out[i], out[i + 1]
+        side = next((p for p in (pa, pb) if p.region.startswith(("third:", "edge:"))), None)
+        middle = next((p for p in (pa, pb) if p.region == "cell:center" and p.name == "center"), None)
+        listed = (i > 0 and _LIST_JOIN.fullmatch(clause, out[i - 1][1], a0) is not None) or \
+            (i + 2 < len(out) and _LIST_JOIN.fullmatch(clause, b1, out[i + 2][0]) is not None)
+        if side and middle and not listed and _REFINES.fullmatch(clause, a1, b0):
+            name = side.region.split(":")[1]
+            region = f"cell:{name}" if side.region.startswith("third:") else f"{side.region}&cell:{name}"
+            out[i:i + 2] = [(a0, b1, Place(f"{name} middle", region, refined_end=b1))]
+        i += 1
+    return out
 
 
 def find_places(clause: str) -> list[Place]:
@@ -165,6 +206,7 @@ def find_places(clause: str) -> list[Place]:
             found.append((m.start(), m.end(), Place("edges", "ring")))
             taken.append((m.start(), m.end()))
     found.sort(key=lambda f: f[0])
+    found = _side_and_middle(clause, found)
     out: list[Place] = []
     dropped: set[int] = set()
     for i, (a, end, place) in enumerate(found):
@@ -288,7 +330,9 @@ def segments(text: str) -> list[Segment]:
             continue
         group, exception, pieces = 0, False, []
         pos = 0
-        for m in list(_BOUNDARY.finditer(sentence)) + [None]:
+        # "on the right side, around the middle" is one place: not cut at its comma
+        refined = [(p.start, p.refined_end) for p in find_places(sentence) if p.refined_end]
+        for m in [m for m in _BOUNDARY.finditer(sentence) if not any(a < m.start() < b for a, b in refined)] + [None]:
             end = m.start() if m else len(sentence)
             chunk = sentence[pos:end]
             if chunk.strip():

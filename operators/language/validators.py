@@ -31,9 +31,11 @@ named region changed, and :func:`validate_text` checks a text against those fact
 ``magnitude``  CAR bins of JL1-CD: small < ``small_car`` (0.05) <= medium < ``large_car`` (0.2) <= large.
                "large-scale / extensive / widespread / a considerable portion" on a small-bin mask,
                "most of the image" below ``most_car``, "small / localized / minor / modest / tiny" on a
-               large-bin mask (medium accepts both: one bin of tolerance), and words that deny almost
-               all change ("negligible", "barely anything", "a tiny patch", "very little") from the
-               medium bin up, when they speak of the whole image.
+               large-bin mask (medium accepts both: one bin of tolerance; "small" only as an amount,
+               said of the change or an area, not of objects: "small houses"), and words that deny almost
+               all change ("negligible", "barely anything", "hardly affects", "a tiny patch", "very
+               little") from the medium bin up, when they speak of the whole image (an answer to "how
+               much changed?" does; one to "how much changed in the west?" does not).
 ``counts``     a stated number of objects ("three new buildings", "a single road", "half a dozen", "18 to
                20 houses", "several", "many", "dozens") in a segment that asserts change, against the
                number of changed components: a number n passes when ``|n - c| <= max(count_abs_tol,
@@ -259,7 +261,11 @@ GLOBAL_NO_CHANGE = re.compile(
     r"( been)? ?(built|constructed|added|visible|appeared|appear)?)?\b"
     r"|(image|scene|area|landscape|everything|view|neighbou?rhood|region|site|tile|frame|picture|photo)s? "
     r"(appears? |looks? |seems? )?(to )?(remains?|stays?|is|are|looks?|appears?|be)? ?"
-    r"(largely |essentially |virtually |basically |entirely |completely |exactly )?(unchanged|the same|identical)"
+    r"(largely |essentially |virtually |basically |entirely |completely |exactly )?(unchanged|the same|identical|"
+    r"as (it|they) (was|were)|as before)"
+    r"|\b(amount|extent|degree|scale) of change (\w+ ){0,4}?(is|was) (nil|zero|none|non-?existent)"
+    r"|\b(changes?|differences?) (between (the )?(two )?(dates|images|photos|scenes|years) )?(is|are|was|were) "
+    r"(nil|zero|none|non-?existent)"
     r"|(^|\b)(remains?|stays?) (the same|unchanged)\b"
     r"|no change (occurred|is visible|happened|took place)? ?anywhere)")
 _ENTIRE = re.compile(r"\b((entire|whole) (image|scene|area|frame|view|tile)|(throughout|all over) the "
@@ -473,19 +479,57 @@ _MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?(majority|bu
                    r"(nearly|almost|virtually) (all|the entire|the whole) (of the )?(image|scene|area))\b")
 # Graded small-magnitude words: "small / minor / modest" are wrong on a large-bin mask; "negligible / barely
 # anything / a tiny patch" deny almost all change and are wrong from the medium bin up.
+# "Small" is an amount when it sizes an area or the change ("a small spot", "small changes") or is said of the
+# change itself ("the amount of change here is small", "the new construction is fairly small"); said of objects
+# ("small houses were built", "the new houses are small") it is their size.
 _SMALL = re.compile(r"\b(small[- ]scale|locali[sz]ed|minor|limited|slight(ly)?|tiny|negligible|marginal|modest|"
-                    r"small (portion|part|area|patch|fraction|share|change|changes|amount|proportion))\b")
+                    r"small (portion|part|area|patch|patches|spot|spots|fraction|share|change|changes|amount|proportion|"
+                    r"modifications?|alterations?|differences?|section|piece|zone|strip|extent|degree))\b")
+_SMALL_PREDICATE = re.compile(r"^(?P<subject>.*?)\b(is|are|was|were|seems?|appears?|looks?|remains?)( (very|rather|quite|"
+                              r"fairly|relatively|pretty|only|comparatively|overall))? (?P<word>small|minor|limited|"
+                              r"slight|tiny|modest|minimal)\b")
+# What may follow the subject's head noun before its verb: "the amount [of change] [in this area] is small".
+_SUBJECT_TAIL = re.compile(r"(\s+(here|there|overall|now|in (this|that|the|each) [\w-]+( of (the )?[\w-]+)?|between "
+                           r"(the )?(two )?[\w-]+|across (the )?[\w-]+|of (the )?(new )?(change|changes|construction|"
+                           r"development|modifications?|alterations?)))+\s*$")
+_AMOUNT_HEAD = re.compile(r"\b(amount|extent|scale|degree|share|proportion|changes?|modifications?|alterations?|"
+                          r"differences?|construction|development|transformation|footprint|(changed|affected|modified|"
+                          r"built[- ]up) (area|region|part|portion|surface)|(area|region|part|portion|surface) (affected|"
+                          r"changed|modified))\s*$")
+# A question about the amount makes its answer's "very little" / "minor" speak of the change.
+_AMOUNT_QUESTION = re.compile(r"\b(how (much|extensive|large|big|significant|widespread|substantial)|to what (extent|"
+                              r"degree)|(large|small)[- ]scale|extent|amount|magnitude|scale)\b")
+# Words that make a segment speak of the change (beyond the change words themselves).
+_ABOUT_CHANGE = re.compile(r"\b(it|this|differences?|modifications?|modif(y|ies|ied)|alterations?|alters?|affects?|"
+                           r"amount|extent)\b")
+
+
+def _small_amount(c: str):
+    """"Small" (or minor, limited, ...) predicated of the change or its amount, not of objects."""
+    m = _SMALL_PREDICATE.search(c)
+    if not m:
+        return None
+    subject = _SUBJECT_TAIL.sub("", m.group("subject").rstrip())
+    return m if _AMOUNT_HEAD.search(subject) else None
+
+
 _NEAR_NONE = re.compile(r"\b(negligible|minimal|insignificant|minuscule|trivial|(barely|hardly|scarcely) (any|anything|"
-                        r"noticeable|visible|perceptible)|(almost|virtually|practically) nothing|next to nothing|very "
+                        r"noticeable|visible|perceptible|affect(s|ed)?|alter(s|ed)?|change(s|d)?|touch(es|ed)?|"
+                        r"modif(y|ies|ied))|(almost|virtually|practically) nothing|next to nothing|very "
                         r"(little|small|minor|slight)|(tiny|very small) (patch|patches|spot|spots|change|changes|area|"
                         r"fraction|portion|part|amount|bit))\b")
 
 
-def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
+def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     car, out = facts["car"], []
+    # An answer to "how much changed in the west?" speaks of the west: not checked against the whole image.
+    question_places = find_places(question.lower()) if question else []
+    amount_question = bool(question) and bool(_AMOUNT_QUESTION.search(question.lower())) and not question_places
     for s in segments(text):
         c = s.text
-        about_change = bool(CHANGE_CUE.search(c)) or bool(re.search(r"\b(it|this|differences?)\b", c))
+        if question_places and not s.places:
+            continue
+        about_change = amount_question or bool(CHANGE_CUE.search(c)) or bool(_ABOUT_CHANGE.search(c))
         # Near-"no change" words deny the change themselves ("barely anything changed"): read before the
         # negation test below. About the whole image only: "hardly any change in the north" is the location
         # rule's business.
@@ -504,6 +548,9 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violat
         if (m := _LARGE.search(c)) and car < cfg.small_car:
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
+        elif (m := _small_amount(c)) and car >= cfg.large_car and not s.places:  # of a place: not the whole's
+            out.append(Violation("magnitude", f"{m.group('word')!r} said of the change, but the change area ratio is "
+                                              f"{100 * car:.1f}% (large bin: >= {100 * cfg.large_car:g}%)"))
         elif (m := _SMALL.search(c)) and car >= cfg.large_car and about_change:
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(large bin: >= {100 * cfg.large_car:g}%)"))
@@ -676,7 +723,7 @@ def validate_text(text: str, facts: dict, question: str | None = None, qtype: st
     if "location" in rules:
         found += check_location(text, facts, cfg, question, qtype)
     if "magnitude" in rules:
-        found += check_magnitude(text, facts, cfg)
+        found += check_magnitude(text, facts, cfg, question)
     if "counts" in rules:
         found += check_counts(text, facts, cfg, question)
     if "existence" in rules:

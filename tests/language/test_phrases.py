@@ -46,3 +46,28 @@ def test_find_places(phrase, regions):
 ])
 def test_segment_polarity(text, expected):
     assert [(s.polarity, [p.name for p in s.places]) for s in segments(text)] == expected
+
+
+@pytest.mark.parametrize("phrase, regions", [
+    # a side refined by "the middle" is the side's middle cell ...
+    ("is there any change on the right side of the image, around the middle?", [("cell:right", None)]),
+    ("at the bottom, in the middle", [("cell:lower", None)]),
+    ("in the middle, along the left edge", [("edge:left&cell:left", None)]),
+    # ... but a list of places is not
+    ("on the right side and in the middle", [("third:right", None), ("cell:center", None)]),
+    ("at the top, in the middle and at the bottom", [("third:upper", None), ("cell:center", None),
+                                                     ("third:lower", None)]),
+])
+def test_side_refined_by_the_middle(phrase, regions):
+    assert [(p.region, p.alt) for p in find_places(phrase)] == regions
+
+
+@pytest.mark.parametrize("text, polarities", [
+    ("a new house stands where the field was empty before", ["pos"]),
+    ("the roads are exactly as they were", ["neg"]),
+    ("the amount of change is nil", ["neg"]),
+    ("the buildings are the same as in the first image, and the change is zero", ["neg", "neg"]),
+    ("the field was empty before and is empty now", ["neg"]),
+])
+def test_before_state_and_no_change_words(text, polarities):
+    assert [s.polarity for s in segments(text)] == polarities
