@@ -298,7 +298,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
-    trusted = confirmed(supported(shifts), cfg.max_residual_px)
+    agreed = supported(shifts)
+    trusted = confirmed(agreed, cfg.max_residual_px)
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
@@ -309,7 +310,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
-    corner = corner_residual(trusted, w, h)
+    # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
+    # ones out, and near a corner a real error may show in too few windows to form a region.
+    corner = corner_residual(agreed, w, h)
     reason = None
     if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
