@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,3 +194,14 @@ class LocalRayCluster:
             raise RuntimeError(f"ray {' '.join(args[:3])} failed ({proc.returncode}):\n"
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return proc.stdout + proc.stderr if both else proc.stdout
+
+
+@contextmanager
+def two_node_cluster():
+    """A head with one CPU and one worker node ``w1`` with one CPU, torn down afterwards."""
+    c = LocalRayCluster(head_cpus=1)
+    try:
+        c.add_node("w1", cpus=1)
+        yield c
+    finally:
+        c.shutdown()

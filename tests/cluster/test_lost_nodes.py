@@ -17,7 +17,7 @@ import pytest
 from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table, table_key
-from tests.cluster.local_cluster import LocalRayCluster
+from tests.cluster.local_cluster import LocalRayCluster, two_node_cluster
 from tests.cluster.test_submitted_jobs import NAIP, REPO, s3_env
 from tests.conftest import DATA
 
@@ -31,12 +31,8 @@ IN_FLIGHT_S = 3.0         # a reply this close to the kill may not have reached 
 
 @pytest.fixture
 def cluster(s3_endpoint):
-    c = LocalRayCluster(head_cpus=1)
-    try:
-        c.add_node("w1", cpus=1)
+    with two_node_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 def upload_inputs(s3_client, bucket: str) -> tuple[str, str, set[str]]:
@@ -144,7 +140,8 @@ def drivers(cluster: LocalRayCluster, script: str) -> list[psutil.Process]:
     return out
 
 
-def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, openai_server):
+def start_both(cluster, s3_client, s3_bucket, openai_server):
+    """Upload the inputs, submit both jobs, return once ten LLM replies are in (work in flight)."""
     archive, levir, names = upload_inputs(s3_client, s3_bucket)
     cmds = commands(archive, levir, s3_bucket)
     openai_server.configure(latency_ms=LATENCY_MS)
@@ -153,6 +150,11 @@ def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, ope
     jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
             for name, cmd in cmds.items()}
     wait_for_replies(openai_server, 10)
+    return names, cmds, env, jobs
+
+
+def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, openai_server):
+    names, cmds, env, jobs = start_both(cluster, s3_client, s3_bucket, openai_server)
     assert cluster.kill_node("w1") > 0
     kill_time = time.time()
     cluster.add_node("w2", cpus=1)          # the autoscaler's replacement
@@ -162,14 +164,7 @@ def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, ope
 
 
 def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, openai_server):
-    archive, levir, names = upload_inputs(s3_client, s3_bucket)
-    cmds = commands(archive, levir, s3_bucket)
-    openai_server.configure(latency_ms=LATENCY_MS)
-    env = {"pairs": s3_env(), "captions": {**s3_env(), "OPENAI_BASE_URL": openai_server.base_url,
-                                           "OPENAI_API_KEY": "test-key"}}
-    jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
-            for name, cmd in cmds.items()}
-    wait_for_replies(openai_server, 10)
+    names, cmds, env, jobs = start_both(cluster, s3_client, s3_bucket, openai_server)
     victims = drivers(cluster, "jobs/caption.py") + drivers(cluster, "jobs/build_pairs.py")
     assert victims, "no driver process found"
     for p in victims:

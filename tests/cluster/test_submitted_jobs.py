@@ -11,7 +11,7 @@ import pytest
 from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table
-from tests.cluster.local_cluster import LocalRayCluster
+from tests.cluster.local_cluster import LocalRayCluster, two_node_cluster
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.slow
@@ -29,12 +29,8 @@ def s3_env() -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(s3_endpoint):
-    c = LocalRayCluster(head_cpus=1)
-    try:
-        c.add_node("w1", cpus=1)
+    with two_node_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 def upload_folder(s3_client, bucket: str, folder: Path, prefix: str) -> int:
