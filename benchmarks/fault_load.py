@@ -20,7 +20,7 @@ needs a type and a message. Ends with one line:
 ``pairs=<n> lost=<n> duplicates=<n> rpm_over=<n> fault_slowdown=<wall with faults / wall without>``
 (lost, duplicates and rpm_over summed over both runs).
 
-    python -m benchmarks.fault_load                 # 2,000 pairs, RPM 1200: ~3 + 4 minutes
+    python -m benchmarks.fault_load                 # 2,000 pairs, RPM 900: ~5.5 + 5 minutes
     python -m benchmarks.fault_load --pairs 300 --rpm 600   # a quick look
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def check_outputs(out: Path, ids: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=2000)
-    ap.add_argument("--rpm", type=float, default=1200, help="the job's --rpm (binding: the pool would go faster)")
+    ap.add_argument("--rpm", type=float, default=900, help="the job's --rpm (binding: the pool would go faster)")
     ap.add_argument("--timeout-s", type=float, default=4.0, help="the job's per-request timeout")
     ap.add_argument("--server-timeout-s", type=float, default=10.0, help="how long an injected timeout holds")
     ap.add_argument("--latency-ms", type=float, default=100.0, help="the test server's reply latency")
