@@ -287,7 +287,10 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
     reporter = ProgressReporter(limiter, progress_every_s, len(todo))
     reporter.start()
     try:
-        ds.write_datasink(sink)
+        # A quarter CPU: a default write task wants a whole one, which Ray Data's per-operator
+        # budget on a small node only frees when the stages are done; every row then waited in
+        # the object store until the end instead of streaming to the tables.
+        ds.write_datasink(sink, ray_remote_args={"num_cpus": 0.25})
     finally:
         reporter.stop.set()
     return sink.counts
