@@ -264,14 +264,21 @@ class ProgressReporter(threading.Thread):
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
 
 
+def block_count(n_items: int, rows_per_block: int) -> int:
+    """Blocks of at most ``rows_per_block`` items (the LLM pool's batch size). Each prepared pair
+    carries its encoded images (hundreds of KB) and the object store holds the blocks in flight
+    between the stages, so a block must not grow with the input: a fixed 64 blocks (below 2,048
+    pairs) made 2,000 pairs hold 4.2x the store of 200 (benchmarks/memory_scale.py)."""
+    return max(1, -(-n_items // max(1, rows_per_block)))
+
+
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
                limiter, progress_every_s: float) -> dict[str, int]:
     """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
     Returns rows written per table. (Shared with the QA job.) The rate limiter is left running: it is
     the account's, shared by every job against the same endpoint and key."""
     import ray.data
-    # Small blocks: each prepared pair carries its encoded images (hundreds of KB).
-    ds = ray.data.from_items(todo, override_num_blocks=max(1, min(len(todo), max(64, len(todo) // 32))))
+    ds = ray.data.from_items(todo, override_num_blocks=block_count(len(todo), pool.batch_size))
     # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
     # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
     ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs, num_cpus=0.5)
@@ -280,7 +287,10 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
     reporter = ProgressReporter(limiter, progress_every_s, len(todo))
     reporter.start()
     try:
-        ds.write_datasink(sink)
+        # A quarter CPU: a default write task wants a whole one, which Ray Data's per-operator
+        # budget on a small node only frees when the stages are done; every row then waited in
+        # the object store until the end instead of streaming to the tables.
+        ds.write_datasink(sink, ray_remote_args={"num_cpus": 0.25})
     finally:
         reporter.stop.set()
     return sink.counts
@@ -314,6 +324,18 @@ def generate_and_judge_stages(cfg: CaptionJobConfig, base_url: str, common: dict
                          handle_result=partial(handle, prompts), llm=_llm_config(cfg, base_url, model),
                          **common)
     return stage(generate, cfg.model), stage(judge, cfg.judge_model or cfg.model)
+
+
+def summary_rows(out: Store, table: str, columns: list[str], run_id: str | None = None) -> list[dict]:
+    """The ``columns`` of a table's current state (only ``run_id``'s rows if given), as dicts: the
+    driver reads what the summary and the LEVIR-CC file need, not every column of every row."""
+    import pyarrow.compute as pc
+    t = read_table(out, table, TABLE_SCHEMAS[table], columns=[*columns, "run_id"])
+    if t is None:
+        return []
+    if run_id is not None:
+        t = t.filter(pc.equal(t.column("run_id"), run_id))
+    return t.select(columns).to_pylist()
 
 
 def run(cfg: CaptionJobConfig) -> dict:
@@ -352,23 +374,20 @@ def run(cfg: CaptionJobConfig) -> dict:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
-    pairs_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"])
-    pair_rows = pairs_table.to_pylist() if pairs_table is not None else []
+    pair_rows = summary_rows(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
     resolve_errors(out, [p["pair_id"] for p in pair_rows], run_id, job=JOB)
     out.write_bytes(LEVIR_CC_FILE, json.dumps(levir_cc_document(pair_rows), indent=1).encode())
-    usage_table = read_table(out, "usage", TABLE_SCHEMAS["usage"])
-    usage_rows = [r for r in (usage_table.to_pylist() if usage_table is not None else []) if r["run_id"] == run_id]
-    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"])  # current state
-    error_rows = errors_table.to_pylist() if errors_table is not None else []
-    caption_table = read_table(out, "captions", TABLE_SCHEMAS["captions"])
-    this_run = [r for r in (caption_table.to_pylist() if caption_table is not None else []) if r["run_id"] == run_id]
+    usage_rows = summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
+                                             "completion_tokens", "cost_usd"], run_id)
+    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["item"])  # current state
+    this_run = summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id)
     summary = {"validators": cfg.validators,
                "validator_caught": rule_counts(json.loads(r["validator_violations"]) for r in this_run
                                                if r["validator_violations"]),
                "validator_rejected": sum(1 for r in this_run if r["validator_ok"] is False and cfg.validators == "reject"),
                "run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
-               "pairs_finished_total": len(pair_rows), "errors": len(error_rows),
+               "pairs_finished_total": len(pair_rows), "errors": 0 if errors_table is None else errors_table.num_rows,
                "rows_written": counts, "usage": summarize_usage(usage_rows)}
     return summary
 

@@ -10,12 +10,18 @@ the upper part of their range so that some fall below 7 and ties occur.
 Faults are injected at runtime through ``POST /control/faults`` (or ``--faults '<json>'``):
 
     {"latency_ms": 50, "reject_json_schema": false, "retry_after_s": 1, "timeout_s": 30,
-     "faults": [{"kind": "429"|"500"|"400"|"timeout"|"malformed"|"wrong_count", "rate": 0.2,
+     "faults": [{"kind": "429"|"500"|"502"|"503"|"400"|"timeout"|"malformed"|"wrong_count", "rate": 0.2,
                  "match": "<substring of the X-Changeforge-Item header, optional>",
-                 "match_text": "<substring of the prompt text, optional>"}]}
+                 "match_text": "<substring of the prompt text, optional>"}],
+     "fault_seed": 0, "fault_draw": "independent"}
 
 Whether a fault fires is a deterministic draw from (request hash, how often that exact request was
-seen, fault kind), so a retried request can succeed and two runs of a test behave the same.
+seen, fault kind, ``fault_seed``), so a retried request can succeed and two runs with one seed behave
+the same. ``fault_draw`` ``independent`` (default) draws each fault on its own, in list order (the
+first that fires wins, so later rates are effectively a little lower); ``exclusive`` draws once per
+request and splits [0, 1) by the listed rates, so each kind fires at exactly its rate (a fault mix:
+10 % 429 + 5 % 5xx + ... with the rates summing to at most 1). Any 5xx kind (``"500"``, ``"503"``)
+answers with that status; an injected 429 carries ``Retry-After: retry_after_s``.
 
 Provider behaviour, also set through ``/control/faults``:
 
@@ -67,7 +73,7 @@ def _digest(*parts: object) -> int:
 DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s": 1, "timeout_s": 30.0,
                   "faults": [], "rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60.0, "image_base": 85,
                   "image_per_tile": 170, "reject_params": [], "reject_strict": False, "omit_usage": False,
-                  "default_max_tokens": 4096}
+                  "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent"}
 
 
 class ServerState:
@@ -243,14 +249,23 @@ class ReplyMaker:
 
 
 def _fault_for(state: ServerState, key: str, seen: int, item: str, text: str) -> str | None:
-    for fault in state.config.get("faults", []):
+    cfg = state.config
+    seed = int(cfg.get("fault_seed") or 0)
+    salt = (seed,) if seed else ()   # seed 0 keeps the draws tests were written against
+    exclusive = cfg.get("fault_draw") == "exclusive"
+    u, edge = (_digest(key, seen, "exclusive", *salt) % 10_000), 0.0
+    for fault in cfg.get("faults", []):
         match, match_text = fault.get("match"), fault.get("match_text")
         if match and match not in item:
             continue
         if match_text and match_text not in text:
             continue
         rate = float(fault.get("rate", 1.0))
-        if (_digest(key, seen, fault["kind"]) % 10_000) < rate * 10_000:
+        if exclusive:
+            edge += rate
+            if u < edge * 10_000:
+                return fault["kind"]
+        elif (_digest(key, seen, fault["kind"], *salt) % 10_000) < rate * 10_000:
             return fault["kind"]
     return None
 
@@ -331,9 +346,9 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     if fault == "400":
         state.by_status[400] += 1
         return _error(400, "invalid request (injected)")
-    if fault == "500":
-        state.by_status[500] += 1
-        return _error(500, "internal error (injected)")
+    if fault and fault.isdigit() and fault.startswith("5"):
+        state.by_status[int(fault)] += 1
+        return _error(int(fault), "server error (injected)")
     if fault == "timeout":
         state.by_status["timeout"] += 1
         await asyncio.sleep(float(cfg.get("timeout_s", 30)))

@@ -400,8 +400,10 @@ class LLMCaller:
                         raise TransportError(f"HTTP 429 after {rate_limited} attempts") from None
                     retry_after = _retry_after(exc.headers)
                     if self.lease.limiter is not None:
-                        await self.lease.throttle(retry_after)   # the whole pool waits, then slows down
-                        await asyncio.sleep(random.uniform(0, 0.05))
+                        # A storm: the whole pool waits, then slows down (own_wait 0: the lease waits).
+                        # A scattered 429: only this request waits its Retry-After.
+                        own_wait = await self.lease.throttle(retry_after)
+                        await asyncio.sleep(own_wait + random.uniform(0, 0.05 + 0.1 * own_wait))
                     else:
                         await self._backoff(rate_limited, retry_after)
                     continue

@@ -15,10 +15,14 @@ Bucket shape: capacity ``burst = max(1, rate_per_s * burst_s)`` and refill ``(li
 second, so that no 60 s window ever holds more than ``limit`` (burst + 60 s of refill = limit), aimed
 1% low (``safety``) for arrival jitter.
 
-A 429 slows the whole pool: :meth:`RateLimiterCore.throttle` pauses every grant for the
+A storm of 429s slows the whole pool: :meth:`RateLimiterCore.throttle` pauses every grant for the
 ``Retry-After`` the provider sent (empty buckets afterwards, so the pool resumes at a pace, not a
 burst), then runs at ``backoff_factor`` of the rate (and of the in-flight count), recovering by
-``recover_step`` every ``recover_s`` seconds without a 429 (AIMD, as TCP does).
+``recover_step`` every ``recover_s`` seconds without a storm (AIMD, as TCP does). A 429 is a storm
+unless it is *scattered*: under ``storm_share`` of the attempts finished in the last
+``storm_window_s`` (and at least ``storm_min_requests`` finished). A scattered 429 makes only its own
+request wait its ``Retry-After``: pausing and slowing the pool on each one collapsed it to its
+``min_factor`` floor under a steady 10 % of 429s (benchmarks/fault_load.py: 4 req/s instead of 20).
 
 The actor restarts when it dies (``max_restarts``). A restarted limiter starts with empty buckets,
 which is exactly as safe as running on (the minute before the crash spent at most its burst plus its
@@ -57,6 +61,9 @@ class RateLimits:
     recover_s: float = 10.0       # every this many seconds without a 429 ...
     recover_step: float = 0.1     # ... the factor grows back by this much (up to 1)
     pause_s: float = 1.0          # pause on a 429 without Retry-After
+    storm_share: float = 0.2      # 429s at or above this share of recent attempts: the pool pauses and slows
+    storm_window_s: float = 10.0  # "recent": attempts finished in this many seconds
+    storm_min_requests: int = 20  # fewer finished than this: too little to tell, every 429 is a storm
 
 
 class TokenBucket:
@@ -123,6 +130,8 @@ class RateLimiterCore:
                        "cost_usd": 0.0, "cached": 0, "failed": 0, "throttled": 0, "tokens_charged": 0.0}
         self.started = time.time()
         self.in_flight = 0
+        self.recent_done: collections.deque = collections.deque()   # (time, attempts finished)
+        self.recent_429: collections.deque = collections.deque()    # time of each 429
         self.configure(limits, start_empty=restarted)
 
     def configure(self, limits: RateLimits, start_empty: bool = False) -> None:
@@ -182,6 +191,8 @@ class RateLimiterCore:
         only when positive: the provider does not refund an unused completion cap within the window."""
         self.in_flight = max(0, self.in_flight - n_done)
         self.totals["released"] += n_done
+        if n_done > 0:
+            self.recent_done.append((self.clock(), n_done))
         if token_correction > 0:
             self.tokens.take(token_correction, self.clock())
             self.totals["tokens_charged"] += token_correction
@@ -202,11 +213,25 @@ class RateLimiterCore:
 
     # -- 429 feedback ---------------------------------------------------------------------------
     def throttle(self, retry_after_s: float | None = None) -> float:
-        """The provider said 429: pause the whole pool, then run slower. Returns the pause end (s from now).
-        One storm of 429s (replies to requests already in flight) lowers the rate once."""
+        """The provider said 429. A storm (see the module doc) pauses the whole pool, then runs it
+        slower; one storm (replies to requests already in flight) lowers the rate once. A scattered
+        429 leaves the pool alone. Returns how long the refused request itself must wait before it
+        asks for a permit again: 0 when the pool is paused (its lease waits for the pause)."""
         now = self.clock()
         pause = retry_after_s if retry_after_s is not None else self.limits.pause_s
         self.totals["throttled"] += 1
+        horizon = now - self.limits.storm_window_s
+        while self.recent_done and self.recent_done[0][0] < horizon:
+            self.recent_done.popleft()
+        while self.recent_429 and self.recent_429[0] < horizon:
+            self.recent_429.popleft()
+        self.recent_429.append(now)
+        finished = sum(n for _, n in self.recent_done)
+        scattered = (finished >= self.limits.storm_min_requests
+                     and len(self.recent_429) < self.limits.storm_share * finished)
+        if scattered and now >= self.paused_until:
+            self.totals["scattered_429"] = self.totals.get("scattered_429", 0) + 1
+            return pause
         if now >= self.paused_until:   # a new event, not another reply from the same storm
             self.factor = max(self.limits.min_factor, self.factor * self.limits.backoff_factor)
             if self.requests.unlimited and self.tokens.unlimited:
@@ -221,7 +246,7 @@ class RateLimiterCore:
         self.requests.drain_until(now, self.paused_until)
         self.tokens.drain_until(now, self.paused_until)
         self.last_429 = self.last_recovery = now
-        return self.paused_until - now
+        return 0.0
 
     def _recover(self, now: float) -> None:
         if self.factor >= 1.0 and self.in_flight_cap >= (self.limits.max_in_flight or math.inf):
@@ -403,10 +428,12 @@ class LeaseClient:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_later())
 
-    async def throttle(self, retry_after_s: float | None) -> None:
-        """Tell the pool about a 429 (every actor pauses, then the rate drops)."""
-        if self.limiter is not None:
-            await self._call("throttle", retry_after_s)
+    async def throttle(self, retry_after_s: float | None) -> float:
+        """Tell the pool about a 429 (in a storm every actor pauses, then the rate drops). Returns
+        how long the refused request must wait on its own (a scattered 429: its Retry-After)."""
+        if self.limiter is None:
+            return 0.0
+        return float(await self._call("throttle", retry_after_s) or 0.0)
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self.release_every_s)

@@ -168,6 +168,30 @@ def test_throttle_pauses_then_recovers():
     assert core.factor == pytest.approx(1.0)
 
 
+def test_scattered_429s_do_not_collapse_the_pool_but_a_storm_still_does():
+    """10 % of requests refused at random (benchmarks/fault_load.py): each refused request waits its
+    own Retry-After; the pool neither pauses nor slows. Pausing and slowing on each one drove the
+    pool to its 5 % floor within seconds."""
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(rpm=2400, max_in_flight=0), clock)   # room for 40/s
+    for _ in range(4):                                      # 20 requests/s
+        clock.t += 0.5
+        core.release(core.acquire(10, 0)[0])
+    for _ in range(60):                                     # ... then one in ten refused
+        clock.t += 0.5
+        granted = core.acquire(10, 0)[0]
+        core.release(granted)
+        assert core.throttle(1.0) == pytest.approx(1.0)     # the refused request waits alone
+        assert core.acquire(1, 0)[0] == 1                   # ... and the pool is not paused
+        core.release(1)
+    assert core.factor == 1.0
+    own_waits = [core.throttle(2.0) for _ in range(60)]     # then 60 refused at once: a storm
+    assert own_waits[-1] == 0.0                             # the pool's pause covers the request
+    assert core.factor == pytest.approx(0.7)
+    n, wait = core.acquire(1, 0)
+    assert n == 0 and wait == pytest.approx(2.0)
+
+
 # -- 3. the cache is keyed on the rendered request --------------------------------------------------
 def test_cache_key_covers_rendered_messages_and_endpoint(openai_server, tmp_path):
     cache = ResponseCache(str(tmp_path))

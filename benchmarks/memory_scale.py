@@ -1,0 +1,208 @@
+"""Driver memory and object-store use while the input grows 1x, 3x, 10x (issue 10, item 5).
+
+Two jobs, each run as a user runs it (``python -m jobs.<name>`` in its own process, connected to one
+local Ray that this benchmark starts with ``--num-cpus`` CPUs), three input sizes each:
+
+- the pairs job (regional registration) on ``n`` locations, each a scene pair built by tiling the
+  repository's real imagery (``benchmarks/_scenes.py``: a 3 x 3 mosaic of NAIP, Sentinel-2 and
+  Landsat cells, the later date warped), placed ``--location-km`` apart so every copy is its own
+  location; small geometry (``--scene-px`` scenes, 512 px slices at stride 256, 256 px crops, 512 px
+  tiles) and a graph window of one 1x input (``--window-slices``), so the 3x and 10x runs go
+  through several windows as an archive run does;
+- the captions job on the 12 LEVIR-CD samples repeated under new names (``benchmarks/_levir_repeat.py``)
+  against the OpenAI-compatible test server (test equipment; no faults, no rate limit).
+
+While a job runs, every ``--every-s`` seconds: the resident set of the job's driver process (that
+process only: not its Ray workers) and the object store's bytes in use
+(``object_store_bytes_used`` of the GCS memory-info reply; ``ray.available_resources()`` does not
+move with use in Ray 2.60). Reports each run's peaks, prints a table and ends with one line:
+``pairs_rss_growth=<peak 10x / peak 1x> pairs_store_growth=.. captions_rss_growth=.. captions_store_growth=..``
+(target: at most 1.2 each; object-store peaks under 1 MB count as 1 MB, since a ratio of a few
+kilobytes of Ray's own objects is noise).
+
+    python -m benchmarks.memory_scale                 # 1x = 4 scene pairs (36 slices) and 200 caption pairs
+    python -m benchmarks.memory_scale --pairs-unit 2 --captions-unit 60 --jobs pairs,captions   # quick
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FACTORS = (1, 3, 10)
+STORE_FLOOR = 2**20   # object-store peaks under 1 MB count as 1 MB in the growth ratio
+
+
+# -- inputs ------------------------------------------------------------------------------------------------
+def build_pairs_input(dest: Path, base: Path, n_locations: int, scene_px: int, location_km: float) -> None:
+    """``n_locations`` copies of one tiled real-imagery scene pair, each moved to its own place
+    (transform shifted; names carry the dates: 2017-06-01 and 2020-06-01)."""
+    import rasterio
+    from affine import Affine
+
+    from benchmarks._scenes import write_pair
+    pre, post, _ = write_pair(base, scene_px)
+    dest.mkdir(parents=True, exist_ok=True)
+    per_row = 20
+    for k in range(n_locations):
+        dx, dy = (k % per_row) * location_km * 1000, (k // per_row) * location_km * 1000
+        for src, date in ((pre, "2017-06-01"), (post, "2020-06-01")):
+            path = dest / f"loc{k:03d}_{date}.tif"
+            shutil.copyfile(src, path)
+            with rasterio.open(path, "r+") as ds:
+                t = ds.transform
+                ds.transform = Affine(t.a, t.b, t.c + dx, t.d, t.e, t.f - dy)
+
+
+# -- sampling ------------------------------------------------------------------------------------------------
+class Sampler(threading.Thread):
+    """Peak RSS of one process and peak object-store bytes in use, sampled until stopped."""
+
+    def __init__(self, pid: int, gcs_address: str, every_s: float):
+        super().__init__(daemon=True)
+        import psutil
+        self.proc = psutil.Process(pid)
+        self.gcs_address, self.every_s = gcs_address, every_s
+        self.peak_rss = self.peak_store = 0
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def store_used(self) -> int:
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+        return int(get_memory_info_reply(get_state_from_address(self.gcs_address)).store_stats.object_store_bytes_used)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+            except Exception:  # noqa: BLE001 - the process has ended
+                pass
+            try:
+                self.peak_store = max(self.peak_store, self.store_used())
+            except Exception:  # noqa: BLE001 - a missed sample, not a wrong one
+                pass
+            self.samples += 1
+            self.stop.wait(self.every_s)
+
+
+def run_sampled(name: str, cmd: list[str], env: dict, gcs_address: str, every_s: float, log_path: Path) -> dict:
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = Sampler(proc.pid, gcs_address, every_s)
+        sampler.start()
+        last = time.time()
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if time.time() - last >= 30:
+                last = time.time()
+                print(f"  [{name}] {time.time() - t0:.0f} s, driver peak {sampler.peak_rss / 2**20:.0f} MB, "
+                      f"store peak {sampler.peak_store / 2**20:.1f} MB", flush=True)
+        sampler.stop.set()
+        sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}); see {log_path}")
+    return {"wall": time.time() - t0, "rss": sampler.peak_rss, "store": sampler.peak_store,
+            "samples": sampler.samples}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", default="pairs,captions")
+    ap.add_argument("--pairs-unit", type=int, default=4, help="scene pairs (locations) of the 1x pairs input")
+    ap.add_argument("--scene-px", type=int, default=1024)
+    ap.add_argument("--location-km", type=float, default=30.0)
+    ap.add_argument("--window-slices", type=int, default=36, help="the pairs job's --window-slices")
+    ap.add_argument("--captions-unit", type=int, default=200, help="pairs of the 1x captions input")
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--every-s", type=float, default=0.25)
+    ap.add_argument("--keep", default="", help="keep inputs and outputs in this folder")
+    args = ap.parse_args(argv)
+    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+
+    import ray
+    tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="memory_scale_"))
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    gcs = ray.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items()}
+    env.update(RAY_ADDRESS=gcs, PYTHONPATH=str(REPO), OPENAI_API_KEY="sk-bench-not-a-key")
+    results: dict[tuple[str, int], dict] = {}
+    server = None
+    try:
+        if "captions" in jobs:
+            from tests.openai_test_server import ServerProcess  # test equipment, in its own process
+            server = ServerProcess(latency_ms=50)
+        for job in jobs:
+            for f in FACTORS:
+                inp, out = tmp / f"{job}_{f}x_input", tmp / f"{job}_{f}x_out"
+                shutil.rmtree(out, ignore_errors=True)
+                if job == "pairs":
+                    n = args.pairs_unit * f
+                    build_pairs_input(inp, tmp / "scene", n, args.scene_px, args.location_km)
+                    cmd = [sys.executable, "-m", "jobs.build_pairs", "--input", str(inp), "--output", str(out),
+                           "--slice-size", "512", "--stride", "256", "--crop-size", "256", "--tile-size", "512",
+                           "--reference-date", "2021-01-01", "--window-slices", str(args.window_slices),
+                           "--rows-per-shard", "100"]
+                    size = f"{n} scene pairs"
+                else:
+                    from benchmarks._levir_repeat import build_repeated_levir
+                    n = args.captions_unit * f
+                    if not inp.exists():
+                        build_repeated_levir(inp, n)
+                    cmd = [sys.executable, "-m", "jobs.caption", "--input", str(inp), "--output", str(out),
+                           "--model", "bench-model", "--base-url", server.base_url, "--rpm", "0", "--tpm", "0",
+                           "--progress-every-s", "30"]
+                    size = f"{n} pairs"
+                print(f"{job} {f}x ({size}) ...", flush=True)
+                r = run_sampled(f"{job} {f}x", cmd, env, gcs, args.every_s, tmp / f"{job}_{f}x.log")
+                r["size"] = size
+                r["rows"] = _output_rows(job, out)
+                results[(job, f)] = r
+                print(f"  done in {r['wall']:.1f} s: driver peak {r['rss'] / 2**20:.0f} MB, "
+                      f"store peak {r['store'] / 2**20:.1f} MB, {r['rows']}", flush=True)
+    finally:
+        if server is not None:
+            server.close()
+        ray.shutdown()
+
+    print()
+    print("| job | input | output rows | wall s | driver peak RSS MB | object store peak MB | samples |")
+    print("|---|---|---|---|---|---|---|")
+    for (job, f), r in results.items():
+        print(f"| {job} {f}x | {r['size']} | {r['rows']} | {r['wall']:.1f} | {r['rss'] / 2**20:.0f} | "
+              f"{r['store'] / 2**20:.2f} | {r['samples']} |")
+    parts = []
+    for job in jobs:
+        lo, hi = results[(job, FACTORS[0])], results[(job, FACTORS[-1])]
+        parts.append(f"{job}_rss_growth={hi['rss'] / max(lo['rss'], 1):.2f}")
+        # Under 1 MB the store holds only Ray's own small objects: below that a ratio is noise.
+        parts.append(f"{job}_store_growth={max(hi['store'], STORE_FLOOR) / max(lo['store'], STORE_FLOOR):.2f}")
+    print(" ".join(parts))
+    return 0
+
+
+def _output_rows(job: str, out: Path) -> str:
+    from operators.io.storage import Store
+    from operators.io.tables import read_table
+    store = Store(str(out))
+    tables = ("metadata", "errors") if job == "pairs" else ("pairs", "captions", "errors")
+    counts = []
+    for name in tables:
+        t = read_table(store, name)
+        counts.append(f"{name} {0 if t is None else t.num_rows}")
+    return ", ".join(counts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The captions/QA pipeline writes its tables while pairs are still being worked on, not at the end.
+
+On a 2-CPU node the stages' reservations (prepare tasks at half a CPU, LLM actors at a quarter) left
+no whole CPU for a default write task until every pair was done: all rows waited in the object
+store (growing with the input) and reached the output only at the end."""
+import time
+
+import pytest
+
+from jobs.caption import run_stages
+from operators.io.storage import Store
+from operators.io.tables import TableSink, envelope, read_table
+from operators.llm.client import LLMConfig, LLMRequest, Secret
+from operators.llm.stage import PoolConfig, StageSpec
+from operators.llm.usage import USAGE_SCHEMA
+
+pytestmark = pytest.mark.slow
+SCHEMA = {"type": "object", "required": ["answer"], "additionalProperties": False,
+          "properties": {"answer": {"type": "string"}}}
+
+
+def slow_prepare(item: dict) -> list[dict]:
+    time.sleep(0.1)   # reading and encoding a pair's images, which the row then carries
+    return [envelope("_ask", dict(item, images="x" * 300_000))]
+
+
+def build_request(record: dict) -> LLMRequest:
+    return LLMRequest(item=record["pair_id"], schema=SCHEMA, schema_name="answer", cache_parts={},
+                      messages=[{"role": "user", "content": f"What changed in {record['pair_id']}?"}])
+
+
+def handle_result(record: dict, result) -> list[dict]:
+    return [envelope("errors", {"item": record["pair_id"], "stage": "done", "error_type": "Done",
+                                "message": f"answered at {time.time():.3f}"})]
+
+
+def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, openai_server, tmp_path):
+    todo = [{"pair_id": f"p{i:03d}"} for i in range(160)]
+    openai_server.configure(latency_ms=100)
+    stage = StageSpec(name="ask", input_table="_ask", build_request=build_request, handle_result=handle_result,
+                      llm=LLMConfig(model="m", base_url=openai_server.base_url, use_cache=False),
+                      api_key=Secret.from_source("env:CHANGEFORGE_TEST_NO_KEY"))
+    second = StageSpec(**{**stage.__dict__, "name": "again", "input_table": "_again"})
+    stage.handle_result = lambda record, result: [envelope("_again", record)]
+    run_stages(todo, slow_prepare, {}, [stage, second], PoolConfig(batch_size=4, concurrent_batches=2), TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"),
+               limiter=None, progress_every_s=60)
+    rows = read_table(Store(str(tmp_path)), "errors").to_pylist()
+    assert sorted(r["item"] for r in rows) == [t["pair_id"] for t in todo]
+    last_answer = max(float(r["message"].split()[-1]) for r in rows)
+    first_write = min(p.stat().st_mtime for p in (tmp_path / "errors").glob("*.parquet"))
+    assert first_write < last_answer - 1.0
