@@ -48,7 +48,7 @@ def _ensure_ray(num_cpus: int | None) -> None:
 
 def run_change(cfg: ChangeScoreConfig) -> dict:
     """Score change masks; returns the metrics document (also written to ``metrics.json``)."""
-    from operators.scoring.change_ops import (JOB, TABLE_SCHEMAS, aggregations, dumps, metrics_document,
+    from operators.scoring.change_ops import (JOB, TABLE_SCHEMAS, aggregate, dumps, metrics_document,
                                               score_batch, to_envelopes)
     from operators.scoring.masks import MASK_SUFFIXES, match_masks
 
@@ -74,7 +74,7 @@ def run_change(cfg: ChangeScoreConfig) -> dict:
     blocks = max(1, -(-len(items) // max(1, cfg.masks_per_task)))
     scored = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
         score_batch, batch_size=None, batch_format="numpy").materialize()  # rows of counts: small
-    agg = scored.aggregate(*aggregations())
+    agg = aggregate(ray.get(scored.to_arrow_refs()))
     sink = TableSink(out.uri(), TABLE_SCHEMAS, run_id)
     scored.map_batches(to_envelopes, fn_kwargs={"run_id": run_id}, batch_format="numpy").write_datasink(sink)
     for table in ("per_image", "errors"):  # this run's shards replace the previous run's

@@ -80,12 +80,27 @@ def to_envelopes(batch: dict, run_id: str) -> dict:
     return {"_table": [e["_table"] for e in out], "_record": [e["_record"] for e in out]}
 
 
-def aggregations() -> list:
-    """The Ray Data aggregation: summed confusion counts, mean per-image scores, images scored."""
-    from ray.data.aggregate import Mean, Sum
+def aggregate(tables) -> dict:
+    """Summed confusion counts, mean per-image scores (over the images that have one) and images
+    scored, from the scored rows' Arrow blocks. Done on the driver: the rows are a few numbers each
+    and already materialised, and a Ray Data aggregation (a shuffle) cost ~5 s of a 10,000-mask run."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    return [Sum(k, alias_name=k) for k in (*COUNT_KEYS, "scored")] + \
-           [Mean(k, alias_name=f"mean_{k}") for k in SCORE_KEYS]
+    tables = [t for t in tables if t.num_rows]
+    out: dict = {k: 0 for k in (*COUNT_KEYS, "scored")}
+    out.update({f"mean_{k}": None for k in SCORE_KEYS})
+    if not tables:
+        return out
+    t = pa.concat_tables([t.select([*COUNT_KEYS, "scored", *SCORE_KEYS]) for t in tables],
+                         promote_options="permissive")
+    for k in (*COUNT_KEYS, "scored"):
+        out[k] = int(pc.sum(t[k]).as_py() or 0)
+    for k in SCORE_KEYS:
+        col = pc.cast(t[k], pa.float64())
+        col = pc.if_else(pc.is_nan(col), None, col)
+        out[f"mean_{k}"] = pc.mean(col).as_py()
+    return out
 
 
 def metrics_document(agg: dict, n_errors: int) -> dict:
