@@ -41,8 +41,8 @@ from operators.pairs.registration import RegistrationConfig  # noqa: E402
 from operators.pairs.slicing import slice_rows, slice_windows  # noqa: E402
 from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
-from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, error_record,  # noqa: E402
-                                 keyed, new_run_id, read_table, resolve_errors, split_envelopes,
+from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, changed_rows,  # noqa: E402
+                                 error_record, keyed, new_run_id, read_table, resolve_errors, split_envelopes,
                                  stream_dataset_to_tables, write_table_shard)
 
 log = logging.getLogger("changeforge.build_pairs")
@@ -191,7 +191,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
         ).take_all()
         tables = split_envelopes(env_rows)
         scenes, errors = tables.get("scenes", []), tables.get("errors", [])
-        write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
+        write_table_shard(out, "scenes", changed_rows(out, "scenes", scenes, schemas["scenes"]),
+                          schemas["scenes"], run_id)
         resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
 
     # 2. Pair selection (driver: one small record per scene). This run's scenes pair with each
@@ -205,7 +206,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
     pairs = select_pairs(known, pairing, new=new_ids)
     if band_input:  # --max-cloud-cover, then the stretches of the scenes accepted pairs use
         errors.extend(prepare_band_pairs(pairs, known, cloud, job.stretch_percentiles, run_id))
-        write_table_shard(out, "scenes", scenes, schemas["scenes"], run_id)
+        write_table_shard(out, "scenes", changed_rows(out, "scenes", scenes, schemas["scenes"]),
+                          schemas["scenes"], run_id)
         resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
     for s in lonely_scenes(scenes, pairs):
         errors.append(error_record(s["uri"], "pairing", "no other scene covers the same place (footprint "
@@ -236,7 +238,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
             continue
         work.append((p, pre, post, splits[p["location"]]))
         n_todo += sum(f"{p['pair_id']}_r{r:05d}_c{c:05d}" not in finished for c, r, _, _ in windows)
-    write_table_shard(out, "pairs", pairs, schemas["pairs"], run_id)
+    write_table_shard(out, "pairs", changed_rows(out, "pairs", pairs, schemas["pairs"]),
+                      schemas["pairs"], run_id)
     n_acc = sum(p["status"] == "accepted" for p in pairs)
     print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} new candidate pair(s), "
           f"{n_acc} accepted; {n_todo} slice(s) to register, {len(finished)} finished earlier; "

@@ -149,6 +149,24 @@ def write_table_shard(store: Store, table: str, records: list[dict], schema: pa.
     return rel
 
 
+def changed_rows(store: Store, table: str, records: list[dict], schema: pa.Schema) -> list[dict]:
+    """The records that are new or differ (``run_id`` aside) from the table's current state.
+
+    A rerun recomputes some small tables in full (the scenes it re-catalogues, the pairs it
+    re-judges); writing them again would put every row into the history twice, and a reader of the
+    raw Parquet would see duplicates. Unchanged rows are left to the run that wrote them."""
+    key = table_key(schema)
+    current = read_table(store, table) if records and key else None
+    if current is None:
+        return records
+    ignore = {"run_id"}
+    names = [n for n in schema.names if n not in ignore]
+    have = {tuple(r[k] for k in key): {n: r.get(n) for n in names} for r in current.to_pylist()}
+    normal = records_to_table(records, with_run_id(schema)).to_pylist()
+    return [rec for rec, row in zip(records, normal)
+            if have.get(tuple(row[k] for k in key)) != {n: row.get(n) for n in names}]
+
+
 class TableReadError(RuntimeError):
     """A shard that exists but cannot be read: named, never skipped (skipping would hide rows)."""
 

@@ -62,6 +62,21 @@ def test_runs_accumulate_and_one_call_gives_the_current_state(tmp_path):
     assert pq.read_table(str(tmp_path / "t")).num_rows == 4
 
 
+def test_a_rerun_writes_only_new_or_changed_rows(tmp_path):
+    from operators.io.tables import changed_rows, keyed
+    store = Store(str(tmp_path))
+    schema = keyed(SCHEMA, "key")
+    first = [{"key": "a", "value": 1.0, "tags": [1, 2]}, {"key": "b", "value": 1.0, "tags": None}]
+    write_table_shard(store, "t", first, schema, "20260101T000000-aaaaaa")
+    # The same rows recomputed (another run_id, ints where the table holds floats) are not new.
+    again = [{"key": "a", "value": 1, "tags": [1, 2], "run_id": "x"}, {"key": "b", "value": 1.0}]
+    assert changed_rows(store, "t", again, schema) == []
+    changed = {"key": "b", "value": 2.0, "tags": None}
+    new = {"key": "c", "value": 1.0, "tags": []}
+    assert changed_rows(store, "t", again[:1] + [changed, new], schema) == [changed, new]
+    assert changed_rows(store, "nothing", first, schema) == first
+
+
 def test_errors_stay_until_their_item_succeeds(tmp_path):
     from operators.io.tables import resolve_errors
     store = Store(str(tmp_path))
