@@ -216,6 +216,10 @@ def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: s
             prior = MatchPrior.from_bytes(store.read_bytes(prior_rel(cfg, pair)))
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"prior of pair {pair} missing (its tiles failed?)") from exc
+        if prior.for_tile(tc, tr) is None:
+            # No prior for this pair: the first pass's matches are the final ones (stored already).
+            data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
+            return data, len(TileMatches.from_bytes(data))
         feats = _neighbour_features(row, cfg, store)
         matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
         return matches.to_bytes(), len(matches)
