@@ -109,12 +109,17 @@ def test_guided_match_looks_only_near_the_prediction_and_pairs_one_to_one():
     post_xy = pre_xy + np.float32([5, -3])
     post_xy[2] += 40                       # its partner lies far from the prediction
     post_desc = desc.copy()
-    post_desc[4] = desc[3]                 # two post features look like pre feature 3 ...
-    qi, ti, _ = guided_match(pre_xy, desc, post_xy, post_desc, shift, CFG)
+    # A seventh pre feature beside feature 3, looking almost like it: both want post feature 3 ...
+    twin = desc[3].astype(np.int16)
+    twin[0] = min(255, twin[0] + 9)
+    pre_desc = np.vstack([desc, twin.astype(np.uint8)])
+    pre_xy = np.vstack([pre_xy, [[133, 131]]]).astype(np.float32)
+    qi, ti, _ = guided_match(pre_xy, pre_desc, post_xy, post_desc, shift, CFG)
     pairs = dict(zip(qi.tolist(), ti.tolist()))
     assert 2 not in pairs                  # nothing within the radius looks like it
     assert pairs[0] == 0 and pairs[1] == 1 and pairs[5] == 5
-    assert len(set(ti.tolist())) == len(ti)   # ... but each post feature serves one pre feature
+    assert len(set(ti.tolist())) == len(ti)   # ... but each post feature serves one pre feature,
+    assert pairs.get(3) == 3 and 6 not in pairs   # the one it is closest to
 
 
 def test_without_a_prior_the_first_pass_is_used_and_the_prior_round_trips():
