@@ -341,6 +341,7 @@ class LeaseClient:
         self._pending_usage: dict = {}
         self._flusher: asyncio.Task | None = None
         self._flush_lock: asyncio.Lock | None = None
+        self._sync_lock: asyncio.Lock | None = None
 
     async def _call(self, method: str, *args):
         if self.local:
@@ -358,13 +359,20 @@ class LeaseClient:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(2.0, delay * 2)
 
-    async def _sync_epoch(self, epoch: str) -> None:
-        """The limiter is a new instance: hand it the permits granted by the old one and not yet settled."""
-        if self.epoch is not None and epoch != self.epoch:
-            outstanding = self.granted_total - self.settled_total
-            log.warning("rate limiter restarted; re-registering %d permits in flight", outstanding)
-            epoch = await self._call("adopt", outstanding)
-        self.epoch = epoch
+    async def _sync_epoch(self, epoch: str, asked_with: str | None) -> None:
+        """The limiter is a new instance: hand it the permits granted by the old one and not yet settled.
+        A lease and a settle can notice the restart at once; the permits must be handed over once
+        (counted twice, the in-flight count never comes back down and a pool at its cap waits forever)."""
+        if self._sync_lock is None:
+            self._sync_lock = asyncio.Lock()
+        async with self._sync_lock:
+            if self.epoch != asked_with:
+                return                      # another caller has handed them over already: just ask again
+            if self.epoch is not None:
+                outstanding = self.granted_total - self.settled_total
+                log.warning("rate limiter restarted; re-registering %d permits in flight", outstanding)
+                epoch = await self._call("adopt", outstanding)
+            self.epoch = epoch
 
     async def acquire(self, tokens_estimate: float) -> None:
         if self.limiter is None:
@@ -387,15 +395,16 @@ class LeaseClient:
             if not self._queue:
                 return
             batch = [w for w in list(self._queue)[: self.max_lease] if not w[1].done()]
+            asked_with = self.epoch
             try:
-                granted, wait_s, epoch = await self._call("lease", [e for e, _ in batch], self.epoch)
+                granted, wait_s, epoch = await self._call("lease", [e for e, _ in batch], asked_with)
             except Exception as exc:  # noqa: BLE001 - the limiter is gone for good: fail the waiters
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
-            if epoch != self.epoch:
-                await self._sync_epoch(epoch)
+            if epoch != asked_with:
+                await self._sync_epoch(epoch, asked_with)
                 if not granted:
                     continue
             self.granted_total += granted
@@ -450,9 +459,10 @@ class LeaseClient:
                 return
             self._pending_release, self._pending_tokens, self._pending_usage = 0, 0.0, {}
             while True:
-                epoch = await self._call("settle", n, tok, usage, self.epoch)
-                if epoch == self.epoch or self.epoch is None:
-                    self.epoch = epoch
+                asked_with = self.epoch
+                epoch = await self._call("settle", n, tok, usage, asked_with)
+                if epoch == asked_with or asked_with is None:
+                    self.epoch = self.epoch or epoch
                     self.settled_total += n
                     return
-                await self._sync_epoch(epoch)
+                await self._sync_epoch(epoch, asked_with)

@@ -1,7 +1,9 @@
 """Token-bucket bookkeeping of the pool's rate limiter, with a fake clock."""
+import asyncio
+
 import pytest
 
-from operators.llm.ratelimit import RateLimiterCore, RateLimits
+from operators.llm.ratelimit import LeaseClient, RateLimiterCore, RateLimits
 
 
 class Clock:
@@ -75,3 +77,46 @@ def test_release_books_usage_counters():
     s = core.stats()
     assert s["granted"] == 2 and s["released"] == 2 and s["prompt_tokens"] == 30 and s["in_flight"] == 0
     assert s["cost_usd"] == pytest.approx(0.5)
+
+
+class _RemoteMethod:
+    def __init__(self, handle, name):
+        self.handle, self.name = handle, name
+
+    async def remote(self, *args):
+        await asyncio.sleep(0.01)          # a round trip: other coroutines run meanwhile
+        return getattr(self.handle.core, self.name)(*args)
+
+
+class FakeLimiterHandle:
+    """Stands in for the Ray actor handle: every call awaits, and the core can be replaced (restart)."""
+
+    def __init__(self, core):
+        self.core = core
+
+    def __getattr__(self, name):
+        return _RemoteMethod(self, name)
+
+
+def test_restart_hands_over_held_permits_once_even_when_lease_and_settle_both_notice():
+    """After a limiter restart, a lease and a settle in flight at once both see the new epoch; the
+    permits still held must be adopted once. Adopted twice, the in-flight count never comes back
+    down and a pool at its in-flight cap waits forever (a CI hang in test_pool_survives_the_limiter)."""
+    limits = RateLimits(rpm=0, max_in_flight=4)
+    handle = FakeLimiterHandle(RateLimiterCore(limits))
+    client = LeaseClient(handle, release_every_s=0.0)
+
+    async def go():
+        for _ in range(4):
+            await client.acquire(0.0)                 # 4 permits held: the cap
+        handle.core = RateLimiterCore(limits, restarted=True)   # killed and restarted
+        client.release()                              # one request finishes: a settle goes out ...
+        waiter = asyncio.ensure_future(client.acquire(0.0))   # ... while another asks for a permit
+        await asyncio.wait_for(waiter, 5.0)
+        await client.flush()
+        for _ in range(4):
+            client.release()
+        await client.flush()
+        return handle.core.in_flight
+
+    assert asyncio.run(go()) == 0
