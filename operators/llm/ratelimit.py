@@ -24,10 +24,16 @@ unless it is *scattered*: under ``storm_share`` of the attempts finished in the 
 request wait its ``Retry-After``: pausing and slowing the pool on each one collapsed it to its
 ``min_factor`` floor under a steady 10 % of 429s (benchmarks/fault_load.py: 4 req/s instead of 20).
 
+Grants are paced by the buckets, but a provider counts *arrivals*: an actor starved of CPU can hold
+permits for seconds and then send them in a bunch, so a 60 s window of arrivals could hold more than
+any 60 s of grants. So the limiter also keeps the provider's own count (:class:`SendWindow`): clients
+report when each permitted request went out, and a permit is granted only if the sends of the trailing
+60 s, plus every permit granted and not yet reported (it may go out any moment), stay within the limit.
+
 The actor restarts when it dies (``max_restarts``). A restarted limiter starts with empty buckets,
 which is exactly as safe as running on (the minute before the crash spent at most its burst plus its
-refill); clients notice the new instance by its epoch and hand it the permits they still hold, so the
-in-flight count is rebuilt. Its name comes from the endpoint and a hash of endpoint and key
+refill); clients notice the new instance by its epoch and hand it the permits they still hold and their
+sends of the last minute, so the in-flight count and the window are rebuilt. Its name comes from the endpoint and a hash of endpoint and key
 (:func:`limiter_name`, never the key itself) in a fixed namespace, so two jobs against one account on
 one cluster share one budget.
 """
@@ -119,11 +125,79 @@ class TokenBucket:
         return max(0.0, missing / self.refill_per_s)
 
 
+class SendWindow:
+    """The provider's count: requests and tokens that went out in the trailing ``window_s``, plus the
+    permits granted and not yet reported sent or unused (counted as if they went out now)."""
+
+    def __init__(self, window_s: float = 60.0):
+        self.window_s = window_s
+        self.rpm = self.tpm = 0.0             # with the safety margin; 0 = unlimited
+        self.sent: collections.deque = collections.deque()   # (time, requests, tokens)
+        self.sent_requests, self.sent_tokens = 0, 0.0
+        self.unsent_requests, self.unsent_tokens = 0, 0.0
+
+    def _trim(self, now: float) -> None:
+        while self.sent and self.sent[0][0] <= now - self.window_s:
+            _, n, tokens = self.sent.popleft()
+            self.sent_requests -= n
+            self.sent_tokens -= tokens
+
+    def fits(self, now: float, cost: float, more_requests: int, more_tokens: float) -> bool:
+        """Can one more request of ``cost`` tokens go out, after ``more_*`` granted in this call?"""
+        self._trim(now)
+        if self.rpm and self.sent_requests + self.unsent_requests + more_requests + 1 > self.rpm:
+            return False
+        if self.tpm and cost > 0:
+            held = self.sent_tokens + self.unsent_tokens + more_tokens
+            if held + cost > self.tpm and held > 0:   # a request larger than the limit goes alone
+                return False
+        return True
+
+    def wait_s(self, now: float) -> float:
+        """When to ask again: a report of the permits out is due soon; else the oldest send expires."""
+        if self.unsent_requests:
+            return 0.05
+        return max(0.001, self.sent[0][0] + self.window_s - now) if self.sent else 0.05
+
+    def granted(self, n: int, tokens: float) -> None:
+        self.unsent_requests += n
+        self.unsent_tokens += tokens
+
+    def record_sent(self, sends, granted_here: bool = True) -> None:
+        """``sends``: (time, tokens) of requests that went out. ``granted_here``: their permits were
+        counted as unsent by this instance (not by a limiter that has since restarted)."""
+        for t, tokens in sends:
+            self.sent.append((t, 1, tokens))
+            self.sent_requests += 1
+            self.sent_tokens += tokens
+            if granted_here:
+                self.unsent_requests -= 1
+                self.unsent_tokens -= tokens
+        self._clamp()
+
+    def record_unused(self, n: int, tokens: float) -> None:
+        self.unsent_requests -= n
+        self.unsent_tokens -= tokens
+        self._clamp()
+
+    def book_tokens(self, now: float, tokens: float) -> None:
+        """Tokens the provider counted beyond the estimate (an under-estimate), at ``now``."""
+        self.sent.append((now, 0, tokens))
+        self.sent_tokens += tokens
+
+    def _clamp(self) -> None:
+        self.unsent_requests = max(0, self.unsent_requests)
+        self.unsent_tokens = max(0.0, self.unsent_tokens)
+
+
 class RateLimiterCore:
     """The bookkeeping, without Ray (unit-testable with a fake clock; also usable in-process)."""
 
-    def __init__(self, limits: RateLimits, clock=time.monotonic, restarted: bool = False):
+    def __init__(self, limits: RateLimits, clock=time.monotonic, restarted: bool = False, wall=None):
         self.clock = clock
+        # Send times come from the clients' wall clocks; a fake clock (tests) drives both.
+        self.wall = wall or (time.time if clock is time.monotonic else clock)
+        self.window = SendWindow()
         self.epoch = uuid.uuid4().hex[:12]
         self.restarted = restarted
         self.totals = {"granted": 0, "released": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -140,6 +214,8 @@ class RateLimiterCore:
         margin = 1.0 - limits.safety
         self.requests = TokenBucket(limits.rpm * margin, limits.burst_s, now, start_empty)
         self.tokens = TokenBucket(limits.tpm * margin, limits.burst_s, now, start_empty)
+        self.window.rpm = limits.rpm * margin if limits.rpm and limits.rpm > 0 else 0.0
+        self.window.tpm = limits.tpm * margin if limits.tpm and limits.tpm > 0 else 0.0
         self.factor = 1.0
         self.in_flight_cap = float(limits.max_in_flight) if limits.max_in_flight else math.inf
         self.paused_until = now
@@ -157,25 +233,34 @@ class RateLimiterCore:
         self._recover(now)
         if now < self.paused_until:
             return 0, self.paused_until - now, self.epoch
+        wall = self.wall()
         room = self.in_flight_cap - self.in_flight
         by_requests = self.requests.available(now)
-        granted = 0
+        granted, granted_tokens, window_full = 0, 0.0, False
         while granted < len(estimates) and granted < room and granted + 1 <= by_requests:
             cost = estimates[granted]
+            if not self.window.fits(wall, max(cost, 0.0), granted, granted_tokens):
+                window_full = True
+                break
             if cost > 0 and not self.tokens.unlimited:
                 # A request larger than the whole bucket still passes once the bucket is full.
                 if self.tokens.available(now) < min(cost, self.tokens.capacity):
                     break
                 self.tokens.take(cost, now)
             granted += 1
+            granted_tokens += max(cost, 0.0)
             self.totals["tokens_charged"] += max(cost, 0.0)
         if granted:
             self.requests.take(granted, now)
+            self.window.granted(granted, granted_tokens)
             self.in_flight += granted
             self.totals["granted"] += granted
             return granted, 0.0, self.epoch
         if room <= 0:
             return 0, 0.02, self.epoch
+        if window_full:
+            self.totals["window_waits"] = self.totals.get("window_waits", 0) + 1
+            return 0, self.window.wait_s(wall), self.epoch
         wait = max(self.requests.seconds_until(1, now),
                    self.tokens.seconds_until(estimates[0], now) if estimates else 0.0)
         return 0, max(0.001, wait), self.epoch
@@ -184,6 +269,8 @@ class RateLimiterCore:
         """``n`` requests of ``tokens_each`` tokens (or one estimate per request): (granted, wait_s)."""
         estimates = list(tokens_each) if isinstance(tokens_each, (list, tuple)) else [tokens_each] * n
         granted, wait, _ = self.lease(estimates[:n])
+        wall = self.wall()     # in-process callers send at once
+        self.window.record_sent([(wall, max(e, 0.0)) for e in estimates[:granted]])
         return granted, wait
 
     def release(self, n_done: int, token_correction: float = 0.0, usage: dict | None = None) -> None:
@@ -195,20 +282,30 @@ class RateLimiterCore:
             self.recent_done.append((self.clock(), n_done))
         if token_correction > 0:
             self.tokens.take(token_correction, self.clock())
+            self.window.book_tokens(self.wall(), token_correction)
             self.totals["tokens_charged"] += token_correction
         for k, v in (usage or {}).items():
             self.totals[k] = self.totals.get(k, 0) + v
 
-    def settle(self, n_done: int, token_correction: float, usage: dict | None, epoch: str | None) -> str:
-        """:meth:`release` from a client that knows ``epoch``; refused (nothing booked) if stale."""
+    def settle(self, n_done: int, token_correction: float, usage: dict | None, epoch: str | None,
+               sends=(), unused: tuple[int, float] = (0, 0.0)) -> str:
+        """:meth:`release` from a client that knows ``epoch``, with the (time, tokens) of the permitted
+        requests that went out and the count and tokens of permits given back unused. Refused (nothing
+        booked) if ``epoch`` is stale."""
         if epoch is not None and epoch != self.epoch:
             return self.epoch
+        self.window.record_sent(sends)
+        self.window.record_unused(*unused)
         self.release(n_done, token_correction, usage)
         return self.epoch
 
-    def adopt(self, outstanding: int) -> str:
-        """A client of an earlier instance still holds ``outstanding`` permits: count them."""
+    def adopt(self, outstanding: int, unreported: tuple[int, float] = (0, 0.0), recent_sends=()) -> str:
+        """A client of an earlier instance still holds ``outstanding`` permits, of which ``unreported``
+        (count, tokens) are not yet reported sent or unused, and sent ``recent_sends`` in the last
+        minute: count them all, so neither the in-flight cap nor the window starts blind."""
         self.in_flight += max(0, int(outstanding))
+        self.window.granted(*unreported)
+        self.window.record_sent(recent_sends, granted_here=False)
         return self.epoch
 
     # -- 429 feedback ---------------------------------------------------------------------------
@@ -342,6 +439,13 @@ class LeaseClient:
         self._flusher: asyncio.Task | None = None
         self._flush_lock: asyncio.Lock | None = None
         self._sync_lock: asyncio.Lock | None = None
+        # The provider's count (see SendWindow): when each permitted request went out, reported with the
+        # next flush; permits given back unused; what is granted and not yet reported; the sends the
+        # limiter has booked in the last minute (handed to a restarted limiter).
+        self._sends: list = []                 # (wall time, tokens)
+        self._unused = [0, 0.0]
+        self._unreported = [0, 0.0]
+        self._booked_sends: collections.deque = collections.deque()
 
     async def _call(self, method: str, *args):
         if self.local:
@@ -371,7 +475,10 @@ class LeaseClient:
             if self.epoch is not None:
                 outstanding = self.granted_total - self.settled_total
                 log.warning("rate limiter restarted; re-registering %d permits in flight", outstanding)
-                epoch = await self._call("adopt", outstanding)
+                horizon = time.time() - 60.0
+                while self._booked_sends and self._booked_sends[0][0] <= horizon:
+                    self._booked_sends.popleft()
+                epoch = await self._call("adopt", outstanding, tuple(self._unreported), list(self._booked_sends))
             self.epoch = epoch
 
     async def acquire(self, tokens_estimate: float) -> None:
@@ -385,8 +492,18 @@ class LeaseClient:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.release()   # granted just as we were cancelled: the permit goes back
+                self._give_back(tokens_estimate)   # granted just as we were cancelled
             raise
+        # The caller sends now (nothing awaits between here and the request going out): this is the
+        # time the provider counts, however long the permit took to reach a CPU-starved actor.
+        self._sends.append((time.time(), max(tokens_estimate, 0.0)))
+        self._schedule_flush()
+
+    def _give_back(self, tokens_estimate: float) -> None:
+        """A granted permit that will not be used."""
+        self._unused[0] += 1
+        self._unused[1] += max(tokens_estimate, 0.0)
+        self.release()
 
     async def _fetch(self) -> None:
         while True:
@@ -408,13 +525,15 @@ class LeaseClient:
                 if not granted:
                     continue
             self.granted_total += granted
-            for _, fut in batch[:granted]:
+            self._unreported[0] += granted
+            self._unreported[1] += sum(max(e, 0.0) for e, _ in batch[:granted])
+            for estimate, fut in batch[:granted]:
                 try:
-                    self._queue.remove((_, fut))
+                    self._queue.remove((estimate, fut))
                 except ValueError:
                     pass
                 if fut.done():          # cancelled while we asked
-                    self.release()
+                    self._give_back(estimate)
                 else:
                     fut.set_result(True)
             if not granted:
@@ -434,6 +553,9 @@ class LeaseClient:
             return
         for k, v in (usage or {}).items():
             self._pending_usage[k] = self._pending_usage.get(k, 0) + v
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_later())
 
@@ -448,21 +570,29 @@ class LeaseClient:
         await asyncio.sleep(self.release_every_s)
         await self.flush()
 
+    def _has_news(self) -> bool:
+        return bool(self._pending_release or self._pending_usage or self._sends or self._unused[0])
+
     async def flush(self) -> None:
-        if self.limiter is None or not (self._pending_release or self._pending_usage):
+        if self.limiter is None or not self._has_news():
             return
         if self._flush_lock is None:
             self._flush_lock = asyncio.Lock()
         async with self._flush_lock:
-            n, tok, usage = self._pending_release, self._pending_tokens, self._pending_usage
-            if not (n or usage):
+            if not self._has_news():
                 return
+            n, tok, usage = self._pending_release, self._pending_tokens, self._pending_usage
+            sends, unused = self._sends, tuple(self._unused)
             self._pending_release, self._pending_tokens, self._pending_usage = 0, 0.0, {}
+            self._sends, self._unused = [], [0, 0.0]
             while True:
                 asked_with = self.epoch
-                epoch = await self._call("settle", n, tok, usage, asked_with)
+                epoch = await self._call("settle", n, tok, usage, asked_with, sends, unused)
                 if epoch == asked_with or asked_with is None:
                     self.epoch = self.epoch or epoch
                     self.settled_total += n
+                    self._unreported[0] -= len(sends) + unused[0]
+                    self._unreported[1] -= sum(t for _, t in sends) + unused[1]
+                    self._booked_sends.extend(sends)
                     return
                 await self._sync_epoch(epoch, asked_with)
