@@ -127,13 +127,18 @@ class TokenBucket:
 
 class SendWindow:
     """The provider's count: requests and tokens that went out in the trailing ``window_s``, plus the
-    permits granted and not yet reported sent or unused (counted as if they went out now)."""
+    permits granted and not yet reported sent or unused (counted as if they went out now).
 
-    def __init__(self, window_s: float = 60.0):
-        self.window_s = window_s
+    A permit not reported within ``unreported_ttl_s`` of its grant is dropped from the count: its
+    actor died with it (a lost node), and holding it for ever would shrink the budget of the run.
+    Reports do not name their permits, so they settle the oldest grants first."""
+
+    def __init__(self, window_s: float = 60.0, unreported_ttl_s: float = 180.0):
+        self.window_s, self.unreported_ttl_s = window_s, unreported_ttl_s
         self.rpm = self.tpm = 0.0             # with the safety margin; 0 = unlimited
-        self.sent: collections.deque = collections.deque()   # (time, requests, tokens)
+        self.sent: collections.deque = collections.deque()      # (time, requests, tokens)
         self.sent_requests, self.sent_tokens = 0, 0.0
+        self.unsent: collections.deque = collections.deque()    # [grant time, requests left, tokens left]
         self.unsent_requests, self.unsent_tokens = 0, 0.0
 
     def _trim(self, now: float) -> None:
@@ -141,6 +146,12 @@ class SendWindow:
             _, n, tokens = self.sent.popleft()
             self.sent_requests -= n
             self.sent_tokens -= tokens
+        while self.unsent and self.unsent[0][0] <= now - self.unreported_ttl_s:
+            _, n, tokens = self.unsent.popleft()
+            self.unsent_requests -= n
+            self.unsent_tokens -= tokens
+            log.warning("%d permits granted %.0f s ago were never reported; dropped from the count "
+                        "(their actor is gone)", n, self.unreported_ttl_s)
 
     def fits(self, now: float, cost: float, more_requests: int, more_tokens: float) -> bool:
         """Can one more request of ``cost`` tokens go out, after ``more_*`` granted in this call?"""
@@ -159,9 +170,30 @@ class SendWindow:
             return 0.05
         return max(0.001, self.sent[0][0] + self.window_s - now) if self.sent else 0.05
 
-    def granted(self, n: int, tokens: float) -> None:
-        self.unsent_requests += n
-        self.unsent_tokens += tokens
+    def granted(self, n: int, tokens: float, now: float) -> None:
+        if n or tokens:
+            self.unsent.append([now, n, tokens])
+            self.unsent_requests += n
+            self.unsent_tokens += tokens
+
+    def _settle_unsent(self, n: int, tokens: float) -> None:
+        """``n`` permits of ``tokens`` are accounted for: take them off the oldest grants."""
+        for entry in self.unsent:
+            if n <= 0:
+                break
+            k = min(n, entry[1])
+            entry[1] -= k
+            n -= k
+            self.unsent_requests -= k
+        for entry in self.unsent:
+            if tokens <= 1e-9:
+                break
+            t = min(tokens, entry[2])
+            entry[2] -= t
+            tokens -= t
+            self.unsent_tokens -= t
+        while self.unsent and self.unsent[0][1] <= 0 and self.unsent[0][2] <= 1e-6:
+            self.unsent.popleft()
 
     def record_sent(self, sends, granted_here: bool = True) -> None:
         """``sends``: (time, tokens) of requests that went out. ``granted_here``: their permits were
@@ -170,24 +202,16 @@ class SendWindow:
             self.sent.append((t, 1, tokens))
             self.sent_requests += 1
             self.sent_tokens += tokens
-            if granted_here:
-                self.unsent_requests -= 1
-                self.unsent_tokens -= tokens
-        self._clamp()
+        if granted_here and sends:
+            self._settle_unsent(len(sends), sum(tokens for _, tokens in sends))
 
     def record_unused(self, n: int, tokens: float) -> None:
-        self.unsent_requests -= n
-        self.unsent_tokens -= tokens
-        self._clamp()
+        self._settle_unsent(n, tokens)
 
     def book_tokens(self, now: float, tokens: float) -> None:
         """Tokens the provider counted beyond the estimate (an under-estimate), at ``now``."""
         self.sent.append((now, 0, tokens))
         self.sent_tokens += tokens
-
-    def _clamp(self) -> None:
-        self.unsent_requests = max(0, self.unsent_requests)
-        self.unsent_tokens = max(0.0, self.unsent_tokens)
 
 
 class RateLimiterCore:
@@ -252,7 +276,7 @@ class RateLimiterCore:
             self.totals["tokens_charged"] += max(cost, 0.0)
         if granted:
             self.requests.take(granted, now)
-            self.window.granted(granted, granted_tokens)
+            self.window.granted(granted, granted_tokens, wall)
             self.in_flight += granted
             self.totals["granted"] += granted
             return granted, 0.0, self.epoch
@@ -304,7 +328,7 @@ class RateLimiterCore:
         (count, tokens) are not yet reported sent or unused, and sent ``recent_sends`` in the last
         minute: count them all, so neither the in-flight cap nor the window starts blind."""
         self.in_flight += max(0, int(outstanding))
-        self.window.granted(*unreported)
+        self.window.granted(int(unreported[0]), float(unreported[1]), self.wall())
         self.window.record_sent(recent_sends, granted_here=False)
         return self.epoch
 

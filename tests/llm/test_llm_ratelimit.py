@@ -146,3 +146,23 @@ def test_permits_held_through_a_stall_do_not_overfill_any_minute_of_arrivals():
         clock.t += 0.01
     assert window_max([(t, 1) for t in sends], 60.0) <= rpm
     assert len(sends) >= 0.9 * rpm * 200 / 60              # and the pool still runs near the limit
+
+
+def test_permits_of_an_actor_that_died_stop_counting_after_a_while():
+    """Permits granted to an actor that was lost with them are never reported; the window drops them
+    after ``unreported_ttl_s`` instead of shrinking the run's budget for good."""
+    clock = Clock()
+    core = RateLimiterCore(RateLimits(rpm=60, max_in_flight=0), clock)
+    granted = 0
+    for _ in range(700):                         # a minute's worth, to an actor that then dies
+        granted += core.lease([10.0] * 4)[0]
+        clock.t += 0.1
+    assert granted == 59
+    clock.t += 60.0
+    assert core.lease([10.0])[0] == 0            # not reported: still counted as about to go out
+    clock.t += 60.0
+    assert core.lease([10.0])[0] == 1            # the oldest of them have expired
+    clock.t += 60.0                              # now all of them: only the last grant is still out
+    live = core.lease([10.0] * 3)[0]
+    core.settle(0, 0.0, None, core.epoch, [(clock.t, 10.0)] * live)
+    assert core.window.unsent_requests == 1 and core.window.unsent_tokens == pytest.approx(10.0)
