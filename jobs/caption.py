@@ -37,6 +37,7 @@ if not __package__:  # run as `python jobs/caption.py`: make the repo root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
+import collections
 import json
 import logging
 import threading
@@ -46,8 +47,8 @@ from functools import partial
 from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
                                    build_judge_request, discover_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
-from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, levir_cc_document, load_template
-from operators.language.validators import rule_counts
+from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, load_template, write_levir_cc
+from operators.language.validators import RULES, rule_counts
 from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
@@ -306,8 +307,10 @@ def account_limiter(cfg: CaptionJobConfig, base_url: str, run_id: str, job: str,
     from operators.llm.ratelimit import NAMESPACE, limiter_name, start_rate_limiter
     api_key = Secret.from_source(cfg.api_key_source)
     name = limiter_name(base_url, api_key.get())
-    limiter = start_rate_limiter(name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight),
-                                 namespace=NAMESPACE, detached=True)
+    # An actor silent for several request timeouts while holding permits was lost with its node.
+    limits = RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight,
+                        client_silence_s=max(600.0, 5 * cfg.timeout_s))
+    limiter = start_rate_limiter(name, limits, namespace=NAMESPACE, detached=True)
     common = dict(limiter_name=name, limiter_namespace=NAMESPACE, cache_root=cache_root, api_key=api_key,
                   run_id=run_id, job=job)
     return limiter, common
@@ -326,16 +329,31 @@ def generate_and_judge_stages(cfg: CaptionJobConfig, base_url: str, common: dict
     return stage(generate, cfg.model), stage(judge, cfg.judge_model or cfg.model)
 
 
-def summary_rows(out: Store, table: str, columns: list[str], run_id: str | None = None) -> list[dict]:
-    """The ``columns`` of a table's current state (only ``run_id``'s rows if given), as dicts: the
-    driver reads what the summary and the LEVIR-CC file need, not every column of every row."""
+def summary_table(out: Store, table: str, columns: list[str], run_id: str | None = None):
+    """The ``columns`` of a table's current state (only ``run_id``'s rows if given), as an Arrow
+    table: the driver reads what the summary and the LEVIR-CC file need, not every column of every
+    row, and keeps them columnar (as Python dicts, 5,500 pairs' rows cost the driver ~90 MB)."""
     import pyarrow.compute as pc
     t = read_table(out, table, TABLE_SCHEMAS[table], columns=[*columns, "run_id"])
     if t is None:
-        return []
+        return None
     if run_id is not None:
         t = t.filter(pc.equal(t.column("run_id"), run_id))
-    return t.select(columns).to_pylist()
+    return t.select(columns)
+
+
+def row_batches(t, rows_per_batch: int = 1024):
+    """Lists of row dicts, a batch at a time: only one batch is ever held as Python objects."""
+    if t is None:
+        return
+    for batch in t.to_batches(max_chunksize=rows_per_batch):
+        yield batch.to_pylist()
+
+
+def summary_rows(out: Store, table: str, columns: list[str], run_id: str | None = None):
+    """:func:`summary_table`'s rows one at a time."""
+    for rows in row_batches(summary_table(out, table, columns, run_id)):
+        yield from rows
 
 
 def run(cfg: CaptionJobConfig) -> dict:
@@ -374,21 +392,31 @@ def run(cfg: CaptionJobConfig) -> dict:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
-    pair_rows = summary_rows(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])
+    # The end of the run reads the tables back columnar and streams what it writes: the driver's
+    # memory must not grow with the archive (benchmarks/memory_scale.py).
+    pair_table = summary_table(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])
+    finished = 0 if pair_table is None else pair_table.num_rows
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
-    resolve_errors(out, [p["pair_id"] for p in pair_rows], run_id, job=JOB)
-    out.write_bytes(LEVIR_CC_FILE, json.dumps(levir_cc_document(pair_rows), indent=1).encode())
-    usage_rows = summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
-                                             "completion_tokens", "cost_usd"], run_id)
+    if pair_table is not None:
+        resolve_errors(out, pair_table.column("pair_id").to_pylist(), run_id, job=JOB)
+        pair_table = pair_table.sort_by([("split", "ascending"), ("filename", "ascending")])
+    with out.open_output(LEVIR_CC_FILE) as f:
+        write_levir_cc(row_batches(pair_table), f)
+    del pair_table
+    usage = summarize_usage(summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
+                                                        "completion_tokens", "cost_usd"], run_id))
     errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["item"])  # current state
-    this_run = summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id)
-    summary = {"validators": cfg.validators,
-               "validator_caught": rule_counts(json.loads(r["validator_violations"]) for r in this_run
-                                               if r["validator_violations"]),
-               "validator_rejected": sum(1 for r in this_run if r["validator_ok"] is False and cfg.validators == "reject"),
+    caught: collections.Counter = collections.Counter()
+    rejected = 0
+    for r in summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id):
+        if r["validator_violations"]:
+            caught.update(rule_counts([json.loads(r["validator_violations"])]))
+        rejected += r["validator_ok"] is False and cfg.validators == "reject"
+    summary = {"validators": cfg.validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
+               "validator_rejected": rejected,
                "run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
-               "pairs_finished_total": len(pair_rows), "errors": 0 if errors_table is None else errors_table.num_rows,
-               "rows_written": counts, "usage": summarize_usage(usage_rows)}
+               "pairs_finished_total": finished, "errors": 0 if errors_table is None else errors_table.num_rows,
+               "rows_written": counts, "usage": usage}
     return summary
 
 

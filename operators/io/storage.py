@@ -7,9 +7,11 @@ pyarrow's filesystem layer does the talking; rasterio gets the matching GDAL set
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
+import tempfile
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -175,6 +177,29 @@ class Store:
                 f.write(data)
             os.replace(tmp, target)
         return self.uri(rel)
+
+    @contextlib.contextmanager
+    def open_output(self, rel: str):
+        """A binary file to write ``rel`` in pieces (an output too large to build in memory first),
+        published whole when the block ends without an error, as :meth:`write_bytes` does: a local
+        temporary file renamed, or on S3 a temporary file uploaded (multipart when large) at the end."""
+        target = self.path(rel)
+        if is_s3(self.root):
+            with tempfile.NamedTemporaryFile(prefix="changeforge-", suffix=".part") as f:
+                yield f
+                f.flush()
+                bucket, key = _bucket_key(target)
+                retry_transient(lambda: s3_client().upload_file(f.name, bucket, key), f"upload {self.uri(rel)}")
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     def delete(self, rel: str) -> None:
         if is_s3(self.root):

@@ -124,21 +124,41 @@ def tokenize(sentence: str) -> list[str]:
     return _PUNCT.sub(" ", sentence.lower().replace("'", "")).split()
 
 
+def _levir_cc_image(p: dict, imgid: int, first_sentid: int) -> dict:
+    sentences = [{"raw": " " + raw.strip(), "tokens": tokenize(raw), "imgid": imgid, "sentid": first_sentid + k}
+                 for k, raw in enumerate(p["selected_captions"])]
+    return {"filepath": p["split"], "filename": p["filename"], "imgid": imgid, "split": p["split"],
+            "sentences": sentences, "sentids": [s["sentid"] for s in sentences],
+            "changeflag": int((p.get("car") or 0) > 0)}
+
+
 def levir_cc_document(pairs: list[dict]) -> dict:
     """``{"images": [...]}`` as in LEVIR-CC's LevirCCcaptions.json: per image ``filepath`` (split folder),
     ``filename``, ``imgid``, ``split``, ``sentences`` (``raw``, ``tokens``, ``imgid``, ``sentid``),
     ``sentids`` and ``changeflag``. Pairs without any selected caption are left out (training code
     expects at least one sentence per image); they stay in the ``pairs`` table."""
     images, sentid = [], 0
-    for imgid, p in enumerate(sorted((p for p in pairs if p.get("selected_captions")),
-                                     key=lambda p: (p["split"], p["filename"]))):
-        sentences = []
-        for raw in p["selected_captions"]:
-            sentences.append({"raw": " " + raw.strip(), "tokens": tokenize(raw), "imgid": imgid, "sentid": sentid})
-            sentid += 1
-        images.append({"filepath": p["split"], "filename": p["filename"], "imgid": imgid, "split": p["split"],
-                       "sentences": sentences, "sentids": [s["sentid"] for s in sentences],
-                       "changeflag": int((p.get("car") or 0) > 0)})
-    for i, img in enumerate(images):
-        img["imgid"] = i
+    for p in sorted((p for p in pairs if p.get("selected_captions")), key=lambda p: (p["split"], p["filename"])):
+        images.append(_levir_cc_image(p, len(images), sentid))
+        sentid += len(p["selected_captions"])
     return {"images": images}
+
+
+def write_levir_cc(sorted_batches, f) -> int:
+    """:func:`levir_cc_document` written to the binary file ``f`` as it goes, byte for byte what
+    ``json.dumps(document, indent=1)`` gives, holding one image at a time: the file of a whole archive
+    need not fit in the driver. ``sorted_batches``: lists of pair rows, already in (split, filename)
+    order. Returns the number of images written."""
+    import json
+    f.write(b'{\n "images": [')
+    imgid = sentid = 0
+    for rows in sorted_batches:
+        for p in rows:
+            if not p.get("selected_captions"):
+                continue
+            text = json.dumps(_levir_cc_image(p, imgid, sentid), indent=1)
+            f.write(("\n" if imgid == 0 else ",\n").encode() + "\n".join("  " + line for line in text.split("\n")).encode())
+            imgid += 1
+            sentid += len(p["selected_captions"])
+    f.write(b"\n ]\n}" if imgid else b"]\n}")
+    return imgid

@@ -53,6 +53,9 @@ from urllib.parse import urlparse
 log = logging.getLogger(__name__)
 
 NAMESPACE = "changeforge-llm"
+# In the limiter's name: a detached limiter left on a cluster by an older changeforge speaks an older
+# protocol (its methods' arguments), and must not be found by a newer job (nor the other way round).
+PROTOCOL = 2
 
 
 @dataclass
@@ -70,6 +73,8 @@ class RateLimits:
     storm_share: float = 0.2      # 429s at or above this share of recent attempts: the pool pauses and slows
     storm_window_s: float = 10.0  # "recent": attempts finished in this many seconds
     storm_min_requests: int = 20  # fewer finished than this: too little to tell, every 429 is a storm
+    client_silence_s: float = 600.0   # a client holding permits and silent this long is gone (lost node):
+                                      # its permits stop counting. Keep it above any request's timeout.
 
 
 class TokenBucket:
@@ -127,18 +132,13 @@ class TokenBucket:
 
 class SendWindow:
     """The provider's count: requests and tokens that went out in the trailing ``window_s``, plus the
-    permits granted and not yet reported sent or unused (counted as if they went out now).
+    permits granted and not yet reported sent or unused (counted as if they went out now)."""
 
-    A permit not reported within ``unreported_ttl_s`` of its grant is dropped from the count: its
-    actor died with it (a lost node), and holding it for ever would shrink the budget of the run.
-    Reports do not name their permits, so they settle the oldest grants first."""
-
-    def __init__(self, window_s: float = 60.0, unreported_ttl_s: float = 180.0):
-        self.window_s, self.unreported_ttl_s = window_s, unreported_ttl_s
+    def __init__(self, window_s: float = 60.0):
+        self.window_s = window_s
         self.rpm = self.tpm = 0.0             # with the safety margin; 0 = unlimited
         self.sent: collections.deque = collections.deque()      # (time, requests, tokens)
         self.sent_requests, self.sent_tokens = 0, 0.0
-        self.unsent: collections.deque = collections.deque()    # [grant time, requests left, tokens left]
         self.unsent_requests, self.unsent_tokens = 0, 0.0
 
     def _trim(self, now: float) -> None:
@@ -146,12 +146,6 @@ class SendWindow:
             _, n, tokens = self.sent.popleft()
             self.sent_requests -= n
             self.sent_tokens -= tokens
-        while self.unsent and self.unsent[0][0] <= now - self.unreported_ttl_s:
-            _, n, tokens = self.unsent.popleft()
-            self.unsent_requests -= n
-            self.unsent_tokens -= tokens
-            log.warning("%d permits granted %.0f s ago were never reported; dropped from the count "
-                        "(their actor is gone)", n, self.unreported_ttl_s)
 
     def fits(self, now: float, cost: float, more_requests: int, more_tokens: float) -> bool:
         """Can one more request of ``cost`` tokens go out, after ``more_*`` granted in this call?"""
@@ -170,30 +164,9 @@ class SendWindow:
             return 0.05
         return max(0.001, self.sent[0][0] + self.window_s - now) if self.sent else 0.05
 
-    def granted(self, n: int, tokens: float, now: float) -> None:
-        if n or tokens:
-            self.unsent.append([now, n, tokens])
-            self.unsent_requests += n
-            self.unsent_tokens += tokens
-
-    def _settle_unsent(self, n: int, tokens: float) -> None:
-        """``n`` permits of ``tokens`` are accounted for: take them off the oldest grants."""
-        for entry in self.unsent:
-            if n <= 0:
-                break
-            k = min(n, entry[1])
-            entry[1] -= k
-            n -= k
-            self.unsent_requests -= k
-        for entry in self.unsent:
-            if tokens <= 1e-9:
-                break
-            t = min(tokens, entry[2])
-            entry[2] -= t
-            tokens -= t
-            self.unsent_tokens -= t
-        while self.unsent and self.unsent[0][1] <= 0 and self.unsent[0][2] <= 1e-6:
-            self.unsent.popleft()
+    def granted(self, n: int, tokens: float) -> None:
+        self.unsent_requests += n
+        self.unsent_tokens += tokens
 
     def record_sent(self, sends, granted_here: bool = True) -> None:
         """``sends``: (time, tokens) of requests that went out. ``granted_here``: their permits were
@@ -202,11 +175,13 @@ class SendWindow:
             self.sent.append((t, 1, tokens))
             self.sent_requests += 1
             self.sent_tokens += tokens
-        if granted_here and sends:
-            self._settle_unsent(len(sends), sum(tokens for _, tokens in sends))
+        if granted_here:
+            self.forget(len(sends), sum(tokens for _, tokens in sends))
 
-    def record_unused(self, n: int, tokens: float) -> None:
-        self._settle_unsent(n, tokens)
+    def forget(self, n: int, tokens: float) -> None:
+        """``n`` permits of ``tokens`` no longer about to go out (given back unused, or lost)."""
+        self.unsent_requests = max(0, self.unsent_requests - n)
+        self.unsent_tokens = max(0.0, self.unsent_tokens - tokens)
 
     def book_tokens(self, now: float, tokens: float) -> None:
         """Tokens the provider counted beyond the estimate (an under-estimate), at ``now``."""
@@ -228,6 +203,10 @@ class RateLimiterCore:
                        "cost_usd": 0.0, "cached": 0, "failed": 0, "throttled": 0, "tokens_charged": 0.0}
         self.started = time.time()
         self.in_flight = 0
+        # What each client (one LLM actor's LeaseClient) holds: [last heard, in flight, unsent, unsent
+        # tokens], so that the permits of an actor lost with its node can be let go.
+        self.clients: dict[str, list] = {}
+        self.last_sweep = clock()
         self.recent_done: collections.deque = collections.deque()   # (time, attempts finished)
         self.recent_429: collections.deque = collections.deque()    # time of each 429
         self.configure(limits, start_empty=restarted)
@@ -247,13 +226,46 @@ class RateLimiterCore:
         self.last_recovery = now
 
     # -- permits --------------------------------------------------------------------------------
-    def lease(self, estimates: list[float], epoch: str | None = None) -> tuple[int, float, str]:
+    def _book(self, client: str | None, in_flight: int = 0, unsent: int = 0, unsent_tokens: float = 0.0) -> None:
+        if client is None:
+            return
+        book = self.clients.setdefault(client, [0.0, 0, 0, 0.0])
+        book[0] = self.clock()
+        book[1] = max(0, book[1] + in_flight)
+        book[2] = max(0, book[2] + unsent)
+        book[3] = max(0.0, book[3] + unsent_tokens)
+        if not (book[1] or book[2]):
+            del self.clients[client]          # holds nothing: nothing to let go of
+
+    def _forget_silent_clients(self, now: float) -> None:
+        """A client that holds permits and has not been heard from for ``client_silence_s`` went down
+        with its node: its permits leave the in-flight count and the window (else every lost node
+        shrinks the pool for good, and enough of them stop it)."""
+        if now - self.last_sweep < 1.0:
+            return
+        self.last_sweep = now
+        horizon = now - self.limits.client_silence_s
+        for client, (seen, in_flight, unsent, unsent_tokens) in list(self.clients.items()):
+            if seen < horizon:
+                del self.clients[client]
+                self.in_flight = max(0, self.in_flight - in_flight)
+                self.window.forget(unsent, unsent_tokens)
+                self.totals["permits_of_lost_clients"] = self.totals.get("permits_of_lost_clients", 0) + in_flight
+                log.warning("a client silent for %.0f s held %d permits; let go (its actor is gone)",
+                            now - seen, in_flight)
+
+    def lease(self, estimates: list[float], epoch: str | None = None,
+              client: str | None = None) -> tuple[int, float, str]:
         """Grant permits to a prefix of ``estimates`` (each charged its own token estimate).
         Returns (granted, wait_s, epoch); when nothing is granted, ``wait_s`` says when to ask again.
-        A client that knew another epoch gets nothing until it has :meth:`adopt`-ed its permits."""
+        A client that knew another epoch gets nothing until it has :meth:`adopt`-ed its permits.
+        ``client`` names the caller, so that its permits can be let go if it is lost."""
         if epoch is not None and epoch != self.epoch:
             return 0, 0.0, self.epoch
         now = self.clock()
+        self._forget_silent_clients(now)
+        if client in self.clients:
+            self.clients[client][0] = now
         self._recover(now)
         if now < self.paused_until:
             return 0, self.paused_until - now, self.epoch
@@ -276,7 +288,8 @@ class RateLimiterCore:
             self.totals["tokens_charged"] += max(cost, 0.0)
         if granted:
             self.requests.take(granted, now)
-            self.window.granted(granted, granted_tokens, wall)
+            self.window.granted(granted, granted_tokens)
+            self._book(client, granted, granted, granted_tokens)
             self.in_flight += granted
             self.totals["granted"] += granted
             return granted, 0.0, self.epoch
@@ -312,23 +325,26 @@ class RateLimiterCore:
             self.totals[k] = self.totals.get(k, 0) + v
 
     def settle(self, n_done: int, token_correction: float, usage: dict | None, epoch: str | None,
-               sends=(), unused: tuple[int, float] = (0, 0.0)) -> str:
+               sends=(), unused: tuple[int, float] = (0, 0.0), client: str | None = None) -> str:
         """:meth:`release` from a client that knows ``epoch``, with the (time, tokens) of the permitted
         requests that went out and the count and tokens of permits given back unused. Refused (nothing
         booked) if ``epoch`` is stale."""
         if epoch is not None and epoch != self.epoch:
             return self.epoch
         self.window.record_sent(sends)
-        self.window.record_unused(*unused)
+        self.window.forget(*unused)
+        self._book(client, -n_done, -(len(sends) + unused[0]), -(sum(t for _, t in sends) + unused[1]))
         self.release(n_done, token_correction, usage)
         return self.epoch
 
-    def adopt(self, outstanding: int, unreported: tuple[int, float] = (0, 0.0), recent_sends=()) -> str:
+    def adopt(self, outstanding: int, unreported: tuple[int, float] = (0, 0.0), recent_sends=(),
+              client: str | None = None) -> str:
         """A client of an earlier instance still holds ``outstanding`` permits, of which ``unreported``
         (count, tokens) are not yet reported sent or unused, and sent ``recent_sends`` in the last
         minute: count them all, so neither the in-flight cap nor the window starts blind."""
         self.in_flight += max(0, int(outstanding))
-        self.window.granted(int(unreported[0]), float(unreported[1]), self.wall())
+        self.window.granted(int(unreported[0]), float(unreported[1]))
+        self._book(client, max(0, int(outstanding)), int(unreported[0]), float(unreported[1]))
         self.window.record_sent(recent_sends, granted_here=False)
         return self.epoch
 
@@ -400,7 +416,7 @@ def limiter_name(base_url: str | None, api_key: str = "") -> str:
     endpoint = (base_url or "").rstrip("/")
     host = urlparse(endpoint).netloc or "default"
     digest = hashlib.sha256(f"{endpoint}\n{api_key}".encode()).hexdigest()[:16]
-    return f"changeforge-llm:{host}:{digest}"
+    return f"changeforge-llm-v{PROTOCOL}:{host}:{digest}"
 
 
 try:
@@ -453,6 +469,7 @@ class LeaseClient:
         self.release_every_s = release_every_s
         self.actor_wait_s = actor_wait_s
         self.epoch: str | None = None
+        self.client_id = uuid.uuid4().hex[:16]   # the limiter's name for this client's permits
         self.granted_total = 0
         self.settled_total = 0
         self._queue: collections.deque = collections.deque()   # (estimate, future)
@@ -502,7 +519,8 @@ class LeaseClient:
                 horizon = time.time() - 60.0
                 while self._booked_sends and self._booked_sends[0][0] <= horizon:
                     self._booked_sends.popleft()
-                epoch = await self._call("adopt", outstanding, tuple(self._unreported), list(self._booked_sends))
+                epoch = await self._call("adopt", outstanding, tuple(self._unreported), list(self._booked_sends),
+                                         self.client_id)
             self.epoch = epoch
 
     async def acquire(self, tokens_estimate: float) -> None:
@@ -538,7 +556,7 @@ class LeaseClient:
             batch = [w for w in list(self._queue)[: self.max_lease] if not w[1].done()]
             asked_with = self.epoch
             try:
-                granted, wait_s, epoch = await self._call("lease", [e for e, _ in batch], asked_with)
+                granted, wait_s, epoch = await self._call("lease", [e for e, _ in batch], asked_with, self.client_id)
             except Exception as exc:  # noqa: BLE001 - the limiter is gone for good: fail the waiters
                 for _, fut in batch:
                     if not fut.done():
@@ -611,7 +629,7 @@ class LeaseClient:
             self._sends, self._unused = [], [0, 0.0]
             while True:
                 asked_with = self.epoch
-                epoch = await self._call("settle", n, tok, usage, asked_with, sends, unused)
+                epoch = await self._call("settle", n, tok, usage, asked_with, sends, unused, self.client_id)
                 if epoch == asked_with or asked_with is None:
                     self.epoch = self.epoch or epoch
                     self.settled_total += n

@@ -25,6 +25,16 @@ def _roundtrip(store: Store):
     store.delete("a/c.txt")
     assert store.list("a") == ["a/b.bin"]
     assert store.list("nothing-here") == []
+    # Written in pieces, published whole; a failed write publishes nothing and leaves no temporary.
+    with store.open_output("big/doc.json") as f:
+        for k in range(3):
+            f.write(b"x" * 1000 + str(k).encode())
+    assert store.read_bytes("big/doc.json") == b"".join(b"x" * 1000 + str(k).encode() for k in range(3))
+    with pytest.raises(RuntimeError):
+        with store.open_output("big/half.json") as f:
+            f.write(b"half")
+            raise RuntimeError("the writer failed")
+    assert store.list("big") == ["big/doc.json"]
 
 
 def test_local_store(tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 
 from operators.language.captions import (CRITERIA, PERSPECTIVES, generation_schema, judge_schema, levir_cc_document,
-                                load_template, overall_score, select_captions, tokenize)
+                                load_template, overall_score, select_captions, tokenize, write_levir_cc)
 from operators.llm.schema import schema_errors
 
 
@@ -86,6 +86,23 @@ def test_levir_cc_document_shape():
     assert img["sentences"][0]["tokens"] == ["a", "road", "was", "built"]
     assert img["sentids"] == [0, 1] and doc["images"][1]["sentids"] == [2]
     assert doc["images"][1]["changeflag"] == 0
+
+
+@pytest.mark.parametrize("n_pairs", [0, 1, 7])
+def test_levir_cc_file_written_as_it_goes_is_the_document_byte_for_byte(n_pairs):
+    import io
+    import json
+    pairs = sorted(({"split": ("train", "val")[i % 2], "filename": f"p_{i:02d}.png", "car": 0.1 * (i % 3),
+                     "selected_captions": [f"Caption {i}.{k} \u00e9" for k in range(i % 4)]} for i in range(n_pairs)),
+                   key=lambda p: (p["split"], p["filename"]))
+    batches = [pairs[i:i + 3] for i in range(0, len(pairs), 3)]
+    f = io.BytesIO()
+    written = write_levir_cc(batches, f)
+    doc = levir_cc_document(pairs)
+    assert f.getvalue() == json.dumps(doc, indent=1).encode()
+    assert written == len(doc["images"])
+    if n_pairs == 7:
+        assert written == 5 and doc["images"][-1]["sentids"][-1] == sum(i % 4 for i in range(7)) - 1
 
 
 def test_default_overall_never_selects_a_caption_marked_hallucinated():

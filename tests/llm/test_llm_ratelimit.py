@@ -148,21 +148,29 @@ def test_permits_held_through_a_stall_do_not_overfill_any_minute_of_arrivals():
     assert len(sends) >= 0.9 * rpm * 200 / 60              # and the pool still runs near the limit
 
 
-def test_permits_of_an_actor_that_died_stop_counting_after_a_while():
-    """Permits granted to an actor that was lost with them are never reported; the window drops them
-    after ``unreported_ttl_s`` instead of shrinking the run's budget for good."""
+def test_permits_of_a_lost_actor_are_let_go_while_the_others_run_on():
+    """An actor lost with its node never reports or releases its permits. Its client falls silent; after
+    ``client_silence_s`` the limiter lets its permits go (window and in-flight count), even while the
+    other actors keep it busy: else every lost node shrinks the pool for good, and enough stop it."""
     clock = Clock()
-    core = RateLimiterCore(RateLimits(rpm=60, max_in_flight=0), clock)
-    granted = 0
+    core = RateLimiterCore(RateLimits(rpm=60, max_in_flight=64, client_silence_s=600.0), clock)
+    dead = 0
     for _ in range(700):                         # a minute's worth, to an actor that then dies
-        granted += core.lease([10.0] * 4)[0]
+        dead += core.lease([10.0] * 4, core.epoch, "lost")[0]
         clock.t += 0.1
-    assert granted == 59
-    clock.t += 60.0
-    assert core.lease([10.0])[0] == 0            # not reported: still counted as about to go out
-    clock.t += 60.0
-    assert core.lease([10.0])[0] == 1            # the oldest of them have expired
-    clock.t += 60.0                              # now all of them: only the last grant is still out
-    live = core.lease([10.0] * 3)[0]
-    core.settle(0, 0.0, None, core.epoch, [(clock.t, 10.0)] * live)
-    assert core.window.unsent_requests == 1 and core.window.unsent_tokens == pytest.approx(10.0)
+    assert dead == 59 and core.in_flight == 59
+
+    def live_minute():
+        got = 0
+        for _ in range(600):                     # another actor asks every 0.1 s, and reports at once
+            n = core.lease([10.0] * 8, core.epoch, "live")[0]
+            core.settle(n, 0.0, None, core.epoch, [(clock.t, 10.0)] * n, (0, 0.0), "live")
+            got += n
+            clock.t += 0.1
+        return got
+
+    assert live_minute() == 0                    # the lost actor's permits still count ...
+    for _ in range(10):
+        live_minute()
+    assert core.in_flight == 0 and core.window.unsent_requests == 0   # ... until its silence is long enough
+    assert live_minute() >= 55                   # and the pool has its whole budget again
