@@ -51,7 +51,8 @@ CHANGE_CUE = re.compile(
     r"appear(s|ed|ing|ance)?|emerg(e|es|ed|ing)|added|demolish(ed|ing)?|demolition|removed|removal|clear(ed|ing)|"
     r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing|ation)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
     r"alter(ed|ation)|paved|excavat(ed|ion)|disappear(ed|s)?|vanish(ed)?|gone|lost|occup(y|ies|ied)|"
-    r"covers?|covered|spans?|line|lines|runs?|stands?|form(s|ed)?|visible|affected|gain(s|ed)?|spr(a|u)ng up|"
+    r"covers?|covered|fill(s|ed|ing)?|spans?|lines? (?=(the|both|each|a|an|its|their|this|that|either)\b)|runs?|"
+    r"stands?|form(s|ed)?|visible|affected|gain(s|ed)?|spr(a|u)ng up|"
     r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
     r"\b(no|not|none|nothing|never|without|neither|nor|unchanged|unaffected|intact|untouched|empty|"
@@ -64,6 +65,9 @@ NEGATION = re.compile(
     r"((is|are|was|were|remains?|stays?|left|still) (\w+ )?|(leaving|keeping) ([\w-]+ ){0,4})(vacant|bare|undeveloped|"
     r"unbuilt|open)|"
     r"(?<!a )(?<!a very )few|(?<!a )(?<!a very )little|"
+    # "the bottom strip changed much less", "less change in the south": little, not none
+    r"(chang(ed|es?)|built up|developed|affected) ((much|far|a lot|considerably|significantly|noticeably|a good deal) )?"
+    r"less|(less|fewer) (change|changes|development|construction|new)|"
     # "the same" as persistence, not "along the same street"
     r"same(?! (street|road|area|row|way|style|size|shape|orientation|direction|colou?r|type|pattern|time|block|"
     r"plot|neighbou?rhood|place|location|spot|side|part|cluster|group|line)\b))\b")
@@ -270,7 +274,7 @@ class Segment:
 
 # "Mostly unchanged", "almost no change": a claim that little changed, not that nothing did.
 HEDGE = re.compile(r"\b(mostly|largely|mainly|essentially|almost|nearly|virtually|practically|relatively|fairly|"
-                   r"broadly|generally|predominantly|hardly|barely|scarcely|little|few|minimal)\b")
+                   r"broadly|generally|predominantly|hardly|barely|scarcely|little|few|minimal|less|fewer)\b")
 # Change words that are nouns: after "no signs of new construction," a verbless "demolition or land-use
 # change" continues the negated list instead of asserting change.
 _NOMINAL_CUE = re.compile(r"\b(construction|development|demolition|changes?|removal|expansion|transformation|"
@@ -369,6 +373,9 @@ def segments(text: str) -> list[Segment]:
     return out
 
 
+_RESULT_CLAUSE = re.compile(r"(leaving|keeping|with|while|whereas)\b")
+
+
 def _inherit(segs: list[Segment], offset: int) -> None:
     for i, s in enumerate(segs):
         if s.alternative and not s.own:
@@ -376,7 +383,10 @@ def _inherit(segs: list[Segment], offset: int) -> None:
         if s.own or s.exception or s.alternative:
             continue
         same = [j for j, o in enumerate(segs) if o.group == s.group and o.own and not o.exception]
-        before, after = [j for j in same if j < i], [j for j in same if j > i]
+        # "... fills the left, leaving the right edge untouched": a result clause says nothing of what
+        # came before it (a list of subjects takes its verb from the clause after it, a result clause not)
+        before = [j for j in same if j < i]
+        after = [j for j in same if j > i and not _RESULT_CLAUSE.match(segs[j].text)]
         src = before[-1] if before else (after[0] if after else None)
         if src is not None:
             s.polarity, s.inherited_from = segs[src].own, offset + src

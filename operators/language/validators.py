@@ -58,6 +58,7 @@ that takes its verb's polarity; exceptions after a negation assert change): see
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 
@@ -90,6 +91,10 @@ class ValidatorConfig:
     count_rel_tol: float = 0.5
     many_min: int = 4
     car_decimals_match: float = 0.005  # "0.21" matches a CAR of 0.207
+    # "roughly 15 percent": a hedged round figure (a multiple of 5) is an estimate, not a copied number;
+    # it must agree with the CAR within this many percentage points (or this share of the CAR)
+    estimate_abs_tol: float = 5.0
+    estimate_rel_tol: float = 0.35
 
 
 @dataclass(frozen=True)
@@ -292,10 +297,34 @@ _PIXELS = re.compile(r"\b\d[\d,.]*\s*(changed |changing )?(pixels?|px)\b")
 _DECIMAL = re.compile(r"(?<![\d.])0?\.\d{2,}\b")
 
 
+# "Roughly 15 percent", "just under 20%", "well over 40 percent": an estimate in a round figure.
+_ESTIMATE = re.compile(r"\b(about|around|roughly|approximately|approx\.?|some|nearly|almost|close to|just under|"
+                       r"just over|a little (?:under|over|more than|less than)|(?:well |slightly )?(?:under|over|below|"
+                       r"above)|less than|more than|at least|at most|perhaps|maybe|an estimated|something like|"
+                       r"in the region of|on the order of)\s+(\d{1,2}|100)\s*(%|percent\b|per cent\b)")
+
+
+def _estimate_ok(qualifier: str, figure: float, car_pct: float, cfg: ValidatorConfig) -> bool:
+    """Does "<qualifier> <figure> percent" hold for a CAR of ``car_pct`` percent?"""
+    tol = max(cfg.estimate_abs_tol, cfg.estimate_rel_tol * car_pct)
+    near = bool(re.match(r"(just|a little|slightly) ", qualifier))      # "just under 20": close below 20
+    bound = re.sub(r"^(just|a little|slightly|well) ", "", qualifier)
+    if bound in ("under", "below", "less than", "at most"):
+        return figure - (tol if near else math.inf) <= car_pct <= figure + 0.5
+    if bound in ("over", "above", "more than", "at least"):
+        return figure - 0.5 <= car_pct <= figure + (tol if near else math.inf)
+    return abs(car_pct - figure) <= tol
+
+
 def check_numbers(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
     t = text.lower()
     out = []
-    m = _PERCENT.search(t)
+    estimates = [m for m in _ESTIMATE.finditer(t) if int(m.group(2)) % 5 == 0]
+    for m in estimates:
+        if not _estimate_ok(m.group(1), float(m.group(2)), 100 * facts["car"], cfg):
+            out.append(Violation("numbers", f"{m.group(0).strip()!r} but {100 * facts['car']:.1f}% of the image "
+                                            f"changed"))
+    m = next((m for m in _PERCENT.finditer(t) if not any(e.start() <= m.start() < e.end() for e in estimates)), None)
     if m:
         out.append(Violation("numbers", f"percentage figure {m.group(0).strip()!r}: metadata numbers must not be copied"))
     m = _PIXELS.search(t)
@@ -477,6 +506,13 @@ _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|v
                     r"amount|proportion)s?|much of the (image|scene|area)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
 _MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?(majority|bulk) of the (image|scene|area)|"
                    r"(nearly|almost|virtually) (all|the entire|the whole) (of the )?(image|scene|area))\b")
+# "Larger than what stayed the same": more than half changed. Its "stayed the same" is no negation of the claim.
+_MORE_THAN_UNCHANGED = re.compile(r"\b(larger|bigger|greater|more) than (what|the (part|area|portion|rest) that) "
+                                  r"(stayed|remained|is|was|has stayed|has remained) (the same|unchanged|untouched)|"
+                                  r"\b(larger|bigger|greater) than the (unchanged|untouched) (area|part|portion|rest)\b")
+# "Houses are scattered across most of the scene" says how far they spread, not how much area changed.
+_SPREAD = re.compile(r"\b(scattered|spread|dotted|distributed|sprinkled|strewn|dispersed)( out)? (across|over|through(out)?"
+                     r"|around) $")
 # Graded small-magnitude words: "small / minor / modest" are wrong on a large-bin mask; "negligible / barely
 # anything / a tiny patch" deny almost all change and are wrong from the medium bin up.
 # "Small" is an amount when it sizes an area or the change ("a small spot", "small changes") or is said of the
@@ -504,9 +540,14 @@ _ABOUT_CHANGE = re.compile(r"\b(it|this|differences?|modifications?|modif(y|ies|
                            r"amount|extent)\b")
 
 
-def _small_amount(c: str):
+_LARGE_PREDICATE = re.compile(_SMALL_PREDICATE.pattern.replace(
+    "(?P<word>small|minor|limited|slight|tiny|modest|minimal)",
+    "(?P<word>huge|large|big|vast|enormous|massive|extensive|considerable|substantial|sizable|sizeable|immense)"))
+
+
+def _small_amount(c: str, predicate=_SMALL_PREDICATE):
     """"Small" (or minor, limited, ...) predicated of the change or its amount, not of objects."""
-    m = _SMALL_PREDICATE.search(c)
+    m = predicate.search(c)
     if not m:
         return None
     subject = _SUBJECT_TAIL.sub("", m.group("subject").rstrip())
@@ -538,14 +579,20 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str 
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
             continue
+        if (m := _MORE_THAN_UNCHANGED.search(c)) and not s.places and car < cfg.most_car \
+                and not re.search(r"\b(not|n't|hardly)\b", c[:m.start()]):
+            out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
+                                              f"(needs {100 * cfg.most_car:g}%)"))
+            continue
         if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or s.polarity == "neg":
             continue  # "not extensive", "no large-scale change": negated magnitude words say nothing here
-        if m := _MOST.search(c):
+        if (m := _MOST.search(c)) and not _SPREAD.search(c[:m.start()]):
             if car < cfg.most_car:
                 out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is "
                                                   f"{100 * car:.1f}% (needs {100 * cfg.most_car:g}%)"))
                 continue
-        if (m := _LARGE.search(c)) and car < cfg.small_car:
+        if (m := _LARGE.search(c) or _small_amount(c, _LARGE_PREDICATE)) and car < cfg.small_car \
+                and not (s.places and not _LARGE.search(c)):   # "the change in the north is large": of a place
             out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is {100 * car:.1f}% "
                                               f"(small bin: < {100 * cfg.small_car:g}%)"))
         elif (m := _small_amount(c)) and car >= cfg.large_car and not s.places:  # of a place: not the whole's
@@ -562,6 +609,10 @@ _NUMBER_WORDS = {"one": 1, "a single": 1, "single": 1, "only one": 1, "two": 2, 
                  "eleven": 11, "twelve": 12, "a dozen": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
                  "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30,
                  "half a dozen": 6, "a half dozen": 6, "two dozen": 24, "a score of": 20}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+_UNITS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_NUMBER_WORDS |= _TENS | {f"{t}{sep}{u}": n + k + 1 for t, n in _TENS.items() for k, u in enumerate(_UNITS)
+                          for sep in ("-", " ")} | {"a hundred": 100, "one hundred": 100}
 _VAGUE = {"a few": "few", "a handful of": "few", "several": "several", "many": "many", "numerous": "many",
           "a large number of": "many", "a good number of": "many", "lots of": "many", "a lot of": "many",
           "a small number of": "few", "multiple": "several", "a number of": "several", "a series of": "several", "a group of": "several",
@@ -641,6 +692,19 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
         # "How many new houses are there? - Just two.": a bare number counts the question's objects.
         if not matches and s is segs[0] and question and _HOW_MANY.search(question.lower()):
             matches = [m for m in [_BARE_COUNT.match(s.text)] if m]
+        # "one large building and several houses": a count by kind; the parts together are the count.
+        in_breakdown = {k for k in range(len(matches) - 1)
+                        if re.fullmatch(r"\s*(,|,? and|,? plus|as well as|along with|together with)\s*",
+                                        s.text[matches[k].end():matches[k + 1].start()])}
+        in_breakdown |= {k + 1 for k in in_breakdown}
+        if in_breakdown:
+            parts = [matches[k] for k in sorted(in_breakdown)]
+            if all(m.group(2) not in _VAGUE for m in parts):
+                total = sum(int(m.group(2)) if m.group(2).isdigit() else _NUMBER_WORDS[m.group(2)] for m in parts)
+                if not any(_count_ok(str(total), "", None, c, cfg) for c in candidates):
+                    out.append(Violation("counts", f"{' and '.join(m.group(0).strip() for m in parts)!r} ({total}) "
+                                                   f"but the mask has {candidates[0]} changed components"))
+            matches = [m for k, m in enumerate(matches) if k not in in_breakdown]
         for m in matches:
             before = s.text[:m.start()]
             if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) \
@@ -658,7 +722,7 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
     return out
 
 
-_GENERIC_CHANGE_Q = re.compile(r"\b(chang(e|es|ed)|construct(ed|ion)|built|development|developed|new (buildings?|"
+_GENERIC_CHANGE_Q = re.compile(r"\b(chang(e|es|ed)|differ(s|ent|ence|ences)?|construct(ed|ion)|built|development|developed|new (buildings?|"
                                r"structures?|houses?|construction)|anything|any (building|structure|house)s?|"
                                r"new|appear(ed)?|added)\b")
 
