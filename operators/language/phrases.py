@@ -81,7 +81,8 @@ _NOT_NEGATION = re.compile(r"\b((previously|formerly|once|originally|what was|us
                            rf"{_STATE} (before|earlier|previously|at first|in the (first|earlier|older|previous|"
                            r"before) (image|photo|picture|scene|date))(?! (and|&) (after|now|later|since)\b)|"
                            rf"(where|which|that) ([\w-]+ ){{0,3}}(was|were|had been|used to be|lay|stood) ((?!(still|left|kept|again) )\w+ )?{_STATE}"
-                           r"(?! (and|but) (still|is|are|remains?|stays?)\b)|(on|onto|over|into|in|at|within|across|of|from|replacing|replaced) (the |an? |some |"
+                           r"(?! (and|but) (still|is|are|remains?|stays?)\b)|(on|onto|over|into|in|at|within|across|of|from|replacing|replaced|"
+                           r"fill(s|ed|ing)?|occupy(ing)?|occupie[sd]|cover(s|ed|ing)?|taking (up|over)|took (up|over)) (the |an? |some |"
                            r"previously |formerly )*(empty|vacant|bare|open|undeveloped) (land|lots?|plots?|fields?|ground|"
                            r"parcels?|areas?|spaces?|terrain|soil)|not only|no longer)\b")
 

@@ -297,8 +297,9 @@ _PIXELS = re.compile(r"\b\d[\d,.]*\s*(changed |changing )?(pixels?|px)\b")
 _DECIMAL = re.compile(r"(?<![\d.])0?\.\d{2,}\b")
 
 
-# "Roughly 15 percent", "just under 20%", "well over 40 percent": an estimate in a round figure.
+# "Roughly 15 percent", "just under 20%", "well over 40 percent": a hedged whole figure is an estimate.
 _ESTIMATE = re.compile(r"\b(about|around|roughly|approximately|approx\.?|some|nearly|almost|close to|just under|"
+                       r"a bit (?:under|over|more than|less than)|"
                        r"just over|a little (?:under|over|more than|less than)|(?:well |slightly )?(?:under|over|below|"
                        r"above)|less than|more than|at least|at most|perhaps|maybe|an estimated|something like|"
                        r"in the region of|on the order of)\s+(\d{1,2}|100)\s*(%|percent\b|per cent\b)")
@@ -316,14 +317,53 @@ def _estimate_ok(qualifier: str, figure: float, car_pct: float, cfg: ValidatorCo
     return abs(car_pct - figure) <= tol
 
 
-def check_numbers(text: str, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
+_FRACTIONS = {"a tenth": 0.1, "one tenth": 0.1, "one-tenth": 0.1, "an eighth": 0.125, "one eighth": 0.125,
+              "one-eighth": 0.125, "a sixth": 1 / 6, "one sixth": 1 / 6, "one-sixth": 1 / 6, "a fifth": 0.2,
+              "one fifth": 0.2, "one-fifth": 0.2, "a quarter": 0.25, "one quarter": 0.25, "one-quarter": 0.25,
+              "a third": 1 / 3, "one third": 1 / 3, "one-third": 1 / 3, "half": 0.5, "a half": 0.5, "one half": 0.5,
+              "two thirds": 2 / 3, "two-thirds": 2 / 3, "three quarters": 0.75, "three-quarters": 0.75}
+# "Roughly a third of the scene", "about two thirds of it", "under a tenth of this crop": a proportion of the
+# whole view (not of a place: "half of the lower half" is the location rules' business, nor of objects:
+# "half of the houses").
+_VERBAL_SHARE = re.compile(
+    r"\b(about|around|roughly|approximately|some|nearly|almost|close to|just under|just over|a (?:little|bit) "
+    r"(?:under|over|more than|less than)|(?:well |slightly )?(?:under|over|below|above)|less than|more than|at least|"
+    r"at most|perhaps|maybe|somewhere around)?\s*("
+    + "|".join(sorted(map(re.escape, _FRACTIONS), key=len, reverse=True))
+    + r")( of (it|(the|this|that|its) (whole |entire )?(image|scene|area|frame|view|crop|section|quadrant|tile|picture|"
+      r"photo|neighbou?rhood))\b|(?=[.;,]?\s*$))")
+
+
+_PLACE_BEFORE_SHARE = re.compile(r"\b(the|its|this|that|these|their|upper|lower|top|bottom|left|right|northern|"
+                                 r"southern|eastern|western|north|south|east|west|central|middle|outer|inner|other|"
+                                 r"first|second|last|same|whole|entire|[\w-]+most|[\w-]+ern)\s*$")
+
+
+def _fraction_ok(qualifier: str, share: float, car: float, cfg: ValidatorConfig) -> bool:
+    return _estimate_ok(qualifier, 100 * share, 100 * car, cfg)
+
+
+def check_numbers(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     t = text.lower()
     out = []
-    estimates = [m for m in _ESTIMATE.finditer(t) if int(m.group(2)) % 5 == 0]
+    estimates = list(_ESTIMATE.finditer(t))
     for m in estimates:
         if not _estimate_ok(m.group(1), float(m.group(2)), 100 * facts["car"], cfg):
             out.append(Violation("numbers", f"{m.group(0).strip()!r} but {100 * facts['car']:.1f}% of the image "
                                             f"changed"))
+    # A verbal share of the view; a bare one ("About two thirds of it.", "Roughly half.") only when it
+    # answers a question about how much changed.
+    amount_question = bool(question) and bool(_AMOUNT_QUESTION.search(question.lower()) or
+                                              re.search(r"\b(proportion|share|fraction|percentage)\b", question.lower()))
+    for m in _VERBAL_SHARE.finditer(t):
+        if m.group(3) is None and not (amount_question and m.start() < 30):
+            continue
+        if not m.group(1) and _PLACE_BEFORE_SHARE.search(t[:m.start()]):
+            continue   # "the lower half of the image", "its upper two thirds": a place, not a share
+        if not _fraction_ok((m.group(1) or "").strip(), _FRACTIONS[m.group(2)], facts["car"], cfg):
+            out.append(Violation("numbers", f"{m.group(0).strip()!r} but {100 * facts['car']:.1f}% of the image "
+                                            f"changed"))
+            break
     m = next((m for m in _PERCENT.finditer(t) if not any(e.start() <= m.start() < e.end() for e in estimates)), None)
     if m:
         out.append(Violation("numbers", f"percentage figure {m.group(0).strip()!r}: metadata numbers must not be copied"))
@@ -349,6 +389,11 @@ def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
         return []
     if question and find_places(question.lower()):
         return []  # "No, nothing changed there" answers about the question's place (the location rules' job)
+    # "What changed? - Nothing; the road and the houses are as they were.": the answer's first word denies it all.
+    if question and _WHAT_CHANGED_Q.search(question.lower()) and _NOTHING_ANSWER.match(text.lower()) \
+            and facts["car"] >= cfg.no_change_max_car:
+        return [Violation("change", f"answers {question!r} with no change ({text!r}) but {100 * facts['car']:.1f}% "
+                                    f"of the mask changed")]
     # Change asserted anywhere, or excepted from the no-change claim with a place or an object ("apart from
     # two buildings in the north-east, nothing changed"), makes the claim partial.
     if facts["car"] >= cfg.no_change_max_car and not any(
@@ -361,6 +406,11 @@ def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
                 return [Violation("change", f"asserts no change ({s.text!r}) but {100 * facts['car']:.1f}% of the "
                                             f"mask changed")]
     return []
+
+
+_WHAT_CHANGED_Q = re.compile(r"\bwhat\b.*\b(chang(e|ed|es)|differen(t|ce|ces)|new|built|appeared|added)\b")
+_NOTHING_ANSWER = re.compile(r"\s*(nothing|none|no changes?|no differences?|nothing at all)\s*([.;:!,]|$)"
+                             r"(?!.*\b(except|apart from|but|besides|other than|save)\b)")
 
 
 # "Most of the image is unchanged" / "the rest of the scene": a part, not the whole ("this part of the
@@ -503,9 +553,10 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
 
 _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|vast|sweeping|wholesale|"
                     r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|tract|fraction|"
-                    r"amount|proportion)s?|much of the (image|scene|area)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
-_MOST = re.compile(r"\b(most of the (image|scene|area|frame)|(the )?(majority|bulk) of the (image|scene|area)|"
-                   r"(nearly|almost|virtually) (all|the entire|the whole) (of the )?(image|scene|area))\b")
+                    r"amount|proportion)s?|much of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
+_MOST = re.compile(r"\b(most of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|(the )?(majority|bulk) of (the|this) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|"
+                   r"(nearly|almost|virtually|practically) (all|the entire|the whole) (of )?((the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|it)\b|"
+                   r"(nearly|almost|virtually|practically) all of it)\b")
 # "Larger than what stayed the same": more than half changed. Its "stayed the same" is no negation of the claim.
 _MORE_THAN_UNCHANGED = re.compile(r"\b(larger|bigger|greater|more) than (what|the (part|area|portion|rest) that) "
                                   r"(stayed|remained|is|was|has stayed|has remained) (the same|unchanged|untouched)|"
@@ -557,8 +608,8 @@ def _small_amount(c: str, predicate=_SMALL_PREDICATE):
 _NEAR_NONE = re.compile(r"\b(negligible|minimal|insignificant|minuscule|trivial|(barely|hardly|scarcely) (any|anything|"
                         r"noticeable|visible|perceptible|affect(s|ed)?|alter(s|ed)?|change(s|d)?|touch(es|ed)?|"
                         r"modif(y|ies|ied))|(almost|virtually|practically) nothing|next to nothing|very "
-                        r"(little|small|minor|slight)|(tiny|very small) (patch|patches|spot|spots|change|changes|area|"
-                        r"fraction|portion|part|amount|bit))\b")
+                        r"(little|small|minor|slight)|(tiny|very small|minute) (patch|patches|spot|spots|change|changes|area|"
+                        r"fraction|portion|part|amount|bit|share|proportion|piece|slice|sliver))\b")
 
 
 def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
@@ -645,6 +696,11 @@ _HOW_MANY = re.compile(r"\bhow many\b")
 _BARE_COUNT = re.compile(_COUNT.pattern.split(r"(?: or (\w+))? ")[0] + r"(?: or (\w+))?\b(?!\s*(%|percent|of\b))")
 
 
+_MORE_OF_ANOTHER_KIND = re.compile(r"\s*(,? and|,? plus|as well as|along with|together with)\s+([\w-]+\s+){0,5}?"
+                                   r"(townhouses?|houses?|homes?|buildings?|structures?|units?|sheds?|warehouses?|"
+                                   r"villas?|dwellings?|residences?|garages?|barns?|apartments?|blocks?)\b")
+
+
 def _count_ok(stated: str, qualifier: str, alt: str | None, c: int, cfg: ValidatorConfig) -> bool:
     if stated in _VAGUE:
         kind = _VAGUE[stated]
@@ -705,6 +761,9 @@ def check_counts(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
                     out.append(Violation("counts", f"{' and '.join(m.group(0).strip() for m in parts)!r} ({total}) "
                                                    f"but the mask has {candidates[0]} changed components"))
             matches = [m for k, m in enumerate(matches) if k not in in_breakdown]
+        # "one large building plus a row of smaller townhouses": a part of a count by kind whose other
+        # parts are not counted in words: the part alone is not the count.
+        matches = [m for m in matches if not _MORE_OF_ANOTHER_KIND.match(s.text[m.end():])]
         for m in matches:
             before = s.text[:m.start()]
             if re.match(r"of (the|these|those|them|which)\b", s.text[m.end():].strip()) or _GROUP_SIZE.search(before) \
@@ -781,7 +840,7 @@ def validate_text(text: str, facts: dict, question: str | None = None, qtype: st
     text = text or ""
     found: list[Violation] = []
     if "numbers" in rules:
-        found += check_numbers(text, facts, cfg)
+        found += check_numbers(text, facts, cfg, question)
     if "change" in rules:
         found += check_change(text, facts, cfg, question)
     if "location" in rules:
