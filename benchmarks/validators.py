@@ -29,10 +29,9 @@ HERE = Path(__file__).resolve().parent
 STATEMENT_SETS = [HERE / "validator_statements.txt", HERE / "validator_statements_heldout.txt",
                   HERE / "validator_statements_heldout2.txt", HERE / "validator_statements_dev.txt",
                   HERE / "validator_statements_dev2.txt"]
-# Sets written blind, by someone who had seen neither the rules nor the other sets (sets 3 and 4 were
-# revised on afterwards; set 5 has only been run, see the README's history).
-STATEMENT_SETS += [HERE / "validator_statements_heldout3.txt", HERE / "validator_statements_heldout4.txt",
-                   HERE / "validator_statements_heldout5.txt"]
+# Sets written blind, by someone who had seen neither the rules nor the other sets; each was run once on
+# the rules as they stood, then revised on (see the README's history).
+STATEMENT_SETS += [HERE / f"validator_statements_heldout{k}.txt" for k in (3, 4, 5, 6)]
 CROPS = {"ul": (0, 0), "ur": (0, 1), "ll": (1, 0), "lr": (1, 1)}
 
 

@@ -51,7 +51,7 @@ CHANGE_CUE = re.compile(
     r"appear(s|ed|ing|ance)?|emerg(e|es|ed|ing)|added|demolish(ed|ing)?|demolition|removed|removal|clear(ed|ing)|"
     r"replac(e|ed|ing)|convert(ed|ing)?|transform(ed|ing|ation)?|expan(d|ded|sion)|chang(e|es|ed|ing)|"
     r"alter(ed|ation)|paved|excavat(ed|ion)|disappear(ed|s)?|vanish(ed)?|gone|lost|occup(y|ies|ied)|"
-    r"covers?|covered|fill(s|ed|ing)?|spans?|lines? (?=(the|both|each|a|an|its|their|this|that|either)\b)|runs?|"
+    r"covers?|covered|covering|fill(s|ed|ing)?|spans?|lines? (?=(the|both|each|a|an|its|their|this|that|either)\b)|runs?|"
     r"stands?|form(s|ed)?|visible|affected|gain(s|ed)?|spr(a|u)ng up|"
     r"springs? up|install(ed|ation)|laid out|extend(s|ed)?|extension|infill(ed)?)\b")
 NEGATION = re.compile(
@@ -65,6 +65,8 @@ NEGATION = re.compile(
     r"((is|are|was|were|remains?|stays?|left|still) (\w+ )?|(leaving|keeping) ([\w-]+ ){0,4})(vacant|bare|undeveloped|"
     r"unbuilt|open)|"
     r"(?<!a )(?<!a very )few|(?<!a )(?<!a very )little|"
+    # "the school and the houses are present in both images": there before and after
+    r"(present|visible|there|standing|seen) in both (images|photos|pictures|dates|scenes|epochs)|"
     # "the bottom strip changed much less", "less change in the south": little, not none
     r"(chang(ed|es?)|built up|developed|affected) ((much|far|a lot|considerably|significantly|noticeably|a good deal) )?"
     r"less|(less|fewer) (change|changes|development|construction|new)|"
@@ -297,12 +299,12 @@ _PLACED_OBJECT = re.compile(r"\b(" + OBJECT_NOUNS + r")\b.*\b(lies|lie|lying|sit
 
 # "Just reaches into", "a small part of", "slightly": a claim of some change, not of change worth naming.
 HEDGED_PRESENCE = re.compile(r"\b(just|slightly|a little|partly|partially|marginally|barely|a (small |tiny )?(part|"
-                             r"piece|portion|corner|sliver|bit|tip|fragment|edge|end) of|touch(es|ing)?|reach(es|ing)? "
+                             r"piece|portion|corner|sliver|bit|tip|fragment|edge|end|trace|hint|touch|speck) of|touch(es|ing)?|reach(es|ing)? "
                              r"into|extend(s|ing)? (slightly )?into|spills? (over )?into)\b")
 
 
 def own_polarity(text: str) -> str | None:
-    t = _NOT_NEGATION.sub(" ", text)
+    t = _NOT_NEGATION.sub(" ", re.sub(r"(?<=\w)n't\b", " not", text))   # "don't" -> "do not"
     if NEGATION.search(t):
         return "neg"
     if CHANGE_CUE.search(t) or _PLACED_OBJECT.search(t):
@@ -375,6 +377,12 @@ def segments(text: str) -> list[Segment]:
 
 
 _RESULT_CLAUSE = re.compile(r"(leaving|keeping|with|while|whereas)\b")
+# "No, it is all on the right.": the answer word denies the question, not the clause after it.
+ANSWER_WORD = re.compile(r"(yes|yeah|yep|no|nope|correct|indeed|not really|not at all)$")
+# "the west, especially the corner by the school, is untouched": a predicate without a subject of its own
+# completes the bare segments before it.
+_PREDICATE_START = re.compile(r"(is|are|was|were|remains?|remained|stays?|stayed|looks?|looked|appears?|appeared|"
+                              r"seems?|seemed|has|have|had|did|does|do)\b")
 
 
 def _inherit(segs: list[Segment], offset: int) -> None:
@@ -383,12 +391,16 @@ def _inherit(segs: list[Segment], offset: int) -> None:
             s.polarity = "neg"
         if s.own or s.exception or s.alternative:
             continue
-        same = [j for j, o in enumerate(segs) if o.group == s.group and o.own and not o.exception]
+        same = [j for j, o in enumerate(segs) if o.group == s.group and o.own and not o.exception
+                and not ANSWER_WORD.match(o.text)]
         # "... fills the left, leaving the right edge untouched": a result clause says nothing of what
         # came before it (a list of subjects takes its verb from the clause after it, a result clause not)
         before = [j for j in same if j < i]
         after = [j for j in same if j > i and not _RESULT_CLAUSE.match(segs[j].text)]
         src = before[-1] if before else (after[0] if after else None)
+        nxt = next((j for j in range(i + 1, len(segs)) if segs[j].own), None)
+        if nxt is not None and segs[nxt].group == s.group and _PREDICATE_START.match(segs[nxt].text):
+            src = nxt   # its subject is this segment (and the bare ones between)
         if src is not None:
             s.polarity, s.inherited_from = segs[src].own, offset + src
     for i, s in enumerate(segs):

@@ -272,7 +272,12 @@ GLOBAL_NO_CHANGE = re.compile(
     r"|\b(changes?|differences?) (between (the )?(two )?(dates|images|photos|scenes|years) )?(is|are|was|were) "
     r"(nil|zero|none|non-?existent)"
     r"|(^|\b)(remains?|stays?) (the same|unchanged)\b"
-    r"|no change (occurred|is visible|happened|took place)? ?anywhere)")
+    r"|no change (occurred|is visible|happened|took place)? ?anywhere"
+    r"|(do not|don't|cannot|can't|could not|couldn't|did not|didn't) (see|spot|find|detect|identify|notice|observe) "
+    r"any (new |obvious |visible |clear |notable |significant )*(changes?|differences?|construction|buildings?|"
+    r"structures?|development)"
+    r"|no (buildings?|structures?|houses?|homes?) (have|has|had|were|was) (been )?(added|built|constructed|erected)"
+    r"|(did not|didn't|has not|hasn't|have not|haven't|does not|doesn't) (really |visibly )?change)")
 _ENTIRE = re.compile(r"\b((entire|whole) (image|scene|area|frame|view|tile)|(throughout|all over) the "
                      r"(entire |whole )?(image|scene|frame|area|view)|across the (entire|whole) (image|scene|frame|area)|"
                      r"everywhere)\b")
@@ -299,10 +304,16 @@ _DECIMAL = re.compile(r"(?<![\d.])0?\.\d{2,}\b")
 
 # "Roughly 15 percent", "just under 20%", "well over 40 percent": a hedged whole figure is an estimate.
 _ESTIMATE = re.compile(r"\b(about|around|roughly|approximately|approx\.?|some|nearly|almost|close to|just under|"
+                       r"call it|say|\d{1,2} or|\d{1,2} to|\d{1,2}\s*[-\u2013]|"
                        r"a bit (?:under|over|more than|less than)|"
                        r"just over|a little (?:under|over|more than|less than)|(?:well |slightly )?(?:under|over|below|"
                        r"above)|less than|more than|at least|at most|perhaps|maybe|an estimated|something like|"
                        r"in the region of|on the order of)\s+(\d{1,2}|100)\s*(%|percent\b|per cent\b)")
+
+
+# "25 percent or thereabouts", "18 percent or so": hedged after the figure.
+_ESTIMATE_AFTER = re.compile(r"()\b(\d{1,2}|100)\s*(%|percent\b|per cent\b)(?=,? (or so|or thereabouts|give or take|"
+                             r"more or less|at a guess|or close to it)\b)")
 
 
 def _estimate_ok(qualifier: str, figure: float, car_pct: float, cfg: ValidatorConfig) -> bool:
@@ -310,6 +321,9 @@ def _estimate_ok(qualifier: str, figure: float, car_pct: float, cfg: ValidatorCo
     tol = max(cfg.estimate_abs_tol, cfg.estimate_rel_tol * car_pct)
     near = bool(re.match(r"(just|a little|slightly) ", qualifier))      # "just under 20": close below 20
     bound = re.sub(r"^(just|a little|slightly|well) ", "", qualifier)
+    if re.match(r"\d", bound):   # "11 or 12 percent", "10-15 percent": a range, read at its upper end
+        low = float(re.match(r"\d+", bound).group(0))
+        return low - max(cfg.estimate_abs_tol, cfg.estimate_rel_tol * car_pct) <= car_pct <= figure + tol
     if bound in ("under", "below", "less than", "at most"):
         return figure - (tol if near else math.inf) <= car_pct <= figure + 0.5
     if bound in ("over", "above", "more than", "at least"):
@@ -322,6 +336,9 @@ _FRACTIONS = {"a tenth": 0.1, "one tenth": 0.1, "one-tenth": 0.1, "an eighth": 0
               "one fifth": 0.2, "one-fifth": 0.2, "a quarter": 0.25, "one quarter": 0.25, "one-quarter": 0.25,
               "a third": 1 / 3, "one third": 1 / 3, "one-third": 1 / 3, "half": 0.5, "a half": 0.5, "one half": 0.5,
               "two thirds": 2 / 3, "two-thirds": 2 / 3, "three quarters": 0.75, "three-quarters": 0.75}
+_ORDINALS = {"seventh": 7, "ninth": 9, "twelfth": 12, "fifteenth": 15, "twentieth": 20, "thirtieth": 30,
+             "fiftieth": 50, "hundredth": 100}
+_FRACTIONS |= {f"{a}{sep}{o}": 1 / n for o, n in _ORDINALS.items() for a, sep in (("a", " "), ("one", " "), ("one", "-"))}
 # "Roughly a third of the scene", "about two thirds of it", "under a tenth of this crop": a proportion of the
 # whole view (not of a place: "half of the lower half" is the location rules' business, nor of objects:
 # "half of the houses").
@@ -331,7 +348,7 @@ _VERBAL_SHARE = re.compile(
     r"at most|perhaps|maybe|somewhere around)?\s*("
     + "|".join(sorted(map(re.escape, _FRACTIONS), key=len, reverse=True))
     + r")( of (it|(the|this|that|its) (whole |entire )?(image|scene|area|frame|view|crop|section|quadrant|tile|picture|"
-      r"photo|neighbou?rhood))\b|(?=[.;,]?\s*$))")
+      r"photo|neighbou?rhood)|this (part|corner|patch|region|piece))\b|(?=[.;,]?\s*$))")
 
 
 _PLACE_BEFORE_SHARE = re.compile(r"\b(the|its|this|that|these|their|upper|lower|top|bottom|left|right|northern|"
@@ -346,7 +363,7 @@ def _fraction_ok(qualifier: str, share: float, car: float, cfg: ValidatorConfig)
 def check_numbers(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     t = text.lower()
     out = []
-    estimates = list(_ESTIMATE.finditer(t))
+    estimates = list(_ESTIMATE.finditer(t)) + list(_ESTIMATE_AFTER.finditer(t))
     for m in estimates:
         if not _estimate_ok(m.group(1), float(m.group(2)), 100 * facts["car"], cfg):
             out.append(Violation("numbers", f"{m.group(0).strip()!r} but {100 * facts['car']:.1f}% of the image "
@@ -387,6 +404,17 @@ def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
             if s.own == "pos":
                 return [Violation("change", f"asserts change ({s.text!r}) but the mask is empty")]
         return []
+    if facts["car"] < cfg.no_change_max_car:
+        # A sliver (under the share tolerated as "no change") is no new building: "new houses were built in
+        # this part" is wrong; "just a sliver of a new roof reaches into the corner" is right.
+        for s in segs:
+            if s.own == "pos" and _OBJECT_WORD.search(s.text) and not (
+                    HEDGED_PRESENCE.search(s.text) or _SMALL.search(s.text) or _NEAR_NONE.search(s.text)
+                    or re.search(r"\d|percent|\b(tiny|small|little|sliver|edge|tip|part of a|piece|trace|"
+                                 r"fragment|hint|only|just|barely|hardly)\b", s.text)):
+                return [Violation("change", f"asserts new buildings ({s.text!r}) but only "
+                                            f"{100 * facts['car']:.2f}% of the mask changed (under the "
+                                            f"{100 * cfg.no_change_max_car:g}% read as no change)")]
     if question and find_places(question.lower()):
         return []  # "No, nothing changed there" answers about the question's place (the location rules' job)
     # "What changed? - Nothing; the road and the houses are as they were.": the answer's first word denies it all.
@@ -553,10 +581,14 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
 
 _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|vast|sweeping|wholesale|"
                     r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|tract|fraction|"
-                    r"amount|proportion)s?|much of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|dominat(es|ing|ed) the (image|scene|view|frame))\b")
+                    r"amount|proportion)s?|much of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|dominat(es|ing|ed) (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|(image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region) (is|was|has been) dominated by)\b")
 _MOST = re.compile(r"\b(most of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|(the )?(majority|bulk) of (the|this) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|"
-                   r"(nearly|almost|virtually|practically) (all|the entire|the whole) (of )?((the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|it)\b|"
-                   r"(nearly|almost|virtually|practically) all of it)\b")
+                   r"(nearly|almost|virtually|practically) (all|the entire|the whole) (of )?(the|this|that) ((image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region))\b|"
+                   r"(nearly|almost|virtually|practically) all of it(?=\s*([.;,!]|$|(is|was|has|have|changed|got)\b))|"
+                   r"(nearly|almost|virtually|practically) (the )?(entire|whole) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|"
+                   r"(the )?(majority|bulk) of it\b|most of it(?= (is|was|has|changed|got)\b)|"
+                   r"(almost|nearly|virtually|practically) (completely|entirely|fully|totally) (filled|covered|built[- ]up|"
+                   r"built over|taken up|occupied))\b")
 # "Larger than what stayed the same": more than half changed. Its "stayed the same" is no negation of the claim.
 _MORE_THAN_UNCHANGED = re.compile(r"\b(larger|bigger|greater|more) than (what|the (part|area|portion|rest) that) "
                                   r"(stayed|remained|is|was|has stayed|has remained) (the same|unchanged|untouched)|"
@@ -571,7 +603,7 @@ _SPREAD = re.compile(r"\b(scattered|spread|dotted|distributed|sprinkled|strewn|d
 # ("small houses were built", "the new houses are small") it is their size.
 _SMALL = re.compile(r"\b(small[- ]scale|locali[sz]ed|minor|limited|slight(ly)?|tiny|negligible|marginal|modest|"
                     r"small (portion|part|area|patch|patches|spot|spots|fraction|share|change|changes|amount|proportion|"
-                    r"modifications?|alterations?|differences?|section|piece|zone|strip|extent|degree))\b")
+                    r"modifications?|alterations?|differences?|section|piece|zone|strip|extent|degree|sliver|slice))\b")
 _SMALL_PREDICATE = re.compile(r"^(?P<subject>.*?)\b(is|are|was|were|seems?|appears?|looks?|remains?)( (very|rather|quite|"
                               r"fairly|relatively|pretty|only|comparatively|overall))? (?P<word>small|minor|limited|"
                               r"slight|tiny|modest|minimal)\b")
@@ -617,7 +649,8 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str 
     # An answer to "how much changed in the west?" speaks of the west: not checked against the whole image.
     question_places = find_places(question.lower()) if question else []
     amount_question = bool(question) and bool(_AMOUNT_QUESTION.search(question.lower())) and not question_places
-    for s in segments(text):
+    segs = segments(text)
+    for s in segs:
         c = s.text
         if question_places and not s.places:
             continue
@@ -637,7 +670,10 @@ def check_magnitude(text: str, facts: dict, cfg: ValidatorConfig, question: str 
             continue
         if re.search(r"\b(not|no|hardly|rather than|instead of)\b", c) or s.polarity == "neg":
             continue  # "not extensive", "no large-scale change": negated magnitude words say nothing here
-        if (m := _MOST.search(c)) and not _SPREAD.search(c[:m.start()]):
+        # "most of the frame is parking and grass" is no claim about the change.
+        if (m := _MOST.search(c)) and not _SPREAD.search(c[:m.start()]) and not re.search(r"\bstill\b", c) \
+                and (about_change or any(o.sentence == s.sentence and (CHANGE_CUE.search(o.text) or
+                                                                       _ABOUT_CHANGE.search(o.text)) for o in segs)):
             if car < cfg.most_car:
                 out.append(Violation("magnitude", f"{m.group(0)!r} but the change area ratio is "
                                                   f"{100 * car:.1f}% (needs {100 * cfg.most_car:g}%)"))
