@@ -31,7 +31,7 @@ STATEMENT_SETS = [HERE / "validator_statements.txt", HERE / "validator_statement
                   HERE / "validator_statements_dev2.txt"]
 # Sets written blind, by someone who had seen neither the rules nor the other sets; each was run once on
 # the rules as they stood, then revised on (see the README's history).
-STATEMENT_SETS += [HERE / f"validator_statements_heldout{k}.txt" for k in (3, 4, 5, 6)]
+STATEMENT_SETS += [HERE / f"validator_statements_heldout{k}.txt" for k in (3, 4, 5, 6, 7)]
 CROPS = {"ul": (0, 0), "ur": (0, 1), "ll": (1, 0), "lr": (1, 1)}
 
 
