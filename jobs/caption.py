@@ -100,6 +100,7 @@ class CaptionJobConfig:
     actors: int = 2
     concurrent_batches: int = 8
     batch_size: int = 8
+    max_store_mb: float = 256.0
     num_cpus: int | None = None
     progress_every_s: float = 10.0
     no_cache: bool = False
@@ -133,6 +134,9 @@ HELP = {
     "max_tokens_field": "request field carrying the cap: max_tokens, or max_completion_tokens (switched to by "
                         "itself when a model rejects max_tokens)",
     "timeout_s": "per-request timeout in seconds",
+    "max_store_mb": "object-store budget of the pipeline in MB (prepared pairs, with their images, waiting for the "
+                    "LLM stages): preparing far ahead of a rate-limited endpoint only fills the store; 0 = Ray "
+                    "Data's default share of the store",
     "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
     "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
                               "and lowers its rate, which recovers while no 429 comes)",
@@ -279,6 +283,12 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
     Returns rows written per table. (Shared with the QA job.) The rate limiter is left running: it is
     the account's, shared by every job against the same endpoint and key."""
     import ray.data
+    if pool.max_store_mb:
+        # A bound of our own: by default Ray Data may use a share of the whole store, and the prepare
+        # stage runs as far ahead of a rate-limited endpoint as that allows.
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+            object_store_memory=pool.max_store_mb * 2**20)
     ds = ray.data.from_items(todo, override_num_blocks=block_count(len(todo), pool.batch_size))
     # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
     # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
@@ -385,7 +395,8 @@ def run(cfg: CaptionJobConfig) -> dict:
         cfg, base_url, common, prompts, ("caption_generate", "_generate", build_generate_request,
                                          handle_generate_result),
         ("caption_judge", "_judge", build_judge_request, handle_judge_result))
-    pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
+    pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
+                      max_store_mb=cfg.max_store_mb)
 
     counts: dict[str, int] = {}
     if todo:

@@ -132,7 +132,8 @@ def run(cfg: QAJobConfig) -> dict:
             cfg, base_url, common, prompts, ("qa_generate", "_qa_generate", build_generate_request,
                                              handle_generate_result),
             ("qa_judge", "_qa_judge", build_judge_request, handle_judge_result))
-        pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size)
+        pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
+                          max_store_mb=cfg.max_store_mb)
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
                                                     "qa_per_pair": cfg.qa_per_pair},

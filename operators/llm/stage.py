@@ -32,6 +32,7 @@ class PoolConfig:
     concurrent_batches: int = 8        # async calls in flight per actor
     batch_size: int = 16               # rows gathered per call
     num_cpus: float = 0.25             # per actor: they mostly wait on the network
+    max_store_mb: float = 0.0          # Ray Data's object-store budget for the pipeline (0: Ray's default share)
 
 
 @dataclass
