@@ -23,20 +23,23 @@ if not __package__:  # run as `python jobs/qa.py`: make the repo root importable
 import json
 import logging
 from collections import Counter
+
+import pyarrow.compute as pc
 from dataclasses import dataclass
 
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
-from jobs.caption import CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, run_stages
+from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
+                          run_stages)
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.language.caption_ops import PrepareConfig, discover_pairs
 from operators.language.captions import load_template
-from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_document
+from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write_vqa
 from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
-from operators.language.validators import rule_counts
+from operators.language.validators import RULES, rule_counts
 from operators.llm.stage import PoolConfig
 from operators.llm.usage import format_summary, summarize_usage
 
@@ -140,25 +143,39 @@ def run(cfg: QAJobConfig) -> dict:
                             [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
                             cfg.progress_every_s)
 
-    def rows(name: str) -> list[dict]:
-        table = read_table(out, name, TABLE_SCHEMAS[name])
-        return table.to_pylist() if table is not None else []
-
-    pair_rows, qa_rows = rows("pairs"), rows("qa")
+    # Read back columnar and streamed, as in the captions job: the driver must not grow with the archive.
+    pair_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"], columns=["pair_id", "split", "filename", "car"])
+    qa_table = read_table(out, "qa", TABLE_SCHEMAS["qa"])
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
-    resolve_errors(out, [p["pair_id"] for p in pair_rows], run_id, job=JOB)
-    out.write_bytes(VQA_FILE, json.dumps(vqa_document(pair_rows, qa_rows), indent=1).encode())
-    this_run = [r for r in qa_rows if r["run_id"] == run_id]
-    caught = rule_counts(json.loads(r["validator_violations"]) for r in this_run if r["validator_violations"])
+    if pair_table is not None:
+        resolve_errors(out, pair_table.column("pair_id").to_pylist(), run_id, job=JOB)
+    with out.open_output(VQA_FILE) as f:
+        write_vqa(row_batches(None if pair_table is None or qa_table is None else vqa_rows(pair_table, qa_table)), f)
+    caught: Counter = Counter()
+    candidates = selected = rejected = 0
+    types: Counter = Counter()
+    this_run = None if qa_table is None else qa_table.filter(pc.equal(qa_table["run_id"], run_id)).select(
+        ["selected", "validator_ok", "validator_violations", "question_type"])
+    for r in (r for rows in row_batches(this_run) for r in rows):
+        candidates += 1
+        selected += bool(r["selected"])
+        rejected += r["validator_ok"] is False and cfg.validators == "reject"
+        types[r["question_type"]] += 1
+        if r["validator_violations"]:
+            caught.update(rule_counts([json.loads(r["validator_violations"])]))
+    errors = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["run_id"])
     return {"run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
-            "pairs_finished_total": len(pair_rows),
-            "errors": sum(1 for r in rows("errors") if r["run_id"] == run_id),
-            "qa_candidates": len(this_run), "qa_selected": sum(1 for r in this_run if r["selected"]),
-            "validators": cfg.validators, "validator_caught": caught,
-            "validator_rejected": sum(1 for r in this_run if r["validator_ok"] is False and cfg.validators == "reject"),
-            "question_types": dict(Counter(r["question_type"] for r in this_run)),
-            "rows_written": counts,
-            "usage": summarize_usage([r for r in rows("usage") if r["run_id"] == run_id])}
+            "pairs_finished_total": 0 if pair_table is None else pair_table.num_rows,
+            "errors": 0 if errors is None else pc.sum(pc.equal(errors["run_id"], run_id)).as_py() or 0,
+            "qa_candidates": candidates, "qa_selected": selected,
+            "validators": cfg.validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
+            "validator_rejected": rejected, "question_types": dict(types), "rows_written": counts,
+            "usage": summarize_usage(r for rows in row_batches(_this_run(out, "usage", run_id)) for r in rows)}
+
+
+def _this_run(out: Store, table: str, run_id: str):
+    t = read_table(out, table, TABLE_SCHEMAS[table])
+    return None if t is None else t.filter(pc.equal(t["run_id"], run_id))
 
 
 def main(argv: list[str] | None = None) -> int:

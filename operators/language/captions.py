@@ -149,16 +149,26 @@ def write_levir_cc(sorted_batches, f) -> int:
     ``json.dumps(document, indent=1)`` gives, holding one image at a time: the file of a whole archive
     need not fit in the driver. ``sorted_batches``: lists of pair rows, already in (split, filename)
     order. Returns the number of images written."""
+    def images():
+        imgid = sentid = 0
+        for rows in sorted_batches:
+            for p in rows:
+                if p.get("selected_captions"):
+                    yield _levir_cc_image(p, imgid, sentid)
+                    imgid += 1
+                    sentid += len(p["selected_captions"])
+    return write_images_document(images(), f)
+
+
+def write_images_document(images, f) -> int:
+    """``{"images": [...]}`` from an iterable of image dicts, written to the binary file ``f`` one image at
+    a time, byte for byte ``json.dumps(document, indent=1)``. Returns the number of images."""
     import json
     f.write(b'{\n "images": [')
-    imgid = sentid = 0
-    for rows in sorted_batches:
-        for p in rows:
-            if not p.get("selected_captions"):
-                continue
-            text = json.dumps(_levir_cc_image(p, imgid, sentid), indent=1)
-            f.write(("\n" if imgid == 0 else ",\n").encode() + "\n".join("  " + line for line in text.split("\n")).encode())
-            imgid += 1
-            sentid += len(p["selected_captions"])
-    f.write(b"\n ]\n}" if imgid else b"]\n}")
-    return imgid
+    n = 0
+    for img in images:
+        text = json.dumps(img, indent=1)
+        f.write(("\n" if n == 0 else ",\n").encode() + "\n".join("  " + line for line in text.split("\n")).encode())
+        n += 1
+    f.write(b"\n ]\n}" if n else b"]\n}")
+    return n

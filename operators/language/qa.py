@@ -94,6 +94,40 @@ def select_qa(overall: float, threshold: float = THRESHOLD) -> QASelection:
     return QASelection(False, f"overall {overall:g} below {threshold:g}")
 
 
+def vqa_rows(pairs, qa):
+    """The selected QA rows (Arrow) with their pair's split, filename and CAR, in ``VQA.json`` order:
+    what :func:`write_vqa` streams, kept columnar (the driver never holds every row as Python objects)."""
+    import pyarrow.compute as pc
+    sel = qa.filter(pc.equal(qa["selected"], True)).select(["pair_id", "qa_index", "question_type", "question",
+                                                            "answer"])
+    joined = sel.join(pairs.select(["pair_id", "split", "filename", "car"]), "pair_id", join_type="inner")
+    return joined.sort_by([("split", "ascending"), ("filename", "ascending"), ("pair_id", "ascending"),
+                           ("qa_index", "ascending")])
+
+
+def write_vqa(sorted_batches, f) -> int:
+    """:func:`vqa_document` written to ``f`` as it goes, from batches of :func:`vqa_rows` (a pair's rows
+    are consecutive). Returns the number of images."""
+    def images():
+        current, qa = None, []
+        for rows in sorted_batches:
+            for r in rows:
+                if current is not None and r["pair_id"] != current["pair_id"]:
+                    yield _vqa_image(current, qa)
+                    qa = []
+                if not qa:
+                    current = r
+                qa.append({"type": r["question_type"], "question": r["question"], "answer": r["answer"]})
+        if qa:
+            yield _vqa_image(current, qa)
+    return captions.write_images_document(images(), f)
+
+
+def _vqa_image(p: dict, qa: list[dict]) -> dict:
+    return {"filename": p["filename"], "filepath": p["split"], "split": p["split"], "change_ratio": p.get("car"),
+            "qa": qa}
+
+
 def vqa_document(pairs: list[dict], qa_rows: list[dict]) -> dict:
     """``{"images": [{"filename", "filepath", "split", "change_ratio", "qa": [{"type", "question",
     "answer"}]}]}``: per image the selected QA pairs in generation order. Images without a selected QA
@@ -107,8 +141,6 @@ def vqa_document(pairs: list[dict], qa_rows: list[dict]) -> dict:
         rows = sorted(by_pair.get(p["pair_id"], []), key=lambda r: r["qa_index"])
         if not rows:
             continue
-        images.append({"filename": p["filename"], "filepath": p["split"], "split": p["split"],
-                       "change_ratio": p.get("car"),
-                       "qa": [{"type": r["question_type"], "question": r["question"], "answer": r["answer"]}
-                              for r in rows]})
+        images.append(_vqa_image(p, [{"type": r["question_type"], "question": r["question"], "answer": r["answer"]}
+                                     for r in rows]))
     return {"images": images}

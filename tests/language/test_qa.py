@@ -140,3 +140,23 @@ def test_caption_context_from_levir_cc_json_and_vqa_document(tmp_path):
     assert vqa == {"images": [{"filename": "a.png", "filepath": "test", "split": "test", "change_ratio": 0.2,
                                "qa": [{"type": "WHAT", "question": "q0", "answer": "a0"},
                                       {"type": "WHERE", "question": "q1", "answer": "a1"}]}]}
+
+
+@pytest.mark.parametrize("n_pairs", [0, 1, 9])
+def test_vqa_file_written_as_it_goes_is_the_document_byte_for_byte(n_pairs):
+    import io
+    import pyarrow as pa
+    from operators.language.qa import vqa_rows, write_vqa
+    pairs = [{"pair_id": f"p{i}", "filename": f"f_{(7 * i) % 10}.png", "split": ("test", "train")[i % 2],
+              "car": 0.05 * i} for i in range(n_pairs)]
+    qa = [{"pair_id": f"p{i}", "qa_index": k, "question_type": "WHAT", "question": f"q{i}.{k} \u00e9",
+           "answer": f"a{i}.{k}", "selected": (i + k) % 3 != 0} for i in range(n_pairs) for k in (3, 0, 2, 1)]
+    table = vqa_rows(pa.Table.from_pylist(pairs, schema=pa.schema([("pair_id", pa.string()), ("filename", pa.string()),
+                                                                   ("split", pa.string()), ("car", pa.float64())])),
+                     pa.Table.from_pylist(qa, schema=pa.schema([("pair_id", pa.string()), ("qa_index", pa.int64()),
+                                                                ("question_type", pa.string()), ("question", pa.string()),
+                                                                ("answer", pa.string()), ("selected", pa.bool_())])))
+    f = io.BytesIO()
+    written = write_vqa((b.to_pylist() for b in table.to_batches(max_chunksize=4)), f)
+    doc = vqa_document(pairs, qa)
+    assert f.getvalue() == json.dumps(doc, indent=1).encode() and written == len(doc["images"])
