@@ -579,13 +579,17 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
     return out
 
 
+# What "most of / much of / dominated" may be said of: the view itself ("this crop", "the scene").
+_VIEW = r"(image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)"
 _LARGE = re.compile(r"\b(large[- ]scale|extensive(ly)?|widespread|massive(ly)?|vast|sweeping|wholesale|"
-                    r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|tract|fraction|"
-                    r"amount|proportion)s?|much of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|dominat(es|ing|ed) (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|(image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region) (is|was|has been) dominated by)\b")
-_MOST = re.compile(r"\b(most of (the|this|that) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|(the )?(majority|bulk) of (the|this) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|"
-                   r"(nearly|almost|virtually|practically) (all|the entire|the whole) (of )?(the|this|that) ((image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region))\b|"
+                    r"(large|considerable|substantial|sizable|sizeable|significant) (portion|part|area|share|swath|"
+                    r"tract|fraction|amount|proportion)s?|"
+                    rf"much of (the|this|that) {_VIEW}|dominat(es|ing|ed) (the|this|that) {_VIEW}|"
+                    rf"{_VIEW} (is|was|has been) dominated by)\b")
+_MOST = re.compile(rf"\b(most of (the|this|that) {_VIEW}|(the )?(majority|bulk) of (the|this) {_VIEW}|"
+                   rf"(nearly|almost|virtually|practically) (all|the entire|the whole) (of )?(the|this|that) ({_VIEW})\b|"
                    r"(nearly|almost|virtually|practically) all of it(?=\s*([.;,!]|$|(is|was|has|have|changed|got)\b))|"
-                   r"(nearly|almost|virtually|practically) (the )?(entire|whole) (image|scene|area|frame|view|crop|section|quadrant|tile|picture|photo|part|patch|region)|"
+                   rf"(nearly|almost|virtually|practically) (the )?(entire|whole) {_VIEW}|"
                    r"(the )?(majority|bulk) of it\b|most of it(?= (is|was|has|changed|got)\b)|"
                    r"(almost|nearly|virtually|practically) (completely|entirely|fully|totally) (filled|covered|built[- ]up|"
                    r"built over|taken up|occupied))\b")

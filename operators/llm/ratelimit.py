@@ -516,9 +516,7 @@ class LeaseClient:
             if self.epoch is not None:
                 outstanding = self.granted_total - self.settled_total
                 log.warning("rate limiter restarted; re-registering %d permits in flight", outstanding)
-                horizon = time.time() - 60.0
-                while self._booked_sends and self._booked_sends[0][0] <= horizon:
-                    self._booked_sends.popleft()
+                self._trim_booked_sends()
                 epoch = await self._call("adopt", outstanding, tuple(self._unreported), list(self._booked_sends),
                                          self.client_id)
             self.epoch = epoch
@@ -612,6 +610,13 @@ class LeaseClient:
         await asyncio.sleep(self.release_every_s)
         await self.flush()
 
+    def _trim_booked_sends(self) -> None:
+        """Only the last minute's sends are handed to a restarted limiter: keep no more (a long run's
+        every send would otherwise pile up here)."""
+        horizon = time.time() - 60.0
+        while self._booked_sends and self._booked_sends[0][0] <= horizon:
+            self._booked_sends.popleft()
+
     def _has_news(self) -> bool:
         return bool(self._pending_release or self._pending_usage or self._sends or self._unused[0])
 
@@ -636,5 +641,6 @@ class LeaseClient:
                     self._unreported[0] -= len(sends) + unused[0]
                     self._unreported[1] -= sum(t for _, t in sends) + unused[1]
                     self._booked_sends.extend(sends)
+                    self._trim_booked_sends()
                     return
                 await self._sync_epoch(epoch, asked_with)
