@@ -77,6 +77,7 @@ class Sampler(threading.Thread):
         self.peak_rss = self.peak_store = 0
         self.samples = 0
         self.store_samples: list[int] = []
+        self.trace: list[tuple[float, int, int]] = []   # (seconds since start, driver RSS, store bytes)
         self.stop = threading.Event()
 
     def store_used(self) -> int:
@@ -84,9 +85,12 @@ class Sampler(threading.Thread):
         return int(get_memory_info_reply(get_state_from_address(self.gcs_address)).store_stats.object_store_bytes_used)
 
     def run(self) -> None:
+        t0 = time.time()
         while not self.stop.is_set():
+            rss = used = -1
             try:
-                self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+                rss = self.proc.memory_info().rss
+                self.peak_rss = max(self.peak_rss, rss)
             except Exception:  # noqa: BLE001 - the process has ended
                 pass
             try:
@@ -95,6 +99,7 @@ class Sampler(threading.Thread):
                 self.store_samples.append(used)
             except Exception:  # noqa: BLE001 - a missed sample, not a wrong one
                 pass
+            self.trace.append((time.time() - t0, rss, used))
             self.samples += 1
             self.stop.wait(self.every_s)
 
@@ -114,6 +119,10 @@ def run_sampled(name: str, cmd: list[str], env: dict, gcs_address: str, every_s:
                       f"store peak {sampler.peak_store / 2**20:.1f} MB", flush=True)
         sampler.stop.set()
         sampler.join()
+    # The samples over time, to see when a peak came (start, steady state, end of run).
+    with open(log_path.with_suffix(".samples.csv"), "w") as f:
+        f.write("seconds,driver_rss_bytes,store_bytes\n")
+        f.writelines(f"{t:.2f},{rss},{used}\n" for t, rss, used in sampler.trace)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}); see {log_path}")
     ordered = sorted(sampler.store_samples) or [0]
@@ -133,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-store-mb", type=float, default=256.0, help="the captions job's --max-store-mb")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--every-s", type=float, default=0.25)
-    ap.add_argument("--keep", default="", help="keep inputs and outputs in this folder")
+    ap.add_argument("--keep", default="", help="keep inputs, outputs, job logs and the sampled series "
+                    "(<job>_<f>x.samples.csv) in this folder")
     args = ap.parse_args(argv)
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
 

@@ -55,6 +55,7 @@ from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
 from operators.io.cli import init_ray
 from operators.io.storage import Store
+from operators.io.work_list import delete_work_list, read_work_list, write_work_list
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 
 log = logging.getLogger("changeforge.caption")
@@ -269,19 +270,12 @@ class ProgressReporter(threading.Thread):
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
 
 
-def block_count(n_items: int, rows_per_block: int) -> int:
-    """Blocks of at most ``rows_per_block`` items (the LLM pool's batch size). Each prepared pair
-    carries its encoded images (hundreds of KB) and the object store holds the blocks in flight
-    between the stages, so a block must not grow with the input: a fixed 64 blocks (below 2,048
-    pairs) made 2,000 pairs hold 4.2x the store of 200 (benchmarks/memory_scale.py)."""
-    return max(1, -(-n_items // max(1, rows_per_block)))
-
-
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
-               limiter, progress_every_s: float) -> dict[str, int]:
+               limiter, progress_every_s: float, *, work: Store, run_id: str) -> dict[str, int]:
     """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
-    Returns rows written per table. (Shared with the QA job.) The rate limiter is left running: it is
-    the account's, shared by every job against the same endpoint and key."""
+    Returns rows written per table. (Shared with the QA job.) The work list goes through ``work``
+    (the output store), not the object store, and is removed at the end. The rate limiter is left
+    running: it is the account's, shared by every job against the same endpoint and key."""
     import ray.data
     if pool.max_store_mb:
         # A bound of our own: by default Ray Data may use a share of the whole store, and the prepare
@@ -289,21 +283,26 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
             object_store_memory=pool.max_store_mb * 2**20)
-    ds = ray.data.from_items(todo, override_num_blocks=block_count(len(todo), pool.batch_size))
-    # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
-    # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
-    ds = ds.flat_map(prepare, fn_kwargs=prepare_kwargs, num_cpus=0.5)
-    for stage in stages:
-        ds = apply_llm_stage(ds, stage, pool)
-    reporter = ProgressReporter(limiter, progress_every_s, len(todo))
-    reporter.start()
+    parts = write_work_list(work, run_id, todo)
     try:
-        # A quarter CPU: a default write task wants a whole one, which Ray Data's per-operator
-        # budget on a small node only frees when the stages are done; every row then waited in
-        # the object store until the end instead of streaming to the tables.
-        ds.write_datasink(sink, ray_remote_args={"num_cpus": 0.25})
+        # Blocks of one LLM batch: a prepared pair carries its encoded images, so a block must not
+        # grow with the input (a fixed 64 blocks made 2,000 pairs hold 4.2x the store of 200).
+        # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
+        # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
+        ds = read_work_list(work, parts, pool.batch_size, prepare, prepare_kwargs, num_cpus=0.5)
+        for stage in stages:
+            ds = apply_llm_stage(ds, stage, pool)
+        reporter = ProgressReporter(limiter, progress_every_s, len(todo))
+        reporter.start()
+        try:
+            # A quarter CPU: a default write task wants a whole one, which Ray Data's per-operator
+            # budget on a small node only frees when the stages are done; every row then waited in
+            # the object store until the end instead of streaming to the tables.
+            ds.write_datasink(sink, ray_remote_args={"num_cpus": 0.25})
+        finally:
+            reporter.stop.set()
     finally:
-        reporter.stop.set()
+        delete_work_list(work, run_id)
     return sink.counts
 
 
@@ -402,7 +401,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     if todo:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
-                            TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s)
+                            TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s,
+                            work=out, run_id=run_id)
     # The end of the run reads the tables back columnar and streams what it writes: the driver's
     # memory must not grow with the archive (benchmarks/memory_scale.py).
     pair_table = summary_table(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])

@@ -141,7 +141,7 @@ def run(cfg: QAJobConfig) -> dict:
         counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
                                                     "qa_per_pair": cfg.qa_per_pair},
                             [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
-                            cfg.progress_every_s)
+                            cfg.progress_every_s, work=out, run_id=run_id)
 
     # Read back columnar and streamed, as in the captions job: the driver must not grow with the archive.
     pair_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"], columns=["pair_id", "split", "filename", "car"])
