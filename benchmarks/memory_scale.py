@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from operators.io.cli import RAY_SYSTEM_CONFIG
+
 REPO = Path(__file__).resolve().parent.parent
 FACTORS = (1, 3, 10)
 STORE_FLOOR = 2**20   # object-store peaks under 1 MB count as 1 MB in the growth ratio
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-store-mb", type=float, default=256.0, help="the captions job's --max-store-mb")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--every-s", type=float, default=0.25)
+    ap.add_argument("--free-period-ms", type=int, default=RAY_SYSTEM_CONFIG["free_objects_period_milliseconds"],
+                    help="Ray's free_objects_period_milliseconds (the jobs start Ray with 100; Ray's own default is 1000)")
     ap.add_argument("--keep", default="", help="keep inputs, outputs, job logs and the sampled series "
                     "(<job>_<f>x.samples.csv) in this folder")
     args = ap.parse_args(argv)
@@ -149,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="memory_scale_"))
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    # Started as the jobs start a local Ray (operators/io/cli.py), with --free-period-ms to compare.
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             _system_config={**RAY_SYSTEM_CONFIG, "free_objects_period_milliseconds": args.free_period_ms})
     gcs = ray.get_runtime_context().gcs_address
     env = {k: v for k, v in os.environ.items()}
     env.update(RAY_ADDRESS=gcs, PYTHONPATH=str(REPO), OPENAI_API_KEY="sk-bench-not-a-key")

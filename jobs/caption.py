@@ -8,7 +8,8 @@ for a secret file or an AWS Secrets Manager secret read on each worker; never a 
 so the key sits in no shell history, process list, actor argument or dashboard). Outputs under --output:
 ``captions/`` (every candidate with scores and the selection), ``pairs/`` (one row per pair: mask stats
 and selected captions), ``usage/`` (tokens and cost per request), ``errors/`` (this run's failures),
-``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice).
+``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice);
+while it runs, ``_work/worklist/`` holds the pairs to do, which the workers read a batch at a time.
 A rerun skips pairs already in ``pairs/`` and answers the rest from the cache where it can.
 
 Real endpoints (the key is read from the environment only):
@@ -55,7 +56,7 @@ from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
 from operators.io.cli import init_ray
 from operators.io.storage import Store
-from operators.io.work_list import delete_work_list, read_work_list, write_work_list
+from operators.io.work_list import delete_stale_work_lists, delete_work_list, read_work_list, write_work_list
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 
 log = logging.getLogger("changeforge.caption")
@@ -271,7 +272,7 @@ class ProgressReporter(threading.Thread):
 
 
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
-               limiter, progress_every_s: float, *, work: Store, run_id: str) -> dict[str, int]:
+               limiter, progress_every_s: float, *, work: Store, job: str, run_id: str) -> dict[str, int]:
     """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
     Returns rows written per table. (Shared with the QA job.) The work list goes through ``work``
     (the output store), not the object store, and is removed at the end. The rate limiter is left
@@ -283,7 +284,8 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
             object_store_memory=pool.max_store_mb * 2**20)
-    parts = write_work_list(work, run_id, todo)
+    name = f"{job}-{run_id}"
+    parts = write_work_list(work, name, todo)
     try:
         # Blocks of one LLM batch: a prepared pair carries its encoded images, so a block must not
         # grow with the input (a fixed 64 blocks made 2,000 pairs hold 4.2x the store of 200).
@@ -302,7 +304,7 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
         finally:
             reporter.stop.set()
     finally:
-        delete_work_list(work, run_id)
+        delete_work_list(work, name)
     return sink.counts
 
 
@@ -380,6 +382,7 @@ def run(cfg: CaptionJobConfig) -> dict:
     pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
+    delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
     log.info("%d pairs found, %d already finished, %d to do (run %s)", len(pairs), len(pairs) - len(todo),
              len(todo), run_id)
 
@@ -402,7 +405,7 @@ def run(cfg: CaptionJobConfig) -> dict:
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s,
-                            work=out, run_id=run_id)
+                            work=out, job=JOB, run_id=run_id)
     # The end of the run reads the tables back columnar and streams what it writes: the driver's
     # memory must not grow with the archive (benchmarks/memory_scale.py).
     pair_table = summary_table(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])

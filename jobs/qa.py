@@ -33,6 +33,7 @@ from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, genera
                           run_stages)
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
+from operators.io.work_list import delete_stale_work_lists
 from operators.language.caption_ops import PrepareConfig, discover_pairs
 from operators.language.captions import load_template
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write_vqa
@@ -119,6 +120,7 @@ def run(cfg: QAJobConfig) -> dict:
         p["context_captions"] = context_for(p, context)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
+    delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
     log.info("%d pairs found (%d with caption context), %d already finished, %d to do (run %s)", len(pairs),
              sum(1 for p in pairs if p["context_captions"]), len(pairs) - len(todo), len(todo), run_id)
 
@@ -141,7 +143,7 @@ def run(cfg: QAJobConfig) -> dict:
         counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
                                                     "qa_per_pair": cfg.qa_per_pair},
                             [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
-                            cfg.progress_every_s, work=out, run_id=run_id)
+                            cfg.progress_every_s, work=out, job=JOB, run_id=run_id)
 
     # Read back columnar and streamed, as in the captions job: the driver must not grow with the archive.
     pair_table = read_table(out, "pairs", TABLE_SCHEMAS["pairs"], columns=["pair_id", "split", "filename", "car"])

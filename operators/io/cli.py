@@ -64,6 +64,13 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides):
     return cls(**values)
 
 
+# Ray deletes freed objects in batches, once a second by default. At the language jobs' rate a second
+# of freed blocks (each one LLM batch of encoded images) was half their object-store use and most of
+# its peaks (benchmarks/memory_scale.py). Every Ray these jobs start uses 100 ms, and so do
+# cluster.yaml and deploy/kuberay/ (as RAY_free_objects_period_milliseconds on every node).
+RAY_SYSTEM_CONFIG = {"free_objects_period_milliseconds": 100}
+
+
 def init_ray(num_cpus: int | None) -> None:
     """Connect to ``RAY_ADDRESS`` (a cluster, or the job's own under ``ray job submit``), else start
     a local Ray with ``num_cpus``.
@@ -79,4 +86,4 @@ def init_ray(num_cpus: int | None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, _system_config=RAY_SYSTEM_CONFIG)

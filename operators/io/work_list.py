@@ -24,14 +24,14 @@ ITEM_COLUMN = "item"
 ROWS_PER_PART = 512
 
 
-def write_work_list(store: Store, run_id: str, items: Iterable[dict],
+def write_work_list(store: Store, name: str, items: Iterable[dict],
                     rows_per_part: int = ROWS_PER_PART) -> list[tuple[str, int]]:
-    """Write ``items`` as parts of ``rows_per_part`` rows under ``_work/worklist/<run_id>/``; returns
-    each part's relative path and row count, in order. A rerun of the same run id rewrites the same parts."""
+    """Write ``items`` as parts of ``rows_per_part`` rows under ``_work/worklist/<name>/`` (name:
+    ``<job>-<run id>``); returns each part's relative path and row count, in order."""
     parts, chunk = [], []
 
     def flush() -> None:
-        rel = f"{WORK_LIST_DIR}/{run_id}/part-{len(parts):05d}.parquet"
+        rel = f"{WORK_LIST_DIR}/{name}/part-{len(parts):05d}.parquet"
         sink = pa.BufferOutputStream()
         pq.write_table(pa.table({ITEM_COLUMN: pa.array(chunk, pa.string())}), sink)
         store.write_bytes(rel, sink.getvalue().to_pybytes())
@@ -47,10 +47,20 @@ def write_work_list(store: Store, run_id: str, items: Iterable[dict],
     return parts
 
 
-def delete_work_list(store: Store, run_id: str) -> None:
+def delete_work_list(store: Store, name: str) -> None:
     """Remove a run's work list (its items are in the output tables or the errors table by now)."""
-    for rel in store.list(f"{WORK_LIST_DIR}/{run_id}"):
+    for rel in store.list(f"{WORK_LIST_DIR}/{name}"):
         store.delete(rel)
+
+
+def delete_stale_work_lists(store: Store, job: str) -> int:
+    """Remove the work lists that earlier runs of ``job`` left (a killed driver never reaches its
+    own cleanup); other jobs' lists are left alone. Returns how many were removed."""
+    names = {rel.split("/")[2] for rel in store.list(WORK_LIST_DIR) if rel.count("/") >= 3}
+    stale = sorted(n for n in names if n.startswith(f"{job}-"))
+    for name in stale:
+        delete_work_list(store, name)
+    return len(stale)
 
 
 @functools.lru_cache(maxsize=4)

@@ -50,7 +50,8 @@ class LocalRayCluster:
 
     def __post_init__(self):
         base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_free_objects_period_milliseconds": "100", **self.env}   # as cluster.yaml
         self._ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                   "--num-cpus", str(self.head_cpus), "--dashboard-host", "127.0.0.1",
                   "--dashboard-port", str(self.dashboard_port),

@@ -115,6 +115,7 @@ def check_outputs(s3_bucket: str, names: set[str]) -> None:
     assert ended == sorted(names)
     captions = assert_exactly_once(captions_out, "captions", key=("pair_id", "candidate_index"))
     assert {c["pair_id"] for c in captions} == {p["pair_id"] for p in pairs}
+    assert captions_out.list("_work/worklist") == []   # a killed driver's work list went with the rerun
 
 
 def assert_nothing_paid_twice(server, kill_time: float) -> None:

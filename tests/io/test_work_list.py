@@ -6,7 +6,7 @@ import time
 import pytest
 
 from operators.io.storage import Store
-from operators.io.work_list import (WORK_LIST_DIR, block_ranges, delete_work_list, item_of, read_block,
+from operators.io.work_list import (WORK_LIST_DIR, block_ranges, delete_stale_work_lists, delete_work_list, item_of, read_block,
                                     read_work_list, write_work_list)
 
 
@@ -35,6 +35,14 @@ def test_every_item_comes_back_once_in_order_in_small_blocks(tmp_path):
     assert max(sizes) == 8 and len(sizes) == 64 + 64 + 10
     delete_work_list(store, "run1")
     assert store.list(WORK_LIST_DIR) == []
+
+
+def test_a_rerun_removes_what_a_killed_run_of_its_job_left(tmp_path):
+    store = Store(str(tmp_path))
+    write_work_list(store, "caption-20260101T000000-aaaaaa", items(3))   # a driver killed mid-run
+    write_work_list(store, "qa-20260101T000000-bbbbbb", items(3))        # another job, maybe running
+    assert delete_stale_work_lists(store, "caption") == 1
+    assert store.list(WORK_LIST_DIR) == [f"{WORK_LIST_DIR}/qa-20260101T000000-bbbbbb/part-00000.parquet"]
 
 
 def test_work_list_on_s3(s3_bucket):

@@ -164,6 +164,7 @@ def test_s3_input_and_output(ray_session, openai_server, s3_client, s3_bucket):
     doc = json.loads(Store(out).read_bytes(LEVIR_CC_FILE))
     assert doc["images"] and all(img["sentences"] for img in doc["images"])
     assert len(Store(out).list("_cache/llm", suffixes=(".json",))) == 22
+    assert Store(out).list("_work/worklist") == []   # the run's work list (on S3 here) went at its end
 
 
 def test_cli_without_endpoint_stops_at_once_and_help_lists_options(tmp_path):

@@ -43,7 +43,7 @@ def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, open
     second = StageSpec(**{**stage.__dict__, "name": "again", "input_table": "_again"})
     stage.handle_result = lambda record, result: [envelope("_again", record)]
     run_stages(todo, slow_prepare, {}, [stage, second], PoolConfig(batch_size=4, concurrent_batches=2), TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"),
-               work=Store(str(tmp_path)), run_id="run1",
+               work=Store(str(tmp_path)), job="streaming", run_id="run1",
                limiter=None, progress_every_s=60)
     rows = read_table(Store(str(tmp_path)), "errors").to_pylist()
     assert sorted(r["item"] for r in rows) == [t["pair_id"] for t in todo]
