@@ -18,7 +18,9 @@ process only: not its Ray workers) and the object store's bytes in use
 move with use in Ray 2.60). Reports each run's peaks, prints a table and ends with one line:
 ``pairs_rss_growth=<peak 10x / peak 1x> pairs_store_growth=.. captions_rss_growth=.. captions_store_growth=..``
 (target: at most 1.2 each; object-store peaks under 1 MB count as 1 MB, since a ratio of a few
-kilobytes of Ray's own objects is noise).
+kilobytes of Ray's own objects is noise). Ray is started as the jobs start it: freed objects deleted
+every 100 ms (``--free-period-ms 1000`` for Ray's own default, under which a second of freed blocks
+doubles the captions job's store use).
 
     python -m benchmarks.memory_scale                 # 1x = 4 scene pairs (36 slices) and 200 caption pairs
     python -m benchmarks.memory_scale --pairs-unit 2 --captions-unit 60 --jobs pairs,captions   # quick
