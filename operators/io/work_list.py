@@ -1,9 +1,9 @@
 """A job's work list, kept in the output store and streamed into Ray Data a block at a time.
 
 ``ray.data.from_items(todo)`` puts every input row into the object store and keeps it there for the
-whole run: 2.5 MB for 6,000 caption pairs, ten times what 600 pairs hold, and 40 MB for an archive of
-100,000 (benchmarks/memory_scale.py). The work list is written instead as a few Parquet parts beside
-the job's other work files (``_work/worklist/<run id>/``, ``rows_per_part`` rows each, one JSON
+whole run: 2.5 MB for 6,000 caption pairs, ten times what 600 pairs hold, and about 42 MB for an
+archive of 100,000 (benchmarks/memory_scale.py). The work list is written instead as a few Parquet
+parts beside the job's other work files (``_work/worklist/<job>-<run id>/``, ``rows_per_part`` rows each, one JSON
 string per item so that nested items keep their shape). One read task per block reads its rows from
 a part and runs the job's first step on them in the same task, so the object store holds the read
 tasks (a part name and a row range each) and that step's outputs, not the input.
