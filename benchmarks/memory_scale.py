@@ -10,7 +10,8 @@ local Ray that this benchmark starts with ``--num-cpus`` CPUs), three input size
   tiles) and a graph window of one 1x input (``--window-slices``), so the 3x and 10x runs go
   through several windows as an archive run does;
 - the captions job on the 12 LEVIR-CD samples repeated under new names (``benchmarks/_levir_repeat.py``)
-  against the OpenAI-compatible test server (test equipment; no faults, no rate limit).
+  against the OpenAI-compatible test server (test equipment; no faults, no rate limit);
+- the QA job (``--jobs captions,qa``) on the captions job's output of the same size.
 
 While a job runs, every ``--every-s`` seconds: the resident set of the job's driver process (that
 process only: not its Ray workers) and the object store's bytes in use
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int], dict] = {}
     server = None
     try:
-        if "captions" in jobs:
+        if "captions" in jobs or "qa" in jobs:
             from tests.openai_test_server import ServerProcess  # test equipment, in its own process
             server = ServerProcess(latency_ms=50)
         for job in jobs:
@@ -179,6 +180,16 @@ def main(argv: list[str] | None = None) -> int:
                            "--reference-date", "2021-01-01", "--window-slices", str(args.window_slices),
                            "--rows-per-shard", "100"]
                     size = f"{n} scene pairs"
+                elif job == "qa":
+                    # The QA job's input is the captions job's output at the same size.
+                    src = tmp / f"captions_{f}x_out"
+                    if not src.exists():
+                        raise SystemExit("--jobs qa needs the captions runs first (--jobs captions,qa)")
+                    n = args.captions_unit * f
+                    cmd = [sys.executable, "-m", "jobs.qa", "--input", str(src), "--output", str(out),
+                           "--model", "bench-model", "--base-url", server.base_url, "--rpm", "0", "--tpm", "0",
+                           "--progress-every-s", "30", "--max-store-mb", str(args.max_store_mb)]
+                    size = f"{n} captioned pairs"
                 else:
                     from benchmarks._levir_repeat import build_repeated_levir
                     n = args.captions_unit * f
@@ -224,7 +235,7 @@ def _output_rows(job: str, out: Path) -> str:
     from operators.io.storage import Store
     from operators.io.tables import read_table
     store = Store(str(out))
-    tables = ("metadata", "errors") if job == "pairs" else ("pairs", "captions", "errors")
+    tables = {"pairs": ("metadata", "errors"), "qa": ("pairs", "qa", "errors")}.get(job, ("pairs", "captions", "errors"))
     counts = []
     for name in tables:
         t = read_table(store, name)
