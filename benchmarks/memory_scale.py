@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         if "captions" in jobs or "qa" in jobs:
             from tests.openai_test_server import ServerProcess  # test equipment, in its own process
             server = ServerProcess(latency_ms=50)
+            # The language jobs' shared settings: the test server, no rate limit.
+            llm_args = ["--model", "bench-model", "--base-url", server.base_url, "--rpm", "0", "--tpm", "0",
+                        "--progress-every-s", "30", "--max-store-mb", str(args.max_store_mb)]
         for job in jobs:
             for f in FACTORS:
                 inp, out = tmp / f"{job}_{f}x_input", tmp / f"{job}_{f}x_out"
@@ -186,18 +189,14 @@ def main(argv: list[str] | None = None) -> int:
                     if not src.exists():
                         raise SystemExit("--jobs qa needs the captions runs first (--jobs captions,qa)")
                     n = args.captions_unit * f
-                    cmd = [sys.executable, "-m", "jobs.qa", "--input", str(src), "--output", str(out),
-                           "--model", "bench-model", "--base-url", server.base_url, "--rpm", "0", "--tpm", "0",
-                           "--progress-every-s", "30", "--max-store-mb", str(args.max_store_mb)]
+                    cmd = [sys.executable, "-m", "jobs.qa", "--input", str(src), "--output", str(out), *llm_args]
                     size = f"{n} captioned pairs"
                 else:
                     from benchmarks._levir_repeat import build_repeated_levir
                     n = args.captions_unit * f
                     if not inp.exists():
                         build_repeated_levir(inp, n)
-                    cmd = [sys.executable, "-m", "jobs.caption", "--input", str(inp), "--output", str(out),
-                           "--model", "bench-model", "--base-url", server.base_url, "--rpm", "0", "--tpm", "0",
-                           "--progress-every-s", "30", "--max-store-mb", str(args.max_store_mb)]
+                    cmd = [sys.executable, "-m", "jobs.caption", "--input", str(inp), "--output", str(out), *llm_args]
                     size = f"{n} pairs"
                 print(f"{job} {f}x ({size}) ...", flush=True)
                 r = run_sampled(f"{job} {f}x", cmd, env, gcs, args.every_s, tmp / f"{job}_{f}x.log")
