@@ -18,6 +18,8 @@ process only: not its Ray workers) and the object store's bytes in use
 (``object_store_bytes_used`` of the GCS memory-info reply; ``ray.available_resources()`` does not
 move with use in Ray 2.60). Reports each run's peaks, prints a table and ends with one line:
 ``pairs_rss_growth=<peak 10x / peak 1x> pairs_store_growth=.. captions_rss_growth=.. captions_store_growth=..``
+(and for the language jobs ``<job>_end_of_run_worker_rss_growth``: their end of run runs in a worker
+process of its own, whose peak RSS they log)
 (target: at most 1.2 each; object-store peaks under 1 MB count as 1 MB, since a ratio of a few
 kilobytes of Ray's own objects is noise). Ray is started as the jobs start it: freed objects deleted
 every 100 ms (``--free-period-ms 1000`` for Ray's own default, under which a second of freed blocks
@@ -35,6 +37,7 @@ if not __package__:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
+import re
 import shutil
 import subprocess
 import tempfile
@@ -131,9 +134,11 @@ def run_sampled(name: str, cmd: list[str], env: dict, gcs_address: str, every_s:
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}); see {log_path}")
     ordered = sorted(sampler.store_samples) or [0]
+    # The language jobs assemble their end of run in a worker process and log its peak RSS.
+    assembly = re.findall(r"end of run assembled in a worker \(peak RSS (\d+) MB\)", log_path.read_text())
     return {"wall": time.time() - t0, "rss": sampler.peak_rss, "store": sampler.peak_store,
             "store_p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-            "samples": sampler.samples}
+            "samples": sampler.samples, "assembly_mb": float(assembly[-1]) if assembly else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,15 +216,19 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
 
     print()
-    print("| job | input | output rows | wall s | driver peak RSS MB | object store peak MB | store p95 MB | samples |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| job | input | output rows | wall s | driver peak RSS MB | object store peak MB | store p95 MB | samples "
+          "| end-of-run worker peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (job, f), r in results.items():
+        assembly = "-" if r["assembly_mb"] is None else f"{r['assembly_mb']:.0f}"
         print(f"| {job} {f}x | {r['size']} | {r['rows']} | {r['wall']:.1f} | {r['rss'] / 2**20:.0f} | "
-              f"{r['store'] / 2**20:.2f} | {r['store_p95'] / 2**20:.2f} | {r['samples']} |")
+              f"{r['store'] / 2**20:.2f} | {r['store_p95'] / 2**20:.2f} | {r['samples']} | {assembly} |")
     parts = []
     for job in jobs:
         lo, hi = results[(job, FACTORS[0])], results[(job, FACTORS[-1])]
         parts.append(f"{job}_rss_growth={hi['rss'] / max(lo['rss'], 1):.2f}")
+        if lo["assembly_mb"] and hi["assembly_mb"]:   # not the driver's, but reported: it grows with the input
+            parts.append(f"{job}_end_of_run_worker_rss_growth={hi['assembly_mb'] / lo['assembly_mb']:.2f}")
         # Under 1 MB the store holds only Ray's own small objects: below that a ratio is noise.
         parts.append(f"{job}_store_growth={max(hi['store'], STORE_FLOOR) / max(lo['store'], STORE_FLOOR):.2f}")
         # The peak of a noisy but steady level grows with the run's length; the 95th percentile of the

@@ -103,6 +103,7 @@ class CaptionJobConfig:
     concurrent_batches: int = 8
     batch_size: int = 8
     max_store_mb: float = 256.0
+    actor_start_timeout_s: int = 900
     num_cpus: int | None = None
     progress_every_s: float = 10.0
     no_cache: bool = False
@@ -139,6 +140,8 @@ HELP = {
     "max_store_mb": "object-store budget of the pipeline in MB (prepared pairs, with their images, waiting for the "
                     "LLM stages): preparing far ahead of a rate-limited endpoint only fills the store; 0 = Ray "
                     "Data's default share of the store",
+    "actor_start_timeout_s": "seconds to wait for the LLM actors before any pair is prepared (a pair prepared "
+                             "before its consumer exists only waits in the object store); 0 = do not wait",
     "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
     "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
                               "and lowers its rate, which recovers while no 429 comes)",
@@ -271,19 +274,29 @@ class ProgressReporter(threading.Thread):
                      s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
 
 
+def configure_pipeline(pool: PoolConfig) -> None:
+    """Ray Data settings of the LLM pipelines (captions, QA), set on the driver's DataContext."""
+    import ray.data
+    ctx = ray.data.DataContext.get_current()
+    if pool.max_store_mb:
+        # A bound of our own: by default Ray Data may use a share of the whole store, and the prepare
+        # stage runs as far ahead of a rate-limited endpoint as that allows.
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+            object_store_memory=pool.max_store_mb * 2**20)
+    # Start preparing only once the LLM actors are up: pairs prepared while they start (imports, a
+    # client each) have no consumer and pile up, the run's object-store peak (6 blocks of 2.7 MB
+    # at 8 s into a run whose level is 1-4). Ray Data then fails with a clear timeout, where it
+    # would otherwise wait for ever on a cluster without room for the pool.
+    ctx.wait_for_min_actors_s = int(pool.actor_start_timeout_s)
+
+
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
                limiter, progress_every_s: float, *, work: Store, job: str, run_id: str) -> dict[str, int]:
     """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
     Returns rows written per table. (Shared with the QA job.) The work list goes through ``work``
     (the output store), not the object store, and is removed at the end. The rate limiter is left
     running: it is the account's, shared by every job against the same endpoint and key."""
-    import ray.data
-    if pool.max_store_mb:
-        # A bound of our own: by default Ray Data may use a share of the whole store, and the prepare
-        # stage runs as far ahead of a rate-limited endpoint as that allows.
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
-            object_store_memory=pool.max_store_mb * 2**20)
+    configure_pipeline(pool)
     name = f"{job}-{run_id}"
     parts = write_work_list(work, name, todo)
     try:
@@ -340,12 +353,13 @@ def generate_and_judge_stages(cfg: CaptionJobConfig, base_url: str, common: dict
     return stage(generate, cfg.model), stage(judge, cfg.judge_model or cfg.model)
 
 
-def summary_table(out: Store, table: str, columns: list[str], run_id: str | None = None):
+def summary_table(out: Store, table: str, columns: list[str], run_id: str | None = None, schemas: dict | None = None):
     """The ``columns`` of a table's current state (only ``run_id``'s rows if given), as an Arrow
     table: the driver reads what the summary and the LEVIR-CC file need, not every column of every
-    row, and keeps them columnar (as Python dicts, 5,500 pairs' rows cost the driver ~90 MB)."""
+    row, and keeps them columnar (as Python dicts, 5,500 pairs' rows cost the driver ~90 MB).
+    ``schemas``: the job's table schemas (default: this job's)."""
     import pyarrow.compute as pc
-    t = read_table(out, table, TABLE_SCHEMAS[table], columns=[*columns, "run_id"])
+    t = read_table(out, table, (schemas or TABLE_SCHEMAS)[table], columns=[*columns, "run_id"])
     if t is None:
         return None
     if run_id is not None:
@@ -361,9 +375,9 @@ def row_batches(t, rows_per_batch: int = 1024):
         yield batch.to_pylist()
 
 
-def summary_rows(out: Store, table: str, columns: list[str], run_id: str | None = None):
+def summary_rows(out: Store, table: str, columns: list[str], run_id: str | None = None, schemas: dict | None = None):
     """:func:`summary_table`'s rows one at a time."""
-    for rows in row_batches(summary_table(out, table, columns, run_id)):
+    for rows in row_batches(summary_table(out, table, columns, run_id, schemas)):
         yield from rows
 
 
@@ -382,9 +396,10 @@ def run(cfg: CaptionJobConfig) -> dict:
     pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
+    n_found, n_todo = len(pairs), len(todo)
+    del pairs, done   # the driver keeps only what is still to do (it goes to the work list)
     delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
-    log.info("%d pairs found, %d already finished, %d to do (run %s)", len(pairs), len(pairs) - len(todo),
-             len(todo), run_id)
+    log.info("%d pairs found, %d already finished, %d to do (run %s)", n_found, n_found - n_todo, n_todo, run_id)
 
     judge_model = cfg.judge_model or cfg.model
     prompts = CaptionPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
@@ -398,7 +413,7 @@ def run(cfg: CaptionJobConfig) -> dict:
                                          handle_generate_result),
         ("caption_judge", "_judge", build_judge_request, handle_judge_result))
     pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
-                      max_store_mb=cfg.max_store_mb)
+                      max_store_mb=cfg.max_store_mb, actor_start_timeout_s=cfg.actor_start_timeout_s)
 
     counts: dict[str, int] = {}
     if todo:
@@ -406,8 +421,32 @@ def run(cfg: CaptionJobConfig) -> dict:
         counts = run_stages(todo, prepare_pair, {"config": prep, "run_id": run_id}, [generate, judge], pool,
                             TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter, cfg.progress_every_s,
                             work=out, job=JOB, run_id=run_id)
-    # The end of the run reads the tables back columnar and streams what it writes: the driver's
-    # memory must not grow with the archive (benchmarks/memory_scale.py).
+    # The end of the run (LEVIR-CC file, errors resolved, counts) runs in a worker process of its own:
+    # its Arrow reads and sort grow with the archive, and the driver must not (benchmarks/memory_scale.py).
+    finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
+    log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
+    return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
+            "rows_written": counts, **finished}
+
+
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_on_worker(fn, *args):
+    """``fn(*args)`` as a Ray task in a worker process that exits after it (``max_calls=1``), so the
+    memory it took goes back to the node, not to the driver. Retried if its node is lost (``fn``
+    must be idempotent)."""
+    import ray
+    return ray.get(ray.remote(num_cpus=0.25, max_calls=1, max_retries=3)(fn).remote(*args))
+
+
+def finish_captions_run(output: str, run_id: str, validators: str) -> dict:
+    """The end of a captions run: this run's successes resolve their earlier errors, the LEVIR-CC
+    file is written from the ``pairs`` table (read columnar, streamed out), and this run's rows are
+    counted. Idempotent. Returns the summary's counts and this process's peak RSS."""
+    out = Store(output)
     pair_table = summary_table(out, "pairs", ["pair_id", "split", "filename", "selected_captions", "car"])
     finished = 0 if pair_table is None else pair_table.num_rows
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
@@ -425,13 +464,11 @@ def run(cfg: CaptionJobConfig) -> dict:
     for r in summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id):
         if r["validator_violations"]:
             caught.update(rule_counts([json.loads(r["validator_violations"])]))
-        rejected += r["validator_ok"] is False and cfg.validators == "reject"
-    summary = {"validators": cfg.validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
-               "validator_rejected": rejected,
-               "run_id": run_id, "pairs_found": len(pairs), "pairs_skipped_finished": len(pairs) - len(todo),
-               "pairs_finished_total": finished, "errors": 0 if errors_table is None else errors_table.num_rows,
-               "rows_written": counts, "usage": usage}
-    return summary
+        rejected += r["validator_ok"] is False and validators == "reject"
+    return {"validators": validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
+            "validator_rejected": rejected, "pairs_finished_total": finished,
+            "errors": 0 if errors_table is None else errors_table.num_rows, "usage": usage,
+            "assembly_peak_rss_mb": peak_rss_mb()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -204,7 +204,11 @@ def read_table(store: Store, table: str, schema: pa.Schema | None = None, *, cur
     k = tuple(key or ()) or next((table_key(p.schema) for p in parts if table_key(p.schema)), ())
     meta = parts[0].schema.metadata
     if schema is not None:
-        parts = [_conform(p, with_run_id(schema)) for p in parts]
+        target = with_run_id(schema)
+        if want:  # only the columns read: nulls for every other column, per shard, cost the driver RSS
+            read = set(want) | set(k) | {"run_id", "resolved"}
+            target = pa.schema([f for f in target if f.name in read], metadata=target.metadata)
+        parts = [_conform(p, target) for p in parts]
     t = pa.concat_tables(parts, promote_options="permissive")
     if meta:
         t = t.replace_schema_metadata(meta)

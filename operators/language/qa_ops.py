@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from operators.io.storage import Store
 from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
-from operators.language.caption_ops import CaptionPrompts, PrepareConfig, prepare_pair
+from operators.language.caption_ops import CAPTIONS_SCHEMA, CaptionPrompts, PrepareConfig, prepare_pair
 from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
                                    overall_score, select_qa)
 from operators.language.validators import validate_text, violations_json
@@ -64,15 +64,22 @@ def load_caption_context(uri: str, limit: int = MAX_CONTEXT_CAPTIONS) -> dict[st
     if uri.endswith(".json"):
         from operators.io.storage import read_uri
         return _from_levir_cc(json.loads(read_uri(uri)), limit)
-    table = read_table(store, "captions")
+    # Only the columns and rows the context needs, ordered in Arrow: as Python dicts, every candidate
+    # row with its judge's reply cost the QA driver more than the rest of its run.
+    table = read_table(store, "captions", CAPTIONS_SCHEMA,
+                       columns=["pair_id", "caption", "selected", "overall", "candidate_index"])
     if table is not None:
-        rows = [r for r in table.to_pylist() if r.get("selected")]
-        by_pair: dict[str, list[dict]] = {}
-        for r in rows:
-            by_pair.setdefault(r["pair_id"], []).append(r)
-        return {pid: [r["caption"] for r in sorted(rs, key=lambda r: (-(r.get("overall") or 0),
-                                                                       r.get("candidate_index", 0)))][:limit]
-                for pid, rs in by_pair.items()}
+        import pyarrow.compute as pc
+        table = table.filter(pc.fill_null(table["selected"], False))
+        table = table.set_column(table.schema.get_field_index("overall"), "overall",
+                                 pc.fill_null(table["overall"], 0.0))
+        table = table.sort_by([("pair_id", "ascending"), ("overall", "descending"), ("candidate_index", "ascending")])
+        by_pair: dict[str, list[str]] = {}
+        for pid, caption in zip(table["pair_id"].to_pylist(), table["caption"].to_pylist()):
+            kept = by_pair.setdefault(pid, [])
+            if len(kept) < limit:
+                kept.append(caption)
+        return by_pair
     if store.exists("LevirCCcaptions.json"):
         return _from_levir_cc(json.loads(store.read_bytes("LevirCCcaptions.json")), limit)
     raise FileNotFoundError(f"{uri}: neither a captions/ table nor LevirCCcaptions.json (a captions job output)")

@@ -33,6 +33,7 @@ class PoolConfig:
     batch_size: int = 16               # rows gathered per call
     num_cpus: float = 0.25             # per actor: they mostly wait on the network
     max_store_mb: float = 0.0          # Ray Data's object-store budget for the pipeline (0: Ray's default share)
+    actor_start_timeout_s: int = 900   # the pipeline starts once every stage's actors are up (0: at once)
 
 
 @dataclass

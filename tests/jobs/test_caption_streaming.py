@@ -50,3 +50,45 @@ def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, open
     last_answer = max(float(r["message"].split()[-1]) for r in rows)
     first_write = min(p.stat().st_mtime for p in (tmp_path / "errors").glob("*.parquet"))
     assert first_write < last_answer - 1.0
+
+
+def stamp_prepare(item: dict, path: str) -> list[dict]:
+    with open(path, "a") as f:
+        f.write(f"{time.time():.3f}\n")
+    return [dict(item, images="x" * 1000)]
+
+
+class SlowStartingStage:
+    """An LLM stage's actor as the pipeline sees it: seconds of start-up (imports, a client)."""
+
+    def __init__(self, path: str):
+        time.sleep(3)
+        with open(path, "w") as f:
+            f.write(f"{time.time():.3f}\n")
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_no_pair_is_prepared_before_the_llm_actors_are_up(ray_session, tmp_path):
+    # Pairs prepared while the actors start have no consumer: they were the object store's peak.
+    import ray.data
+
+    from jobs.caption import configure_pipeline
+    from operators.io.work_list import read_work_list, write_work_list
+
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.wait_for_min_actors_s
+    try:
+        configure_pipeline(PoolConfig(max_store_mb=0, actor_start_timeout_s=120))
+        store = Store(str(tmp_path))
+        parts = write_work_list(store, "t-run", [{"pair_id": f"p{i:02d}"} for i in range(32)])
+        prepared, ready = tmp_path / "prepared.txt", tmp_path / "ready.txt"
+        ds = read_work_list(store, parts, 8, stamp_prepare, {"path": str(prepared)}).map_batches(
+            SlowStartingStage, fn_constructor_args=(str(ready),), batch_size=8, num_cpus=0.25,
+            compute=ray.data.ActorPoolStrategy(size=1))
+        assert sorted(r["pair_id"] for r in ds.take_all()) == [f"p{i:02d}" for i in range(32)]
+    finally:
+        ctx.wait_for_min_actors_s = saved
+    first_prepared = min(float(t) for t in prepared.read_text().split())
+    assert first_prepared >= float(ready.read_text())

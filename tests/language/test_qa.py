@@ -160,3 +160,20 @@ def test_vqa_file_written_as_it_goes_is_the_document_byte_for_byte(n_pairs):
     written = write_vqa((b.to_pylist() for b in table.to_batches(max_chunksize=4)), f)
     doc = vqa_document(pairs, qa)
     assert f.getvalue() == json.dumps(doc, indent=1).encode() and written == len(doc["images"])
+
+
+def test_caption_context_from_a_captions_table_best_selected_first(tmp_path):
+    from operators.io.storage import Store
+    from operators.io.tables import write_table_shard
+    from operators.language.caption_ops import CAPTIONS_SCHEMA
+    from operators.language.qa_ops import load_caption_context
+
+    def row(pid, k, overall, selected):
+        return {"pair_id": pid, "candidate_index": k, "caption": f"{pid} c{k}", "overall": overall,
+                "selected": selected}
+    rows = [row("p1", 0, 7.5, True), row("p1", 1, 9.0, True), row("p1", 2, 9.0, True), row("p1", 3, 8.0, True),
+            row("p1", 4, 9.5, False), row("p2", 0, None, True), row("p2", 1, 6.0, False), row("p3", 0, 8.0, False)]
+    write_table_shard(Store(str(tmp_path)), "captions", rows, CAPTIONS_SCHEMA, "run1")
+    ctx = load_caption_context(str(tmp_path))
+    # best overall first, ties in candidate order, at most 3; unselected never; a pair with none absent
+    assert ctx == {"p1": ["p1 c1", "p1 c2", "p1 c3"], "p2": ["p2 c0"]}
