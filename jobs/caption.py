@@ -283,10 +283,10 @@ def configure_pipeline(pool: PoolConfig) -> None:
         # stage runs as far ahead of a rate-limited endpoint as that allows.
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
             object_store_memory=pool.max_store_mb * 2**20)
-    # Start preparing only once the LLM actors are up: pairs prepared while they start (imports, a
-    # client each) have no consumer and pile up, the run's object-store peak (6 blocks of 2.7 MB
-    # at 8 s into a run whose level is 1-4). Ray Data then fails with a clear timeout, where it
-    # would otherwise wait for ever on a cluster without room for the pool.
+    # Start preparing only once the LLM actors are up: a pair prepared before its consumer exists
+    # only waits in the object store. A pool that finds no room then fails with a clear timeout,
+    # where Ray Data would otherwise wait for ever. (It did not remove the store's start-up spike:
+    # README, memory.)
     ctx.wait_for_min_actors_s = int(pool.actor_start_timeout_s)
 
 
