@@ -359,7 +359,7 @@ def summary_table(out: Store, table: str, columns: list[str], run_id: str | None
     row, and keeps them columnar (as Python dicts, 5,500 pairs' rows cost the driver ~90 MB).
     ``schemas``: the job's table schemas (default: this job's)."""
     import pyarrow.compute as pc
-    t = read_table(out, table, (schemas or TABLE_SCHEMAS)[table], columns=[*columns, "run_id"])
+    t = read_table(out, table, (schemas or TABLE_SCHEMAS)[table], columns=list(dict.fromkeys([*columns, "run_id"])))
     if t is None:
         return None
     if run_id is not None:
@@ -456,19 +456,31 @@ def finish_captions_run(output: str, run_id: str, validators: str) -> dict:
     with out.open_output(LEVIR_CC_FILE) as f:
         write_levir_cc(row_batches(pair_table), f)
     del pair_table
-    usage = summarize_usage(summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
-                                                        "completion_tokens", "cost_usd"], run_id))
     errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["item"])  # current state
+    tally = validator_tally(summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id),
+                            validators)
+    return {**tally, "pairs_finished_total": finished,
+            "errors": 0 if errors_table is None else errors_table.num_rows, "usage": run_usage(out, run_id),
+            "assembly_peak_rss_mb": peak_rss_mb()}
+
+
+def run_usage(out: Store, run_id: str, schemas: dict | None = None) -> dict:
+    """This run's LLM usage summary, from the columns of ``usage/`` it needs (shared with the QA job)."""
+    return summarize_usage(summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
+                                                       "completion_tokens", "cost_usd"], run_id, schemas))
+
+
+def validator_tally(rows, validators: str) -> dict:
+    """Per-rule counts of the validators' findings over rows carrying ``validator_ok`` and
+    ``validator_violations``, and how many were not sent to the judge (policy ``reject``)."""
     caught: collections.Counter = collections.Counter()
     rejected = 0
-    for r in summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id):
+    for r in rows:
         if r["validator_violations"]:
             caught.update(rule_counts([json.loads(r["validator_violations"])]))
         rejected += r["validator_ok"] is False and validators == "reject"
     return {"validators": validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
-            "validator_rejected": rejected, "pairs_finished_total": finished,
-            "errors": 0 if errors_table is None else errors_table.num_rows, "usage": usage,
-            "assembly_peak_rss_mb": peak_rss_mb()}
+            "validator_rejected": rejected}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
 from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
-                          peak_rss_mb, run_on_worker, run_stages, summary_rows, summary_table)
+                          peak_rss_mb, run_on_worker, run_stages, run_usage, summary_table, validator_tally)
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.io.work_list import delete_stale_work_lists
@@ -40,9 +40,8 @@ from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write
 from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
-from operators.language.validators import RULES, rule_counts
 from operators.llm.stage import PoolConfig
-from operators.llm.usage import format_summary, summarize_usage
+from operators.llm.usage import format_summary
 
 log = logging.getLogger("changeforge.qa")
 
@@ -166,31 +165,22 @@ def finish_qa_run(output: str, run_id: str, validators: str) -> dict:
     # errors/ accumulates across runs; a pair's errors leave its current state once it succeeds.
     if pair_table is not None:
         resolve_errors(out, pair_table.column("pair_id").to_pylist(), run_id, job=JOB)
-    qa_table = summary_table(out, "qa", ["pair_id", "qa_index", "question_type", "question", "answer", "selected"],
-                             schemas=TABLE_SCHEMAS)
+    # One read of qa/ serves the VQA file and this run's counts.
+    qa_table = summary_table(out, "qa", ["pair_id", "qa_index", "question_type", "question", "answer", "selected",
+                                         "validator_ok", "validator_violations", "run_id"], schemas=TABLE_SCHEMAS)
     with out.open_output(VQA_FILE) as f:
         write_vqa(row_batches(None if pair_table is None or qa_table is None else vqa_rows(pair_table, qa_table)), f)
+    this_run = None if qa_table is None else qa_table.filter(pc.equal(qa_table["run_id"], run_id))
     del pair_table, qa_table
-    caught: Counter = Counter()
-    candidates = selected = rejected = 0
-    types: Counter = Counter()
-    for r in summary_rows(out, "qa", ["selected", "validator_ok", "validator_violations", "question_type"], run_id,
-                          TABLE_SCHEMAS):
-        candidates += 1
-        selected += bool(r["selected"])
-        rejected += r["validator_ok"] is False and validators == "reject"
-        types[r["question_type"]] += 1
-        if r["validator_violations"]:
-            caught.update(rule_counts([json.loads(r["validator_violations"])]))
+    tally = validator_tally((r for rows in row_batches(None if this_run is None else this_run.select(
+        ["validator_ok", "validator_violations"])) for r in rows), validators)
     errors = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["run_id"])
-    usage = summarize_usage(summary_rows(out, "usage", ["stage", "attempts", "cached", "status", "prompt_tokens",
-                                                        "completion_tokens", "cost_usd"], run_id, TABLE_SCHEMAS))
-    return {"pairs_finished_total": finished,
+    return {**tally, "pairs_finished_total": finished,
             "errors": 0 if errors is None else pc.sum(pc.equal(errors["run_id"], run_id)).as_py() or 0,
-            "qa_candidates": candidates, "qa_selected": selected,
-            "validators": validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
-            "validator_rejected": rejected, "question_types": dict(types), "usage": usage,
-            "assembly_peak_rss_mb": peak_rss_mb()}
+            "qa_candidates": 0 if this_run is None else this_run.num_rows,
+            "qa_selected": 0 if this_run is None else sum(bool(v) for v in this_run["selected"].to_pylist()),
+            "question_types": {} if this_run is None else dict(Counter(this_run["question_type"].to_pylist())),
+            "usage": run_usage(out, run_id, TABLE_SCHEMAS), "assembly_peak_rss_mb": peak_rss_mb()}
 
 
 def main(argv: list[str] | None = None) -> int:
