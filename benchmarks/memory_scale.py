@@ -19,7 +19,9 @@ process only: not its Ray workers) and the object store's bytes in use
 move with use in Ray 2.60). Reports each run's peaks, prints a table and ends with one line:
 ``pairs_rss_growth=<peak 10x / peak 1x> pairs_store_growth=.. captions_rss_growth=.. captions_store_growth=..``
 (and for the language jobs ``<job>_end_of_run_worker_rss_growth``: their end of run runs in a worker
-process of its own, whose peak RSS they log)
+process of its own, whose peak RSS they log; and ``<job>_llm_actors_rss_growth``: the LLM pool's
+actors prepare each pair's images and hold them while its requests are in flight, so their summed
+RSS is where a pair's images are)
 (target: at most 1.2 each; object-store peaks under 1 MB count as 1 MB, since a ratio of a few
 kilobytes of Ray's own objects is noise). Ray is started as the jobs start it: freed objects deleted
 every 100 ms (``--free-period-ms 1000`` for Ray's own default, under which a second of freed blocks
@@ -74,15 +76,22 @@ def build_pairs_input(dest: Path, base: Path, n_locations: int, scene_px: int, l
 
 
 # -- sampling ------------------------------------------------------------------------------------------------
+ACTOR_TITLE = "MapBatches(LLMStageActor)"   # in the process title Ray gives the LLM pool's actors
+
+
 class Sampler(threading.Thread):
-    """Peak RSS of one process and peak object-store bytes in use, sampled until stopped."""
+    """Peak RSS of one process, peak object-store bytes in use and the peak summed RSS of the LLM
+    pool's actors (where the language jobs hold a pair's images while its requests are in flight),
+    sampled until stopped."""
 
     def __init__(self, pid: int, gcs_address: str, every_s: float):
         super().__init__(daemon=True)
         import psutil
         self.proc = psutil.Process(pid)
         self.gcs_address, self.every_s = gcs_address, every_s
-        self.peak_rss = self.peak_store = 0
+        self.peak_rss = self.peak_store = self.peak_actors = 0
+        self.actors: list = []
+        self.actors_found_at = 0.0
         self.samples = 0
         self.store_samples: list[int] = []
         self.trace: list[tuple[float, int, int]] = []   # (seconds since start, driver RSS, store bytes)
@@ -92,9 +101,27 @@ class Sampler(threading.Thread):
         from ray._private.internal_api import get_memory_info_reply, get_state_from_address
         return int(get_memory_info_reply(get_state_from_address(self.gcs_address)).store_stats.object_store_bytes_used)
 
+    def actors_rss(self) -> int:
+        import psutil
+        if time.time() - self.actors_found_at > 2:   # a full process scan every 2 s, not every sample
+            self.actors_found_at = time.time()
+            self.actors = [p for p in psutil.process_iter(["cmdline"])
+                           if ACTOR_TITLE in " ".join(p.info["cmdline"] or [])]
+        total = 0
+        for p in self.actors:
+            try:
+                total += p.memory_info().rss
+            except Exception:  # noqa: BLE001 - an actor that has exited
+                pass
+        return total
+
     def run(self) -> None:
         t0 = time.time()
         while not self.stop.is_set():
+            try:
+                self.peak_actors = max(self.peak_actors, self.actors_rss())
+            except Exception:  # noqa: BLE001 - a missed sample, not a wrong one
+                pass
             rss = used = -1
             try:
                 rss = self.proc.memory_info().rss
@@ -137,6 +164,7 @@ def run_sampled(name: str, cmd: list[str], env: dict, gcs_address: str, every_s:
     # The language jobs assemble their end of run in a worker process and log its peak RSS.
     assembly = re.findall(r"end of run assembled in a worker \(peak RSS (\d+) MB\)", log_path.read_text())
     return {"wall": time.time() - t0, "rss": sampler.peak_rss, "store": sampler.peak_store,
+            "actors": sampler.peak_actors,
             "store_p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
             "samples": sampler.samples, "assembly_mb": float(assembly[-1]) if assembly else None}
 
@@ -217,18 +245,21 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print("| job | input | output rows | wall s | driver peak RSS MB | object store peak MB | store p95 MB | samples "
-          "| end-of-run worker peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| end-of-run worker peak RSS MB | LLM actors peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (job, f), r in results.items():
         assembly = "-" if r["assembly_mb"] is None else f"{r['assembly_mb']:.0f}"
+        actors = f"{r['actors'] / 2**20:.0f}" if r["actors"] else "-"
         print(f"| {job} {f}x | {r['size']} | {r['rows']} | {r['wall']:.1f} | {r['rss'] / 2**20:.0f} | "
-              f"{r['store'] / 2**20:.2f} | {r['store_p95'] / 2**20:.2f} | {r['samples']} | {assembly} |")
+              f"{r['store'] / 2**20:.2f} | {r['store_p95'] / 2**20:.2f} | {r['samples']} | {assembly} | {actors} |")
     parts = []
     for job in jobs:
         lo, hi = results[(job, FACTORS[0])], results[(job, FACTORS[-1])]
         parts.append(f"{job}_rss_growth={hi['rss'] / max(lo['rss'], 1):.2f}")
         if lo["assembly_mb"] and hi["assembly_mb"]:   # not the driver's, but reported: it grows with the input
             parts.append(f"{job}_end_of_run_worker_rss_growth={hi['assembly_mb'] / lo['assembly_mb']:.2f}")
+        if lo["actors"] and hi["actors"]:   # workers, not the driver: bounded by the pool's settings
+            parts.append(f"{job}_llm_actors_rss_growth={hi['actors'] / lo['actors']:.2f}")
         # Under 1 MB the store holds only Ray's own small objects: below that a ratio is noise.
         parts.append(f"{job}_store_growth={max(hi['store'], STORE_FLOOR) / max(lo['store'], STORE_FLOOR):.2f}")
         # The peak of a noisy but steady level grows with the run's length; the 95th percentile of the

@@ -104,6 +104,7 @@ class CaptionJobConfig:
     batch_size: int = 8
     max_store_mb: float = 256.0
     actor_start_timeout_s: int = 900
+    prepare_threads: int = 2
     num_cpus: int | None = None
     progress_every_s: float = 10.0
     no_cache: bool = False
@@ -137,11 +138,10 @@ HELP = {
     "max_tokens_field": "request field carrying the cap: max_tokens, or max_completion_tokens (switched to by "
                         "itself when a model rejects max_tokens)",
     "timeout_s": "per-request timeout in seconds",
-    "max_store_mb": "object-store budget of the pipeline in MB (prepared pairs, with their images, waiting for the "
-                    "LLM stages): preparing far ahead of a rate-limited endpoint only fills the store; 0 = Ray "
-                    "Data's default share of the store",
-    "actor_start_timeout_s": "seconds to wait for the LLM actors before any pair is prepared (a pair prepared "
-                             "before its consumer exists only waits in the object store); 0 = do not wait",
+    "max_store_mb": "object-store budget of the pipeline in MB (work items and finished rows in flight; a pair's "
+                    "images stay in the LLM actor that prepares it); 0 = Ray Data's default share of the store",
+    "actor_start_timeout_s": "seconds to wait for the LLM actors to start before the pipeline does (a pool that "
+                             "finds no room fails with a timeout instead of waiting for ever); 0 = do not wait",
     "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
     "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
                               "and lowers its rate, which recovers while no 429 comes)",
@@ -159,7 +159,9 @@ HELP = {
     "generate_template": "prompt template (file stem under --prompts-dir) for caption generation",
     "judge_template": "prompt template (file stem under --prompts-dir) for caption judging",
     "prompts_dir": "folder holding the prompt templates",
-    "actors": "LLM actors per stage (async; each keeps many requests in flight)",
+    "actors": "LLM actors (async; each prepares its pairs and runs them through both stages, many requests "
+              "in flight)",
+    "prepare_threads": "threads per LLM actor reading and encoding pairs' images",
     "concurrent_batches": "batches in flight per actor",
     "batch_size": "pairs per batch",
     "num_cpus": "CPUs of the local Ray started when RAY_ADDRESS is not set (default: all)",
@@ -213,6 +215,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.required or "default:" in (action.help or "") or action.default in ("", None):
             return action.help
         return super()._get_help_string(action)
+
+
+def pool_config(cfg: CaptionJobConfig) -> PoolConfig:
+    """The LLM pool's settings from a language job's config. (Shared with the QA job.)"""
+    return PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
+                      max_store_mb=cfg.max_store_mb, actor_start_timeout_s=cfg.actor_start_timeout_s,
+                      prepare_threads=cfg.prepare_threads)
 
 
 def require_endpoint(cfg: CaptionJobConfig) -> str:
@@ -279,14 +288,12 @@ def configure_pipeline(pool: PoolConfig) -> None:
     import ray.data
     ctx = ray.data.DataContext.get_current()
     if pool.max_store_mb:
-        # A bound of our own: by default Ray Data may use a share of the whole store, and the prepare
-        # stage runs as far ahead of a rate-limited endpoint as that allows.
+        # A bound of our own: by default Ray Data may use a share of the whole store, and the work
+        # list's reads run as far ahead of a rate-limited endpoint as that allows.
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
             object_store_memory=pool.max_store_mb * 2**20)
-    # Start preparing only once the LLM actors are up: a pair prepared before its consumer exists
-    # only waits in the object store. A pool that finds no room then fails with a clear timeout,
-    # where Ray Data would otherwise wait for ever. (It did not remove the store's start-up spike:
-    # README, memory.)
+    # Start only once the LLM actors are up: a pool that finds no room then fails with a clear
+    # timeout, where Ray Data would otherwise wait for ever.
     ctx.wait_for_min_actors_s = int(pool.actor_start_timeout_s)
 
 
@@ -300,13 +307,14 @@ def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[Sta
     name = f"{job}-{run_id}"
     parts = write_work_list(work, name, todo)
     try:
-        # Blocks of one LLM batch: a prepared pair carries its encoded images, so a block must not
-        # grow with the input (a fixed 64 blocks made 2,000 pairs hold 4.2x the store of 200).
-        # Half a CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task could
-        # find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
-        ds = read_work_list(work, parts, pool.batch_size, prepare, prepare_kwargs, num_cpus=0.5)
-        for stage in stages:
-            ds = apply_llm_stage(ds, stage, pool)
+        # Blocks of one LLM batch of work items. The LLM actors prepare each pair themselves and
+        # run it through every stage in one coroutine: a prepared pair's images are in the actor's
+        # memory only while its requests are in flight, never in the object store (carried there
+        # between steps, how many queued was Ray Data's choice, and that was the store's peak).
+        # A quarter CPU: the LLM actors hold fractions of CPUs on every node, and a whole-CPU task
+        # could find no node with a full CPU left (seen on two 1-CPU nodes: the job stalled).
+        ds = read_work_list(work, parts, pool.batch_size, num_cpus=0.25)
+        ds = apply_llm_stage(ds, stages, pool, prepare, prepare_kwargs)
         reporter = ProgressReporter(limiter, progress_every_s, len(todo))
         reporter.start()
         try:
@@ -412,8 +420,7 @@ def run(cfg: CaptionJobConfig) -> dict:
         cfg, base_url, common, prompts, ("caption_generate", "_generate", build_generate_request,
                                          handle_generate_result),
         ("caption_judge", "_judge", build_judge_request, handle_judge_result))
-    pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
-                      max_store_mb=cfg.max_store_mb, actor_start_timeout_s=cfg.actor_start_timeout_s)
+    pool = pool_config(cfg)
 
     counts: dict[str, int] = {}
     if todo:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
 from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
-                          peak_rss_mb, run_on_worker, run_stages, run_usage, summary_table, validator_tally)
+                          peak_rss_mb, pool_config, run_on_worker, run_stages, run_usage, summary_table, validator_tally)
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.io.work_list import delete_stale_work_lists
@@ -40,7 +40,6 @@ from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write
 from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
-from operators.llm.stage import PoolConfig
 from operators.llm.usage import format_summary
 
 log = logging.getLogger("changeforge.qa")
@@ -138,8 +137,7 @@ def run(cfg: QAJobConfig) -> dict:
             cfg, base_url, common, prompts, ("qa_generate", "_qa_generate", build_generate_request,
                                              handle_generate_result),
             ("qa_judge", "_qa_judge", build_judge_request, handle_judge_result))
-        pool = PoolConfig(actors=cfg.actors, concurrent_batches=cfg.concurrent_batches, batch_size=cfg.batch_size,
-                          max_store_mb=cfg.max_store_mb, actor_start_timeout_s=cfg.actor_start_timeout_s)
+        pool = pool_config(cfg)
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
         counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
                                                     "qa_per_pair": cfg.qa_per_pair},

@@ -81,10 +81,11 @@ def block_ranges(parts: list[tuple[str, int]], rows_per_block: int) -> list[tupl
     return [(rel, offset, min(step, n - offset)) for rel, n in parts for offset in range(0, n, step)]
 
 
-def read_work_list(store: Store, parts: list[tuple[str, int]], rows_per_block: int, fn, fn_kwargs: dict | None = None,
-                   num_cpus: float = 0.5):
+def read_work_list(store: Store, parts: list[tuple[str, int]], rows_per_block: int, fn=None,
+                   fn_kwargs: dict | None = None, num_cpus: float = 0.5):
     """A Ray Dataset of ``fn(item, **fn_kwargs)`` (a list of rows) over a written work list, one task
-    per block of ``rows_per_block`` items.
+    per block of ``rows_per_block`` items. Without ``fn``: the work-list rows themselves (one JSON
+    item each, in the ``item`` column), for a consumer that prepares items itself.
 
     The read and ``fn`` run in one task (same CPU request, so Ray Data fuses them): the object
     store then holds the read tasks (a part name and a row range each, freed as they start) and
@@ -108,6 +109,8 @@ def read_work_list(store: Store, parts: list[tuple[str, int]], rows_per_block: i
 
     # override_num_blocks = the read tasks: asked for more, Ray Data would split every block it reads.
     ds = ray.data.read_datasource(WorkListDatasource(), num_cpus=num_cpus, override_num_blocks=max(1, len(ranges)))
+    if fn is None:
+        return ds
     return ds.flat_map(map_items, fn_kwargs={"fn": fn, **(fn_kwargs or {})}, num_cpus=num_cpus)
 
 

@@ -4,7 +4,8 @@ the generic :mod:`operators.llm.stage`.
 
 Row flow (all rows are envelopes, see :mod:`operators.io.tables`):
 ``prepare_pair`` -> ``_generate`` rows (or ``errors``) -> generation stage -> ``_judge`` rows (+ ``usage``)
--> judge stage -> ``captions`` x5 and ``pairs`` rows (+ ``usage``) -> TableSink.
+-> judge stage -> ``captions`` x5 and ``pairs`` rows (+ ``usage``) -> TableSink. The jobs run all
+three in the LLM actors, one pair per coroutine, so the encoded images never enter the object store.
 """
 from __future__ import annotations
 

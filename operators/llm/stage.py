@@ -3,8 +3,10 @@
 A stage is described by a :class:`StageSpec`: which envelope rows it consumes (``input_table``), a
 request builder (record -> :class:`LLMRequest`: messages, JSON schema, cache key parts) and a result
 handler (record, parsed reply -> envelopes). Rows of other tables pass through untouched, so stages
-chain (generate -> judge -> sink) and every row still ends in exactly one table. Each actor runs
-``asyncio.gather`` over its batch and several batches at once; the pool shares one rate limiter.
+chain (generate -> judge -> sink) and every row still ends in exactly one table. Stages chain within
+one actor (an item goes through all of them in one coroutine, after an optional prepare step) or as
+pools of their own. Each actor runs ``asyncio.gather`` over its batch and several batches at once;
+the pool shares one rate limiter.
 
 Every logical request also yields one ``usage`` row; a request that fails for good yields an ``errors``
 row for its item (the handler is not called), so no row is ever lost or crashes the pipeline.
@@ -15,13 +17,15 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from operators.llm.cache import ResponseCache
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
 from operators.llm.ratelimit import LeaseClient
 from operators.io.tables import envelope, error_envelope
+from operators.io.work_list import ITEM_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class PoolConfig:
     num_cpus: float = 0.25             # per actor: they mostly wait on the network
     max_store_mb: float = 0.0          # Ray Data's object-store budget for the pipeline (0: Ray's default share)
     actor_start_timeout_s: int = 900   # the pipeline starts once every stage's actors are up (0: at once)
+    prepare_threads: int = 2           # per actor, preparing items (reading and encoding images)
 
 
 @dataclass
@@ -66,8 +71,9 @@ def usage_record(spec: StageSpec, result: LLMResult) -> dict:
     }
 
 
-class LLMStageActor:
-    """Ray Data callable class (async ``__call__``) running one stage's requests."""
+class StageRunner:
+    """One stage's requests inside an actor: builds each request, calls the model through the pool's
+    rate limiter and cache, and turns the reply (or the failure) into envelopes."""
 
     def __init__(self, spec: StageSpec):
         self.spec = spec
@@ -82,7 +88,7 @@ class LLMStageActor:
             self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache)
         return self.caller
 
-    async def _one(self, record: dict) -> list[dict]:
+    async def one(self, record: dict) -> list[dict]:
         spec = self.spec
         item = str(record.get("pair_id") or record.get("item") or "?")
         try:
@@ -105,27 +111,89 @@ class LLMStageActor:
             out.append(error_envelope(request.item, spec.name, exc, job=spec.job, run_id=spec.run_id))
         return out
 
-    async def __call__(self, batch: dict) -> dict:
-        tables, records = list(batch["_table"]), list(batch["_record"])
-        passthrough, work = [], []
-        for t, r in zip(tables, records):
-            if t == self.spec.input_table:
-                work.append(json.loads(r))
-            else:
-                passthrough.append({"_table": t, "_record": r})
-        results = await asyncio.gather(*(self._one(rec) for rec in work))
+    async def flush(self) -> None:
         if self.caller is not None:
             await self.caller.lease.flush()
-        rows = passthrough + [env for group in results for env in group]
+
+
+async def run_chain(rows: list[dict], runners: Sequence[StageRunner]) -> list[dict]:
+    """One item's envelopes through the stages in order: each stage answers the rows of its input
+    table (at once) and passes the others on, so every row still ends in exactly one table."""
+    for runner in runners:
+        mine = [env["_record"] for env in rows if env["_table"] == runner.spec.input_table]
+        rows = [env for env in rows if env["_table"] != runner.spec.input_table]
+        # Parsed, the JSON text is dropped before the requests go out: with a pair's images in it,
+        # each copy kept through a request's latency is megabytes per pair in flight.
+        records = [json.loads(text) for text in mine]
+        del mine
+        answered = await asyncio.gather(*(runner.one(record) for record in records))
+        del records
+        rows += [env for group in answered for env in group]
+    return rows
+
+
+def prepared_rows(item: dict, prepare: Callable, prepare_kwargs: dict) -> list[dict]:
+    """``prepare(item)``'s envelopes; a prepare step that raises gives an ``errors`` row, not a lost item."""
+    try:
+        return prepare(item, **prepare_kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return [error_envelope(str(item.get("pair_id") or item.get("item") or "?"), "prepare", exc,
+                               run_id=prepare_kwargs.get("run_id", ""))]
+
+
+class LLMStageActor:
+    """Ray Data callable class (async ``__call__``) running one or more chained stages' requests.
+
+    Given a ``prepare`` step, its input is work-list rows (one JSON item each) and each item is
+    prepared here, in a thread, just before its requests. An item's images (read, decoded, encoded
+    for the model) then live in this actor's memory only while its requests are in flight, and are
+    dropped after its last stage: they never enter the object store. Carried there from a separate
+    prepare step to the first stage, and from each stage to the next, they were the store's peak, and
+    that peak was set by how many blocks Ray Data let queue, not by our settings. Here it is bounded
+    by ``actors x concurrent_batches x batch_size`` items at any input size."""
+
+    def __init__(self, specs: StageSpec | Sequence[StageSpec], prepare: Callable | None = None,
+                 prepare_kwargs: dict | None = None, prepare_threads: int = 2):
+        specs = [specs] if isinstance(specs, StageSpec) else list(specs)
+        self.runners = [StageRunner(s) for s in specs]
+        self.prepare, self.prepare_kwargs = prepare, dict(prepare_kwargs or {})
+        # A few threads (OpenCV releases the GIL): more would only hold more decoded images at once
+        # and starve the event loop that sends the requests of the pairs already prepared.
+        self.prepare_threads = ThreadPoolExecutor(max(1, prepare_threads), thread_name_prefix="prepare") \
+            if prepare is not None else None
+
+    async def _prepared(self, item_json: str) -> list[dict]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.prepare_threads, prepared_rows, json.loads(item_json),
+                                          self.prepare, self.prepare_kwargs)
+
+    async def _item(self, item_json: str) -> list[dict]:
+        # Handed straight over, not kept in this frame: run_chain drops each row's JSON once parsed.
+        return await run_chain(await self._prepared(item_json), self.runners)
+
+    async def __call__(self, batch: dict) -> dict:
+        if self.prepare is not None:
+            work = [self._item(s) for s in batch[ITEM_COLUMN]]
+        else:
+            work = [run_chain([{"_table": t, "_record": r}], self.runners)
+                    for t, r in zip(batch["_table"], batch["_record"])]
+        results = await asyncio.gather(*work)
+        for runner in self.runners:
+            await runner.flush()
+        rows = [env for group in results for env in group]
         return {"_table": [r["_table"] for r in rows], "_record": [r["_record"] for r in rows]}
 
 
-def apply_llm_stage(ds, spec: StageSpec, pool: PoolConfig):
-    """``ds.map_batches`` with an async actor pool for ``spec``."""
+def apply_llm_stage(ds, specs: StageSpec | Sequence[StageSpec], pool: PoolConfig, prepare: Callable | None = None,
+                    prepare_kwargs: dict | None = None):
+    """``ds.map_batches`` with an async actor pool running ``specs`` (one stage, or several chained
+    in each actor), after ``prepare`` if given (then ``ds`` holds work-list rows)."""
     import ray.data
 
     return ds.map_batches(
-        LLMStageActor, fn_constructor_args=(spec,), batch_size=pool.batch_size, batch_format="numpy",
+        LLMStageActor, fn_constructor_args=(specs, prepare, prepare_kwargs, pool.prepare_threads),
+        batch_size=pool.batch_size,
+        batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=pool.actors, max_concurrent_calls_per_actor=pool.concurrent_batches,
                                            max_tasks_in_flight_per_actor=pool.concurrent_batches * 2),
         num_cpus=pool.num_cpus)

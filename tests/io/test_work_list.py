@@ -1,6 +1,5 @@
 """The captions and QA jobs' work list: written to the output store, read back a block at a time,
 and never held whole in the object store (benchmarks/memory_scale.py, issue 10 item 5)."""
-import threading
 import time
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 from operators.io.storage import Store
 from operators.io.work_list import (WORK_LIST_DIR, block_ranges, delete_stale_work_lists, delete_work_list, item_of, read_block,
                                     read_work_list, write_work_list)
+from tests.object_store import store_peak
 
 
 def items(n: int, pad: int = 0) -> list[dict]:
@@ -54,13 +54,6 @@ def test_work_list_on_s3(s3_bucket):
     assert store.list(WORK_LIST_DIR) == []
 
 
-def _store_bytes() -> int:
-    import ray
-    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
-    gcs = ray.get_runtime_context().gcs_address
-    return int(get_memory_info_reply(get_state_from_address(gcs)).store_stats.object_store_bytes_used)
-
-
 def tag(item: dict, suffix: str = "") -> list[dict]:
     return [{"pair_id": item["pair_id"] + suffix, "pad": item["pad"]}]
 
@@ -72,35 +65,22 @@ def test_the_object_store_does_not_hold_the_whole_input(ray_session, tmp_path):
     # store holds the first step's outputs in flight.
     store = Store(str(tmp_path))
     todo = items(3000, pad=2000)
-    base = _store_bytes()   # before the dataset exists: from_items puts its blocks at once
     parts = write_work_list(store, "run3", todo)
-    ds = read_work_list(store, parts, 8, tag, {"suffix": "-done"})
-    peak, seen = 0, []
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, _store_bytes() - base)
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    seen = []
+    # From before the dataset exists: from_items puts its blocks at once.
+    with store_peak(every_s=0.05) as peak:
+        ds = read_work_list(store, parts, 8, tag, {"suffix": "-done"})
         for batch in ds.iter_batches(batch_size=8, batch_format="pyarrow", prefetch_batches=1):
             seen.extend(batch.column("pair_id").to_pylist())
             time.sleep(0.002)   # a consumer slower than the first step, as the LLM stages are
-    finally:
-        stop.set()
-        sampler.join()
     assert sorted(seen) == [t["pair_id"] + "-done" for t in todo]
-    assert peak < 3 * 2**20, f"object store held {peak / 2**20:.1f} MB of a 6 MB input"
+    assert peak.bytes < 3 * 2**20, f"object store held {peak.bytes / 2**20:.1f} MB of a 6 MB input"
 
 
 @pytest.mark.slow
 def test_one_task_per_block_of_the_size_asked(ray_session, tmp_path):
-    # A prepared block is one LLM batch of images: it must stay rows_per_block items, and Ray Data,
-    # asked for more blocks than there are read tasks, would split them.
+    # A block is one LLM batch: it must stay rows_per_block items, and Ray Data, asked for more
+    # blocks than there are read tasks, would split them.
     store = Store(str(tmp_path))
     parts = write_work_list(store, "run4", items(100), rows_per_part=64)
     blocks = read_work_list(store, parts, 8, tag).materialize()

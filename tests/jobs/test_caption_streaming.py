@@ -3,6 +3,7 @@
 On a 2-CPU node the stages' reservations (prepare tasks at half a CPU, LLM actors at a quarter) left
 no whole CPU for a default write task until every pair was done: all rows waited in the object
 store (growing with the input) and reached the output only at the end."""
+import os
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from operators.io.tables import TableSink, envelope, read_table
 from operators.llm.client import LLMConfig, LLMRequest, Secret
 from operators.llm.stage import PoolConfig, StageSpec
 from operators.llm.usage import USAGE_SCHEMA
+from tests.object_store import store_peak
 
 pytestmark = pytest.mark.slow
 SCHEMA = {"type": "object", "required": ["answer"], "additionalProperties": False,
@@ -34,12 +36,16 @@ def handle_result(record: dict, result) -> list[dict]:
                                 "message": f"answered at {time.time():.3f}"})]
 
 
+def ask_stage(server, handle) -> StageSpec:
+    return StageSpec(name="ask", input_table="_ask", build_request=build_request, handle_result=handle,
+                     llm=LLMConfig(model="m", base_url=server.base_url, use_cache=False),
+                     api_key=Secret.from_source("env:CHANGEFORGE_TEST_NO_KEY"))
+
+
 def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, openai_server, tmp_path):
     todo = [{"pair_id": f"p{i:03d}"} for i in range(160)]
     openai_server.configure(latency_ms=100)
-    stage = StageSpec(name="ask", input_table="_ask", build_request=build_request, handle_result=handle_result,
-                      llm=LLMConfig(model="m", base_url=openai_server.base_url, use_cache=False),
-                      api_key=Secret.from_source("env:CHANGEFORGE_TEST_NO_KEY"))
+    stage = ask_stage(openai_server, handle_result)
     second = StageSpec(**{**stage.__dict__, "name": "again", "input_table": "_again"})
     stage.handle_result = lambda record, result: [envelope("_again", record)]
     run_stages(todo, slow_prepare, {}, [stage, second], PoolConfig(batch_size=4, concurrent_batches=2), TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"),
@@ -50,6 +56,33 @@ def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, open
     last_answer = max(float(r["message"].split()[-1]) for r in rows)
     first_write = min(p.stat().st_mtime for p in (tmp_path / "errors").glob("*.parquet"))
     assert first_write < last_answer - 1.0
+
+
+def pid_prepare(item: dict) -> list[dict]:
+    # 300 KB a pair, as a pair's encoded images; and which process prepared it.
+    return [envelope("_ask", dict(item, images="x" * 300_000, prepared_in=os.getpid()))]
+
+
+def pid_result(record: dict, result) -> list[dict]:
+    return [envelope("errors", {"item": record["pair_id"], "stage": "done", "error_type": "Done",
+                                "message": f"{record['prepared_in']} {os.getpid()}"})]
+
+
+def test_prepared_images_stay_in_the_actor_and_out_of_the_object_store(ray_session, openai_server, tmp_path):
+    # 160 pairs x 300 KB = 48 MB prepared. Carried through the object store (a prepare step of its
+    # own, then from stage to stage), a batch of 4 is a 1.2 MB block there and several queue at once.
+    todo = [{"pair_id": f"p{i:03d}"} for i in range(160)]
+    openai_server.configure(latency_ms=50)
+    with store_peak() as peak:
+        run_stages(todo, pid_prepare, {}, [ask_stage(openai_server, pid_result)],
+                   PoolConfig(batch_size=4, concurrent_batches=2),
+                   TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"), work=Store(str(tmp_path)),
+                   job="inactor", run_id="run1", limiter=None, progress_every_s=60)
+    rows = read_table(Store(str(tmp_path)), "errors").to_pylist()
+    assert sorted(r["item"] for r in rows) == [t["pair_id"] for t in todo]
+    # Prepared in the process that sent the pair's request, and never a block in the store.
+    assert all(r["message"].split()[0] == r["message"].split()[1] for r in rows)
+    assert peak.bytes < 2**20, f"object store held {peak.bytes / 2**20:.1f} MB of prepared pairs"
 
 
 def stamp_prepare(item: dict, path: str) -> list[dict]:
@@ -71,7 +104,8 @@ class SlowStartingStage:
 
 
 def test_no_pair_is_prepared_before_the_llm_actors_are_up(ray_session, tmp_path):
-    # Pairs prepared while the actors start have no consumer: they were the object store's peak.
+    # Work read before the LLM actors are up has no consumer yet: configure_pipeline makes the
+    # pipeline wait for them (and fail with a timeout if they never start).
     import ray.data
 
     from jobs.caption import configure_pipeline

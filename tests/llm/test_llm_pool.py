@@ -116,3 +116,37 @@ def test_limiter_name_and_spec_carry_no_key(openai_server, key_file):
     blob = pickle.dumps(pool_spec(openai_server, name, key_file))
     assert KEY.encode() not in blob
     assert pickle.loads(blob).api_key.get() == KEY
+
+
+def prepare_question(item: dict) -> list[dict]:
+    if item["item"] == "broken":
+        raise ValueError("unreadable pair")
+    if item["item"] == "no-mask":   # a prepare step's own error row: passed on untouched
+        return [envelope("errors", {"item": "no-mask", "stage": "prepare", "message": "missing mask"})]
+    return [envelope("_ask", item)]
+
+
+def ask_again(record, result):
+    return [envelope("_again", dict(record, first=result.value["answer"]))]
+
+
+def test_chained_stages_in_one_actor_after_prepare(openai_server, key_file):
+    # The captions/QA shape without Ray: work-list items are prepared in the actor, go through two
+    # stages in one coroutine, and every item ends in exactly one table (a raising prepare included).
+    import asyncio
+    import json
+
+    from operators.llm.stage import LLMStageActor
+    first = pool_spec(openai_server, None, key_file)
+    first.handle_result = ask_again
+    second = StageSpec(**{**first.__dict__, "name": "again", "input_table": "_again",
+                          "handle_result": handle_result})
+    items = [{"item": f"q{i}"} for i in range(6)] + [{"item": "broken"}, {"item": "no-mask"}]
+    actor = LLMStageActor([first, second], prepare_question, {})
+    out = asyncio.run(actor({"item": [json.dumps(i) for i in items]}))
+    tables = split_envelopes([{"_table": t, "_record": r} for t, r in zip(out["_table"], out["_record"])])
+    assert sorted(r["item"] for r in tables["answers"]) == [f"q{i}" for i in range(6)]
+    assert sorted((r["item"], r["stage"]) for r in tables["errors"]) == [("broken", "prepare"), ("no-mask", "prepare")]
+    assert "unreadable pair" in next(r["message"] for r in tables["errors"] if r["item"] == "broken")
+    assert sorted(r["stage"] for r in tables["usage"]) == ["again"] * 6 + ["test_stage"] * 6
+    assert set(tables) == {"answers", "errors", "usage"}   # no _ask/_again row left unanswered
