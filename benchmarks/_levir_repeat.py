@@ -46,3 +46,24 @@ def build_repeated_levir(dest: Path, n_pairs: int, source: Path = LEVIR) -> list
             (dest / "label" / new).write_bytes(masks[name])
         ids.append(new[:-4])
     return ids
+
+
+def build_levir_mosaics(dest: Path, tiles: int = 4, source: Path = LEVIR) -> Path:
+    """LEVIR-CD-sized pairs (1024 px for the 256 px samples) as ``tiles x tiles`` mosaics of the real
+    samples whose images and mask agree in size, one mosaic per sample, each a different arrangement
+    of them. Real content at the size a full LEVIR-CD image has, for what the images' size drives
+    (the encoded data URLs, the LLM actors' memory). Returns ``dest``, a folder to repeat from."""
+    names = sorted(p.name for p in (source / "A").glob("*.png"))
+    read = {(f, n): cv2.imread(str(source / f / n), cv2.IMREAD_UNCHANGED) if (source / f / n).exists() else None
+            for f in ("A", "B", "label") for n in names}
+    usable = [n for n in names if read[("label", n)] is not None
+              and read[("A", n)].shape[:2] == read[("B", n)].shape[:2] == read[("label", n)].shape[:2]]
+    for folder in ("A", "B", "label"):
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+    for k, name in enumerate(usable):
+        order = [usable[(k + 5 * i) % len(usable)] for i in range(tiles * tiles)]
+        for folder in ("A", "B", "label"):
+            cells = [read[(folder, n)] for n in order]
+            rows = [np.concatenate(cells[r * tiles:(r + 1) * tiles], axis=1) for r in range(tiles)]
+            cv2.imwrite(str(dest / folder / f"{name.split('_', 1)[0]}_mosaic{k:02d}.png"), np.concatenate(rows, axis=0))
+    return dest

@@ -29,6 +29,7 @@ doubles the captions job's store use).
 
     python -m benchmarks.memory_scale                 # 1x = 4 scene pairs (36 slices) and 200 caption pairs
     python -m benchmarks.memory_scale --pairs-unit 2 --captions-unit 60 --jobs pairs,captions   # quick
+    python -m benchmarks.memory_scale --jobs captions --captions-px 1024 --captions-unit 100   # full-size images
 """
 from __future__ import annotations
 
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--location-km", type=float, default=30.0)
     ap.add_argument("--window-slices", type=int, default=36, help="the pairs job's --window-slices")
     ap.add_argument("--captions-unit", type=int, default=200, help="pairs of the 1x captions input")
+    ap.add_argument("--captions-px", type=int, choices=(256, 1024), default=256,
+                    help="size of the captions input's images: the 256 px samples, or 1024 px (a full LEVIR-CD "
+                         "image's size) as 4 x 4 mosaics of them")
     ap.add_argument("--max-store-mb", type=float, default=256.0, help="the captions job's --max-store-mb")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--every-s", type=float, default=0.25)
@@ -225,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [sys.executable, "-m", "jobs.qa", "--input", str(src), "--output", str(out), *llm_args]
                     size = f"{n} captioned pairs"
                 else:
-                    from benchmarks._levir_repeat import build_repeated_levir
+                    from benchmarks._levir_repeat import LEVIR, build_levir_mosaics, build_repeated_levir
                     n = args.captions_unit * f
                     if not inp.exists():
-                        build_repeated_levir(inp, n)
+                        source = LEVIR if args.captions_px == 256 else tmp / "levir_1024"
+                        if args.captions_px == 1024 and not source.exists():
+                            build_levir_mosaics(source)
+                        build_repeated_levir(inp, n, source=source)
                     cmd = [sys.executable, "-m", "jobs.caption", "--input", str(inp), "--output", str(out), *llm_args]
-                    size = f"{n} pairs"
+                    size = f"{n} pairs" + ("" if args.captions_px == 256 else f" of {args.captions_px} px")
                 print(f"{job} {f}x ({size}) ...", flush=True)
                 r = run_sampled(f"{job} {f}x", cmd, env, gcs, args.every_s, tmp / f"{job}_{f}x.log")
                 r["size"] = size
