@@ -132,13 +132,13 @@ async def run_chain(rows: list[dict], runners: Sequence[StageRunner]) -> list[di
     return rows
 
 
-def prepared_rows(item: dict, prepare: Callable, prepare_kwargs: dict) -> list[dict]:
+def prepared_rows(item: dict, prepare: Callable, prepare_kwargs: dict, job: str = "", run_id: str = "") -> list[dict]:
     """``prepare(item)``'s envelopes; a prepare step that raises gives an ``errors`` row, not a lost item."""
     try:
         return prepare(item, **prepare_kwargs)
     except Exception as exc:  # noqa: BLE001
         return [error_envelope(str(item.get("pair_id") or item.get("item") or "?"), "prepare", exc,
-                               run_id=prepare_kwargs.get("run_id", ""))]
+                               job=job, run_id=run_id)]
 
 
 class LLMStageActor:
@@ -164,8 +164,9 @@ class LLMStageActor:
 
     async def _prepared(self, item_json: str) -> list[dict]:
         loop = asyncio.get_running_loop()
+        spec = self.runners[0].spec   # the job and run its error rows belong to
         return await loop.run_in_executor(self.prepare_threads, prepared_rows, json.loads(item_json),
-                                          self.prepare, self.prepare_kwargs)
+                                          self.prepare, self.prepare_kwargs, spec.job, spec.run_id)
 
     async def _item(self, item_json: str) -> list[dict]:
         # Handed straight over, not kept in this frame: run_chain drops each row's JSON once parsed.

@@ -147,6 +147,7 @@ def test_chained_stages_in_one_actor_after_prepare(openai_server, key_file):
     tables = split_envelopes([{"_table": t, "_record": r} for t, r in zip(out["_table"], out["_record"])])
     assert sorted(r["item"] for r in tables["answers"]) == [f"q{i}" for i in range(6)]
     assert sorted((r["item"], r["stage"]) for r in tables["errors"]) == [("broken", "prepare"), ("no-mask", "prepare")]
-    assert "unreadable pair" in next(r["message"] for r in tables["errors"] if r["item"] == "broken")
+    broken = next(r for r in tables["errors"] if r["item"] == "broken")
+    assert "unreadable pair" in broken["message"] and broken["run_id"] == "pooltest"
     assert sorted(r["stage"] for r in tables["usage"]) == ["again"] * 6 + ["test_stage"] * 6
     assert set(tables) == {"answers", "errors", "usage"}   # no _ask/_again row left unanswered
