@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from operators.io.cli import RAY_SYSTEM_CONFIG
+from operators.llm.stage import LLMStageActor
 
 REPO = Path(__file__).resolve().parent.parent
 FACTORS = (1, 3, 10)
@@ -77,7 +78,7 @@ def build_pairs_input(dest: Path, base: Path, n_locations: int, scene_px: int, l
 
 
 # -- sampling ------------------------------------------------------------------------------------------------
-ACTOR_TITLE = "MapBatches(LLMStageActor)"   # in the process title Ray gives the LLM pool's actors
+ACTOR_TITLE = f"MapBatches({LLMStageActor.__name__})"   # in the process title Ray gives the LLM pool's actors
 
 
 class Sampler(threading.Thread):

@@ -71,6 +71,11 @@ def usage_record(spec: StageSpec, result: LLMResult) -> dict:
     }
 
 
+def item_name(record: dict) -> str:
+    """What an error row names: the pair, or the generic item."""
+    return str(record.get("pair_id") or record.get("item") or "?")
+
+
 class StageRunner:
     """One stage's requests inside an actor: builds each request, calls the model through the pool's
     rate limiter and cache, and turns the reply (or the failure) into envelopes."""
@@ -90,7 +95,7 @@ class StageRunner:
 
     async def one(self, record: dict) -> list[dict]:
         spec = self.spec
-        item = str(record.get("pair_id") or record.get("item") or "?")
+        item = item_name(record)
         try:
             request = spec.build_request(record)
         except Exception as exc:  # noqa: BLE001
@@ -137,7 +142,7 @@ def prepared_rows(item: dict, prepare: Callable, prepare_kwargs: dict, job: str 
     try:
         return prepare(item, **prepare_kwargs)
     except Exception as exc:  # noqa: BLE001
-        return [error_envelope(str(item.get("pair_id") or item.get("item") or "?"), "prepare", exc,
+        return [error_envelope(item_name(item), "prepare", exc,
                                job=job, run_id=run_id)]
 
 
