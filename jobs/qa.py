@@ -77,6 +77,10 @@ HELP = {
     "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
 }
+def build_parser():
+    return caption_job.build_parser(QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
+
+
 def parse_args(argv: list[str] | None = None) -> QAJobConfig:
     return caption_job.parse_args(argv, QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
 
