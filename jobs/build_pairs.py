@@ -55,7 +55,7 @@ class PairsJobConfig:
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
-    rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: 1,2,3, or 1 for single-band scenes)"})
+    rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
     stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
     labels: str = field(default="", metadata={"help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
     split_fractions: str = field(default="0.7,0.1,0.2", metadata={"help": "train,val,test fractions of locations (paper: 70/10/20)"})

@@ -1,4 +1,4 @@
-"""The captions job (issue 4, JL1-CC recipe, paper section II-B): change-detection triplets in, judged
+"""The captions job (JL1-CC recipe, JL1-CC&QA section II-B): change-detection triplets in, judged
 change captions out, through any OpenAI-compatible endpoint.
 
     python -m jobs.caption --input data/levir-cd --output out/captions-run --model <name>
@@ -128,7 +128,7 @@ HELP = {
                "with accuracy <= 4 (hallucinated) scores its accuracy, so it is never selected; judge = the "
                "judge's own overall score; mean = mean of the five criteria; min = lowest criterion; "
                "< 7 is rejected, top 3 kept (ties kept)",
-    "validators": "grounded validators on every caption (see README): reject = a caption that breaks a rule is "
+    "validators": "grounded validators on every caption (checked against its mask): reject = a caption that breaks a rule is "
                   "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
     "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
@@ -143,8 +143,9 @@ HELP = {
     "actor_start_timeout_s": "seconds to wait for the LLM actors to start before the pipeline does (a pool that "
                              "finds no room fails with a timeout instead of waiting for ever); 0 = do not wait",
     "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
-    "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
-                              "and lowers its rate, which recovers while no 429 comes)",
+    "max_rate_limit_retries": "retries of one request on 429 (a scattered 429 makes only its request wait "
+                              "its Retry-After; a storm of them pauses the whole pool and lowers its rate, which "
+                              "recovers while no storm comes)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
     "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",

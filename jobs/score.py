@@ -1,4 +1,4 @@
-"""The scoring job (issue 9): predictions scored against this project's datasets (and any dataset in the
+"""The scoring job: predictions scored against this project's datasets (and any dataset in the
 same formats) the way the field's reference code scores them.
 
     python -m jobs.score change   --pred <folder | s3://prefix> --label <folder | s3://prefix> --output <folder>
