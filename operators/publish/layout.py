@@ -117,13 +117,13 @@ def _copy_or_encode(data: bytes, decoded: np.ndarray, encoded: np.ndarray) -> by
 
 # -- per-split language files ------------------------------------------------------------------------
 def captions_document(rows: list[dict]) -> dict:
-    """LEVIR-CC ``captions.json`` of one split: ``rows`` are {pair_id, split, captions, car}."""
-    return levir_cc_document([{"split": r["split"], "filename": f"{r['pair_id']}.png", "car": r.get("car"),
+    """LEVIR-CC ``captions.json`` of one split: ``rows`` are {id, split, captions, car}."""
+    return levir_cc_document([{"split": r["split"], "filename": f"{r['id']}.png", "car": r.get("car"),
                                "selected_captions": r["captions"]} for r in rows if r.get("captions")])
 
 
 def qa_document(rows: list[dict]) -> dict:
     """``qa.json`` of one split, as the QA job's VQA.json: {filename, filepath, split, change_ratio, qa}."""
-    return {"images": [{"filename": f"{r['pair_id']}.png", "filepath": r["split"], "split": r["split"],
+    return {"images": [{"filename": f"{r['id']}.png", "filepath": r["split"], "split": r["split"],
                         "change_ratio": r.get("car"), "qa": r["qa"]}
-                       for r in sorted(rows, key=lambda r: r["pair_id"]) if r.get("qa")]}
+                       for r in sorted(rows, key=lambda r: r["id"]) if r.get("qa")]}
