@@ -144,7 +144,7 @@ def run(cfg: PublishConfig) -> dict:
                 rows.append(meta_row)
                 lang_rows[prepared.split].append(meta_row)
                 items.append(pair_item(meta_row, {r: release_path(prepared.split, r, prepared.pair_id)
-                                                  for r in prepared.files}, *_label_classes(prepared.files)))
+                                                  for r in prepared.files}, *_label_classes(prepared.files), date))
     for w in writers.values():
         w.flush()
     if not rows:

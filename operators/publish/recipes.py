@@ -11,7 +11,8 @@ from operators.publish.sources import DatasetSource, LanguageSource
 # The papers' settings the pairs job's runs are compared with (S2Looking section 2.1).
 PAPER_PAIRS = {"slice_size": 3000, "stride": 1024, "crop_size": 1024, "min_iou": 0.7, "min_gap_days": 365,
                "lookback_years": 10.0, "method": "per-slice"}
-JUDGE_RULE = "judge score >= 7 of 10, at most the top 3 captions per pair (ties kept); QA: every pair scoring >= 7"
+SELECTION = {"Captions": "overall judge score >= 7 of 10, at most the top 3 per pair (ties at the cut kept)",
+             "QA": "overall judge score >= 7 of 10 (every passing QA pair kept)"}
 
 
 def description(name: str, counts: dict, captions: bool, qa: bool, kind: str) -> str:
@@ -39,7 +40,8 @@ def recipe_lines(dataset: DatasetSource, caps: LanguageSource | None, qa: Langua
                     "min_iou": pairing.get("min_iou"), "min_gap_days": pairing.get("min_gap_days"),
                     "lookback_years": pairing.get("lookback_years"), "method": run.get("method")}
             dev = [f"{k} {v} (paper {PAPER_PAIRS[k]})" for k, v in used.items() if v is not None and v != PAPER_PAIRS[k]]
-            lines.append(f"Pairs: S2Looking recipe, changeforge `jobs.build_pairs` run {run['run_id']} on "
+            did = _did(run.get("summary"))
+            lines.append(f"Pairs: S2Looking recipe, changeforge `jobs.build_pairs` run {run['run_id']}{did} on "
                          f"`{run.get('input')}` (reference date {run.get('reference_date')}, split seed "
                          f"{run.get('seed')}, fractions {run.get('split_fractions')} by location); "
                          + ("deviations: " + "; ".join(dev) if dev else "paper settings") + ".")
@@ -52,8 +54,18 @@ def recipe_lines(dataset: DatasetSource, caps: LanguageSource | None, qa: Langua
             lines.append(f"{what}: read from `{src.uri}` (a JSON file; models and prompts not recorded).")
         for run in src.runs:
             lines.append(f"{what}: JL1-CC&QA recipe (LLM generation, LLM judge), run {run['run_id']}: "
-                         + ", ".join(f"{k} {v}" for k, v in run.items() if k != "run_id") + f"; selection: {JUDGE_RULE}.")
+                         + ", ".join(f"{k} {v}" for k, v in run.items() if k != "run_id") + f"; selection: {SELECTION[what]}.")
     return lines
+
+
+def _did(summary) -> str:
+    try:
+        s = json.loads(summary or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return ""
+    parts = [f"{s[k]} {what}" for k, what in (("slices_this_run", "slice(s) registered"),
+                                             ("labels_merged_this_run", "label map(s) merged")) if s.get(k)]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def review_summary(uri: str) -> dict | None:
@@ -75,7 +87,7 @@ def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, rev
         facts[f"{what} judge models"] = ", ".join(sorted({str(r.get("judge_model")) for r in runs})) or "not recorded"
         prompts = sorted({str(v) for r in runs for k, v in r.items() if "prompt" in k})
         facts[f"{what} prompt versions"] = ", ".join(prompts) or "not recorded"
-        facts[f"{what} selection"] = JUDGE_RULE
+        facts[f"{what} selection"] = SELECTION["Captions" if what == "captions" else "QA"]
         facts[f"{what} validators"] = ", ".join(sorted({str(r.get("validators")) for r in runs if r.get("validators")})) \
             or "not recorded"
     if caps or qa:

@@ -70,9 +70,11 @@ def _pairs_job(store: Store) -> DatasetSource:
     meta = read_current(store, "metadata")
     scenes = read_current(store, "scenes")
     runs = read_current(store, "runs", keys=("run_id",))
-    platform = {}
-    if scenes is not None and "platform" in scenes:
-        platform = dict(zip(scenes["scene_id"], scenes["platform"]))
+    platform, scene_uri = {}, {}
+    if scenes is not None:
+        scene_uri = dict(zip(scenes["scene_id"], scenes["uri"]))
+        if "platform" in scenes:
+            platform = dict(zip(scenes["scene_id"], scenes["platform"]))
     files = _files_by_stem(store, "")
     accepted = meta[meta["status"] == "accepted"]
     pairs, errors = [], []
@@ -82,7 +84,7 @@ def _pairs_job(store: Store) -> DatasetSource:
         lineage = {
             "location": r.get("location"), "pre_date": r.get("pre_date"), "post_date": r.get("post_date"),
             "pre_scene": r.get("pre_scene"), "post_scene": r.get("post_scene"),
-            "pre_source": _sources(r, "pre"), "post_source": _sources(r, "post"),
+            "pre_source": _sources(r, "pre", scene_uri), "post_source": _sources(r, "post", scene_uri),
             "sensor": "/".join(sensors) or None, "crs": r.get("crs"),
             "bounds": [float(v) for v in r["bounds"]] if r.get("bounds") is not None else None,
             "source_pair_id": r.get("pair_id"), "source_run_id": r.get("run_id"),
@@ -92,15 +94,17 @@ def _pairs_job(store: Store) -> DatasetSource:
         errors.append(error(sid, "inputs", "image files with no accepted slice of this name in metadata/"))
     tables = {"metadata": meta, "pairs": read_current(store, "pairs"), "labels": read_current(store, "labels")}
     return DatasetSource(store.uri(), "pairs_job", pairs, errors,
-                         [] if runs is None else runs.drop(columns=[c for c in ("summary",) if c in runs]).to_dict("records"),
+                         [] if runs is None else runs.to_dict("records"),
                          tables)
 
 
-def _sources(row: dict, side: str) -> list[str]:
-    """Where a side came from: its STAC item id (when it was an item) and the files read."""
+def _sources(row: dict, side: str, scene_uri: dict[str, str]) -> list[str]:
+    """Where a side came from: the files read (band assets of a STAC item), else the scene's URI."""
     hrefs = row.get(f"{side}_hrefs")
     out = [] if hrefs is None else [str(h) for h in hrefs]
-    return out or [str(row[f"{side}_scene"])] if row.get(f"{side}_scene") else out
+    if not out and scene_uri.get(row.get(f"{side}_scene")):
+        out = [str(scene_uri[row[f"{side}_scene"]])]
+    return out
 
 
 def _list_splits(store: Store) -> dict[str, str]:

@@ -23,9 +23,11 @@ def _wgs84(bounds: list[float], crs: str) -> list[float]:
     return [float(v) for v in transform_bounds(crs, "EPSG:4326", *bounds, densify_pts=21)]
 
 
-def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classes: list[dict]) -> dict:
+def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classes: list[dict],
+              release_date: str = "1970-01-01") -> dict:
     """The STAC item (dict) of one published pair. ``row``: the pair's Parquet row without images;
-    ``files``: layout role -> path relative to the release root."""
+    ``files``: layout role -> path relative to the release root. A pair without acquisition dates (a
+    LEVIR-CD input) gets the release date as its ``datetime`` and ``acquisition_dates_known: false``."""
     bbox = geometry = None
     if row.get("bounds") and row.get("crs"):
         bbox = _wgs84(row["bounds"], row["crs"])
@@ -43,8 +45,13 @@ def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classe
         "car": row.get("car"),
     }
     dates = [d for d in (row.get("pre_date"), row.get("post_date")) if d]
+    when = None
     if dates:
         props.update(start_datetime=f"{min(dates)}T00:00:00Z", end_datetime=f"{max(dates)}T23:59:59Z")
+    else:
+        import datetime as dt
+        when = dt.datetime.fromisoformat(f"{release_date}T00:00:00+00:00")
+        props["acquisition_dates_known"] = False
     if row.get("sensor"):
         props["platform"] = row["sensor"]
     extensions = [LABEL_EXT, ML_AOI_EXT]
@@ -53,7 +60,7 @@ def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classe
             props["proj:code"] = str(row["crs"]).upper()
         props["proj:bbox"] = row["bounds"]
         extensions.append(PROJ_EXT)
-    item = pystac.Item(id=row["id"], geometry=geometry, bbox=bbox, datetime=None, properties=props,
+    item = pystac.Item(id=row["id"], geometry=geometry, bbox=bbox, datetime=when, properties=props,
                        stac_extensions=extensions)
     roles = {"A": ("pre-change image", ["data"]), "B": ("post-change image", ["data"]),
              "label": ("change mask 0/255", ["labels", "labels-raster"]),
