@@ -124,10 +124,14 @@ def run(cfg: PublishConfig) -> dict:
                  for p in dataset.pairs if p.split not in SPLITS]
 
     def prepare(p):
+        """In a worker thread: read, check and encode one pair, and write its layout files."""
         try:
-            return prepare_pair(src, p, cfg.require_label), None
+            prepared = prepare_pair(src, p, cfg.require_label)
         except (ValueError, FileNotFoundError) as exc:
             return None, {"item": p.pair_id, "stage": "prepare", "message": str(exc)}
+        for role, data in prepared.files.items():
+            out.put(release_path(prepared.split, role, prepared.pair_id), data)
+        return prepared, None
 
     chunk = max(1, cfg.threads) * 4
     with ThreadPoolExecutor(max_workers=max(1, cfg.threads)) as pool:
@@ -136,7 +140,7 @@ def run(cfg: PublishConfig) -> dict:
                 if err:
                     excluded.append(err)
                     continue
-                row, digest_files = _publish_pair(out, prepared, caps, qa)
+                row, digest_files = _pair_row(out, prepared, caps, qa)
                 writers[prepared.split].add(row)
                 index[prepared.pair_id] = {"split": prepared.split, "digest": pair_digest(
                     digest_files, prepared.split, row["captions"] or [], row["qa"] or [])}
@@ -185,7 +189,6 @@ def run(cfg: PublishConfig) -> dict:
         name=cfg.name, version=cfg.version, date=date, licence=licence, description=description,
         shards={rel: out.hashes[rel] for s in present for rel in shards[s]}, has_captions=bool(caps),
         has_qa=bool(qa), has_two_maps=has_two, rai=recipes.rai_fields(language, info["limitations"], dataset)))
-    stats = {k: v for k, v in stats.items()}
     out.put_json("stats.json", stats)
     out.put_json("excluded.json", excluded)
     out.put_json("changes.json", {"version": cfg.version, "previous": prev, **changes})
@@ -200,12 +203,17 @@ def run(cfg: PublishConfig) -> dict:
         "counts": counts, "excluded": len(excluded), "shards": {s: writers[s].written for s in present},
         "pairs": index})
     out.put("SHA256SUMS", sha256sums(out.hashes).encode())
+    # A rerun of this version over an earlier attempt: files no longer part of it go, so the folder is
+    # exactly what SHA256SUMS lists.
+    stale = [rel for rel in out.store.list() if rel not in out.hashes]
+    for rel in stale:
+        out.store.delete(rel)
     versions = [v for v in versions if v["version"] != cfg.version] + [
         {"version": cfg.version, "date": date, "pairs": len(rows), "path": cfg.version}]
     root.write_bytes(VERSIONS_FILE, (json.dumps(sorted(versions, key=lambda v: parse_version(v["version"])),
                                                 indent=1) + "\n").encode())
     return {"output": out.store.uri(), "version": cfg.version, "previous": prev, "pairs": counts,
-            "excluded": len(excluded), "files": len(out.hashes) + 1, "licence": licence,
+            "excluded": len(excluded), "files": len(out.hashes), "stale_removed": len(stale), "licence": licence,
             "added": len(changes["added"]), "removed": len(changes["removed"]), "changed": len(changes["changed"]),
             "seconds": round(time.time() - t0, 1)}
 
@@ -217,13 +225,9 @@ def _label_classes(files: dict) -> tuple[list[str], list[dict]]:
     return ["manual"], classes
 
 
-def _publish_pair(out: Recorder, p, caps, qa) -> tuple[dict, dict]:
-    """Write one pair's layout files; its Parquet row and its files' hashes by role."""
-    digests = {}
-    for role, data in p.files.items():
-        rel = release_path(p.split, role, p.pair_id)
-        out.put(rel, data)
-        digests[role] = out.hashes[rel]
+def _pair_row(out: Recorder, p, caps, qa) -> tuple[dict, dict]:
+    """One written pair's Parquet row and its files' hashes by role."""
+    digests = {role: out.hashes[release_path(p.split, role, p.pair_id)] for role in p.files}
     by_role = {role: col for col, role in IMAGE_COLUMNS.items()}
     row = {"id": p.pair_id, "split": p.split, "width": p.size[0], "height": p.size[1],
            **{by_role[r]: image_cell(d, release_path(p.split, r, p.pair_id)) for r, d in p.files.items()},

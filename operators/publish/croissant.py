@@ -62,6 +62,20 @@ def _list_record_set(rs: str, column: str, description: str, text: str) -> dict:
         _field(rs, column, "sc:Text", text, repeated=True)]}
 
 
+def qa_record_set() -> dict:
+    """Per pair, its selected QA pairs: a repeated field with ``type``, ``question`` and ``answer`` sub-fields
+    read from the Parquet ``qa`` column (a list of structs)."""
+    def sub(name: str, text: str) -> dict:
+        return {"@type": "cr:Field", "@id": f"qa/qa/{name}", "name": name, "description": text, "dataType": "sc:Text",
+                "source": {"fileSet": {"@id": PARQUET_SET}, "extract": {"column": "qa"},
+                           "transform": {"jsonPath": f"[*].{name}"}}}
+    return {"@type": "cr:RecordSet", "@id": "qa", "name": "qa",
+            "description": "selected question-answer pairs per image pair", "field": [
+                _field("qa", "id", "sc:Text", "pair id"),
+                {"@type": "cr:Field", "@id": "qa/qa", "name": "qa", "description": "selected QA pairs", "repeated": True,
+                 "subField": [sub("type", "question type"), sub("question", "question"), sub("answer", "answer")]}]}
+
+
 def document(*, name: str, version: str, date: str, licence: str, description: str, shards: dict[str, str],
              has_captions: bool, has_qa: bool, has_two_maps: bool, rai: dict, url: str = "") -> dict:
     """The JSON-LD document. ``shards``: Parquet path -> SHA-256."""
@@ -85,9 +99,7 @@ def document(*, name: str, version: str, date: str, licence: str, description: s
         record_sets.append(_list_record_set("captions", "captions", "selected change captions per pair",
                                             "selected captions"))
     if has_qa:
-        qa = _list_record_set("qa", "qa", "selected question-answer pairs per image pair",
-                              "question-answer pairs as {type, question, answer}")
-        record_sets.append(qa)
+        record_sets.append(qa_record_set())
     doc = {
         "@context": CONTEXT, "@type": "sc:Dataset", "conformsTo": "http://mlcommons.org/croissant/1.0",
         "name": name, "description": description, "version": version, "datePublished": date,

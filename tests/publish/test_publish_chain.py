@@ -151,6 +151,16 @@ def test_croissant_validates_and_iterates_pairs(chain):
         mask = np.asarray(r["pairs/mask"])
         assert np.array_equal(mask, grey(v1 / "train" / "label" / f"{sid}.png"))
         assert np.asarray(r["pairs/pre"]).shape == (256, 256, 3)
+    # Captions and QA record sets: per pair, the selected ones.
+    caps = selected_captions(chain["caps"])
+    got = {r["captions/id"].decode(): [c.decode() for c in r["captions/captions"]]
+           for r in mlc.Dataset(str(v1 / "croissant.json")).records("captions")}
+    assert got == {k: list(caps.get(k) or []) for k in chain["labelled"]}
+    vqa = {Path(i["filename"]).stem: i["qa"] for i in json.loads((chain["qa"] / "VQA.json").read_text())["images"]}
+    got = {r["qa/id"].decode(): [{k: q[f"qa/qa/{k}"].decode() for k in ("type", "question", "answer")}
+                                 for q in r["qa/qa"]]
+           for r in mlc.Dataset(str(v1 / "croissant.json")).records("qa")}
+    assert got == {k: vqa.get(k, []) for k in chain["labelled"]}
 
 
 class BitemporalFolder:

@@ -268,16 +268,14 @@ def test_card_front_matter_is_yaml_with_configs_for_present_splits():
 
 
 def test_stac_item_geometry_split_labels_and_sources():
-    from pyproj import Transformer
+    from rasterio.warp import transform
     bounds = [486545.6, 5207326.2, 487825.6, 5208606.2]
     row = {"id": "p1", "split": "val", "bounds": bounds, "crs": "EPSG:26914", "pre_date": "2016-08-16",
            "post_date": "2017-08-27", "changed_pixels": 12, "car": 0.1, "pre_source": ["/d/pre.tif"],
            "post_source": ["/d/post.tif"]}
     item = stac.pair_item(row, {"A": "val/A/p1.png", "B": "val/B/p1.png", "label": "val/label/p1.png"},
                           ["manual"], [{"name": "change", "classes": [0, 255]}])
-    t = Transformer.from_crs("EPSG:26914", "EPSG:4326", always_xy=True)
-    lon0, lat0 = t.transform(bounds[0], bounds[1])
-    lon1, lat1 = t.transform(bounds[2], bounds[3])
+    (lon0, lon1), (lat0, lat1) = transform("EPSG:26914", "EPSG:4326", [bounds[0], bounds[2]], [bounds[1], bounds[3]])
     w, s, e, n = item["bbox"]
     assert w <= min(lon0, lon1) + 1e-9 and e >= max(lon0, lon1) - 1e-9 and abs(s - min(lat0, lat1)) < 1e-3
     assert item["properties"]["ml-aoi:split"] == "val" and item["properties"]["label:type"] == "raster"

@@ -109,3 +109,23 @@ def test_release_from_and_to_s3(s3_client, s3_bucket):
     assert sorted(k for k in keys if "/A/" in k) == sorted(f"{n.split('_')[0]}/A/{n}.png" for n in publishable())
     versions = json.loads(s3_client.get_object(Bucket=s3_bucket, Key="releases/versions.json")["Body"].read())
     assert [v["version"] for v in versions] == ["1.0.0"]
+
+
+def test_rerun_of_a_version_is_idempotent_and_drops_what_left(tmp_path):
+    inp = split_layout(tmp_path / "levir")
+    cfg = PublishConfig(input=str(inp), output=str(tmp_path / "rel"), name="x", version="1.0.0", licence="MIT",
+                        date="2026-01-01")
+    run(cfg)
+    release = tmp_path / "rel" / "1.0.0"
+    before = {p.relative_to(release): p.read_bytes() for p in release.rglob("*") if p.is_file()}
+    again = run(cfg)
+    after = {p.relative_to(release): p.read_bytes() for p in release.rglob("*") if p.is_file()}
+    assert after == before and again["stale_removed"] == 0          # byte for byte (same date, same code)
+    gone = "train_36_0512_0512"
+    for role in ("A", "B", "label"):
+        (inp / "train" / role / f"{gone}.png").unlink()
+    third = run(cfg)
+    files = {str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()}
+    assert not any(gone in f for f in files) and third["stale_removed"] >= 4   # A, B, label, STAC item
+    listed = {line.split("  ", 1)[1] for line in (release / "SHA256SUMS").read_text().splitlines()}
+    assert listed == files - {"SHA256SUMS"}
