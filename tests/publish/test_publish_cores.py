@@ -286,3 +286,32 @@ def test_stac_item_geometry_split_labels_and_sources():
     nogeo = stac.pair_item({"id": "p2", "split": "train"}, {"A": "a"}, ["manual"], [], "2026-03-04")
     assert nogeo["geometry"] is None and "bbox" not in nogeo
     assert nogeo["properties"]["datetime"].startswith("2026-03-04") and not nogeo["properties"]["acquisition_dates_known"]
+
+
+# -- annotations facts from a review output ----------------------------------------------------------
+def test_review_output_reaches_the_annotation_facts(tmp_path):
+    import pandas as pd
+    from operators.publish import recipes
+    from operators.publish.sources import LanguageSource
+    from operators.review.agreement import wilson_interval
+
+    def row(tid, verdict, selected, judge):
+        return {"task_id": tid, "annotation_id": tid * 10, "status": "reviewed" if verdict else "unreviewed",
+                "item_id": f"i{tid}", "pair_id": f"p{tid}", "facet": "scale", "text": f"t{tid}", "verdict": verdict,
+                "selected": selected, "judge_accept": judge, "error_categories": [], "corrected_text": None,
+                "stratum": "scale", "stratum_size": 10, "annotated_at": "2026-01-01"}
+    rows = [row(1, "correct", True, True), row(2, "wrong", True, True), row(3, "correct", True, False),
+            row(4, None, True, True)]
+    (tmp_path / "review").mkdir()
+    pd.DataFrame(rows).to_parquet(tmp_path / "review" / "part-0.parquet")
+    review = recipes.review_summary(str(tmp_path))
+    caps = LanguageSource("x", {}, None, [{"run_id": "r1", "model": "gen-m", "judge_model": "judge-m",
+                                           "generate_prompt_version": "g.v1", "judge_prompt_version": "j.v1",
+                                           "validators": "reject"}])
+    facts = recipes.annotation_facts(caps, None, review)
+    lo, hi = wilson_interval(2, 3)
+    assert facts["human review"].startswith(f"3 of 4 sampled items reviewed; acceptance 2/3 (Wilson 95% {lo:.3f}-{hi:.3f})")
+    assert facts["captions generator models"] == "gen-m" and facts["captions judge models"] == "judge-m"
+    assert facts["captions prompt versions"] == "g.v1, j.v1" and facts["captions validators"] == "reject"
+    assert "top 3" in facts["captions selection"]
+    assert recipes.annotation_facts(caps, None, None)["human review"] == "none recorded for this release"
