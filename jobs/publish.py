@@ -41,7 +41,6 @@ from operators.publish.versions import (changelog, changelog_entry, code_version
                                         parse_version, previous_version, sha256, sha256sums)
 from operators.pairs.splits import SPLITS
 
-log = logging.getLogger("changeforge.publish")
 VERSIONS_FILE = "versions.json"
 
 

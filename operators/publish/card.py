@@ -14,6 +14,7 @@ from operators.report.markdown import markdown_table
 from operators.report.stats import (Table, car_stats, car_table, caption_stats, caption_table, pairs_job_stats,
                                     pairs_job_table, qa_stats, qa_table, reject_reason_table)
 from operators.pairs.splits import SPLITS
+from operators.publish.sources import stem
 
 # Hub licence ids are lower-case SPDX ids; others are given as "other" with a name.
 HUB_LICENCES = {"apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc0-1.0", "cc-by-4.0", "cc-by-sa-4.0",
@@ -70,13 +71,13 @@ def statistics(rows: pd.DataFrame, captions: pd.DataFrame | None, qa: pd.DataFra
     split_of = dict(zip(rows["id"], rows["split"]))
     pair_rows = rows.rename(columns={"id": "pair_id"})[["pair_id", "split"]]
     if captions is not None:
-        c = captions.assign(pair_id=captions["filename"].map(_stem))
+        c = captions.assign(pair_id=captions["filename"].map(stem))
         c = c[c["pair_id"].isin(split_of)].assign(split=lambda d: d["pair_id"].map(split_of))
         if len(c):
             stats["captions"] = caption_stats(c, pair_rows[pair_rows["pair_id"].isin(set(c["pair_id"]))])
             tables.append(caption_table(stats["captions"]))
     if qa is not None:
-        q = qa.assign(pair_id=qa["filename"].map(_stem))
+        q = qa.assign(pair_id=qa["filename"].map(stem))
         q = q[q["pair_id"].isin(split_of)].assign(split=lambda d: d["pair_id"].map(split_of))
         if len(q):
             stats["qa"] = qa_stats(q)
@@ -88,10 +89,6 @@ def statistics(rows: pd.DataFrame, captions: pd.DataFrame | None, qa: pd.DataFra
         if stats["pairs_job"]["rejected"]:
             tables.append(reject_reason_table(stats["pairs_job"]))
     return stats, tables
-
-
-def _stem(name) -> str:
-    return str(name).rsplit("/", 1)[-1].rsplit(".", 1)[0]
 
 
 def render(info: dict, tables: list[Table]) -> str:
