@@ -88,8 +88,7 @@ def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, rev
         prompts = sorted({str(v) for r in runs for k, v in r.items() if "prompt" in k})
         facts[f"{what} prompt versions"] = ", ".join(prompts) or "not recorded"
         facts[f"{what} selection"] = SELECTION["Captions" if what == "captions" else "QA"]
-        facts[f"{what} validators"] = ", ".join(sorted({str(r.get("validators")) for r in runs if r.get("validators")})) \
-            or "not recorded"
+        facts[f"{what} validators"] = _validators(runs, src.table)
     if caps or qa:
         if review:
             acc = review["acceptance"]
@@ -101,6 +100,19 @@ def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, rev
         else:
             facts["human review"] = "none recorded for this release"
     return facts
+
+
+def _validators(runs: list[dict], table) -> str:
+    """Validator mode, the grounded rules, and how many candidates broke one."""
+    from operators.language.validators import RULES
+    modes = ", ".join(sorted({str(r.get("validators")) for r in runs if r.get("validators")}))
+    if not modes:
+        return "not recorded"
+    text = f"{modes} (rules checked against the change mask: {', '.join(RULES)}"
+    if table is not None and "validator_ok" in table:
+        ok = table["validator_ok"]
+        text += f"; {int((ok == False).sum())} of {int(ok.notna().sum())} checked candidates broke a rule"  # noqa: E712
+    return text + ")"
 
 
 def limitations(dataset: DatasetSource, counts: dict, excluded: list, captions: bool, qa: bool,

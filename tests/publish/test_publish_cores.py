@@ -305,13 +305,16 @@ def test_review_output_reaches_the_annotation_facts(tmp_path):
     (tmp_path / "review").mkdir()
     pd.DataFrame(rows).to_parquet(tmp_path / "review" / "part-0.parquet")
     review = recipes.review_summary(str(tmp_path))
-    caps = LanguageSource("x", {}, None, [{"run_id": "r1", "model": "gen-m", "judge_model": "judge-m",
+    table = pd.DataFrame({"validator_ok": [True, False, False, None]})
+    caps = LanguageSource("x", {}, table, [{"run_id": "r1", "model": "gen-m", "judge_model": "judge-m",
                                            "generate_prompt_version": "g.v1", "judge_prompt_version": "j.v1",
                                            "validators": "reject"}])
     facts = recipes.annotation_facts(caps, None, review)
     lo, hi = wilson_interval(2, 3)
     assert facts["human review"].startswith(f"3 of 4 sampled items reviewed; acceptance 2/3 (Wilson 95% {lo:.3f}-{hi:.3f})")
     assert facts["captions generator models"] == "gen-m" and facts["captions judge models"] == "judge-m"
-    assert facts["captions prompt versions"] == "g.v1, j.v1" and facts["captions validators"] == "reject"
+    assert facts["captions prompt versions"] == "g.v1, j.v1" and facts["captions validators"] == (
+        "reject (rules checked against the change mask: numbers, change, location, magnitude, counts, existence; "
+        "2 of 3 checked candidates broke a rule)")
     assert "top 3" in facts["captions selection"]
     assert recipes.annotation_facts(caps, None, None)["human review"] == "none recorded for this release"
