@@ -114,42 +114,7 @@ def run(cfg: PublishConfig) -> dict:
     print(f"[publish] {cfg.name} {cfg.version}: {len(dataset.pairs)} pair(s) from {dataset.uri} ({dataset.kind}); "
           f"licence {licence}; writing {out.store.uri()}", flush=True)
 
-    excluded = [dict(e) for e in dataset.errors]
-    writers = {s: ShardWriter(s, out.put, cfg.shard_mb, cfg.rows_per_group) for s in SPLITS}
-    rows, index, items, lang_rows = [], {}, [], {s: [] for s in SPLITS}
-    src = Store(dataset.uri)
-    todo = sorted((p for p in dataset.pairs if p.split in SPLITS), key=lambda p: (SPLITS.index(p.split), p.pair_id))
-    excluded += [{"item": p.pair_id, "stage": "inputs", "message": f"unknown split {p.split!r}"}
-                 for p in dataset.pairs if p.split not in SPLITS]
-
-    def prepare(p):
-        """In a worker thread: read, check and encode one pair, and write its layout files."""
-        try:
-            prepared = prepare_pair(src, p, cfg.require_label)
-        except (ValueError, FileNotFoundError) as exc:
-            return None, {"item": p.pair_id, "stage": "prepare", "message": str(exc)}
-        for role, data in prepared.files.items():
-            out.put(release_path(prepared.split, role, prepared.pair_id), data)
-        return prepared, None
-
-    chunk = max(1, cfg.threads) * 4
-    with ThreadPoolExecutor(max_workers=max(1, cfg.threads)) as pool:
-        for start in range(0, len(todo), chunk):
-            for prepared, err in pool.map(prepare, todo[start:start + chunk]):
-                if err:
-                    excluded.append(err)
-                    continue
-                row, digest_files = _pair_row(out, prepared, caps, qa)
-                writers[prepared.split].add(row)
-                index[prepared.pair_id] = {"split": prepared.split, "digest": pair_digest(
-                    digest_files, prepared.split, row["captions"] or [], row["qa"] or [])}
-                meta_row = {k: v for k, v in row.items() if k not in IMAGE_COLUMNS}
-                rows.append(meta_row)
-                lang_rows[prepared.split].append(meta_row)
-                items.append(pair_item(meta_row, {r: release_path(prepared.split, r, prepared.pair_id)
-                                                  for r in prepared.files}, *_label_classes(prepared.files), date))
-    for w in writers.values():
-        w.flush()
+    rows, index, items, excluded, writers = _write_pairs(cfg, dataset, caps, qa, out, date)
     if not rows:
         raise SystemExit(f"nothing to publish: every pair of {cfg.input} was excluded "
                          f"({len(excluded)}; first: {excluded[0]['message'] if excluded else 'no pairs'})")
@@ -157,9 +122,9 @@ def run(cfg: PublishConfig) -> dict:
     present = [s for s in SPLITS if counts[s]]
     for s in present:
         if caps:
-            out.put_json(f"{s}/captions.json", captions_document(lang_rows[s]))
+            out.put_json(f"{s}/captions.json", captions_document([r for r in rows if r["split"] == s]))
         if qa:
-            out.put_json(f"{s}/qa.json", qa_document(lang_rows[s]))
+            out.put_json(f"{s}/qa.json", qa_document([r for r in rows if r["split"] == s]))
     for item in items:
         out.put_json(item_path(item["id"]), item)
     description = cfg.description or recipes.description(cfg.name, counts, bool(caps), bool(qa), dataset.kind)
@@ -175,6 +140,9 @@ def run(cfg: PublishConfig) -> dict:
     has_two = any(r.get("new_pixels") is not None for r in rows)
     prev = previous_version([v["version"] for v in versions if v["version"] != cfg.version], cfg.version)
     prev_store = root.child(prev) if prev else None
+    if prev_store and not prev_store.exists("release.json"):
+        raise SystemExit(f"{root.uri(VERSIONS_FILE)} lists version {prev} but {prev_store.uri('release.json')} is "
+                         "missing: restore it, or remove the version from the list")
     prev_index = json.loads(prev_store.read_bytes("release.json"))["pairs"] if prev_store else {}
     changes = diff_pairs(prev_index, index)
     info = {"name": cfg.name, "version": cfg.version, "date": date, "licence": licence, "licence_note": licence_note,
@@ -215,6 +183,47 @@ def run(cfg: PublishConfig) -> dict:
             "excluded": len(excluded), "files": len(out.hashes), "stale_removed": len(stale), "licence": licence,
             "added": len(changes["added"]), "removed": len(changes["removed"]), "changed": len(changes["changed"]),
             "seconds": round(time.time() - t0, 1)}
+
+
+def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: str):
+    """Every pair in split order: read, checked and written by a thread pool, its Parquet row added to its
+    split's shards. Returns (rows without images, {id: split and digest}, STAC items, excluded, writers)."""
+    excluded = [dict(e) for e in dataset.errors]
+    excluded += [{"item": p.pair_id, "stage": "inputs", "message": f"unknown split {p.split!r}"}
+                 for p in dataset.pairs if p.split not in SPLITS]
+    writers = {s: ShardWriter(s, out.put, cfg.shard_mb, cfg.rows_per_group) for s in SPLITS}
+    rows, index, items = [], {}, []
+    src = Store(dataset.uri)
+    todo = sorted((p for p in dataset.pairs if p.split in SPLITS), key=lambda p: (SPLITS.index(p.split), p.pair_id))
+
+    def prepare(p):
+        """In a worker thread: read, check and encode one pair, and write its layout files."""
+        try:
+            prepared = prepare_pair(src, p, cfg.require_label)
+        except (ValueError, FileNotFoundError) as exc:
+            return None, {"item": p.pair_id, "stage": "prepare", "message": str(exc)}
+        for role, data in prepared.files.items():
+            out.put(release_path(prepared.split, role, prepared.pair_id), data)
+        return prepared, None
+
+    chunk = max(1, cfg.threads) * 4
+    with ThreadPoolExecutor(max_workers=max(1, cfg.threads)) as pool:
+        for start in range(0, len(todo), chunk):
+            for prepared, err in pool.map(prepare, todo[start:start + chunk]):
+                if err:
+                    excluded.append(err)
+                    continue
+                row, digest_files = _pair_row(out, prepared, caps, qa)
+                writers[prepared.split].add(row)
+                index[prepared.pair_id] = {"split": prepared.split, "digest": pair_digest(
+                    digest_files, prepared.split, row["captions"] or [], row["qa"] or [])}
+                meta_row = {k: v for k, v in row.items() if k not in IMAGE_COLUMNS}
+                rows.append(meta_row)
+                items.append(pair_item(meta_row, {r: release_path(prepared.split, r, prepared.pair_id)
+                                                  for r in prepared.files}, *_label_classes(prepared.files), date))
+    for w in writers.values():
+        w.flush()
+    return rows, index, items, excluded, writers
 
 
 def _label_classes(files: dict) -> tuple[list[str], list[dict]]:
