@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from operators.io.cli import add_config_args, config_from_args
+from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.storage import Store
 from operators.publish import card, croissant, recipes
 from operators.publish.layout import captions_document, prepare_pair, qa_document, release_path
@@ -256,7 +256,7 @@ def _pair_row(out: Recorder, p, caps, qa) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = config_from_args(PublishConfig, build_parser().parse_args(argv))
+    cfg = config_from_args(PublishConfig, parse_job_args(build_parser(), argv))
     s = run(cfg)
     print(f"[publish] done in {s['seconds']}s: {s['output']} ({sum(s['pairs'].values())} pairs: "
           + ", ".join(f"{k} {v}" for k, v in s["pairs"].items()) + f"; {s['excluded']} excluded; {s['files']} files; "

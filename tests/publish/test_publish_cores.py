@@ -114,7 +114,7 @@ def test_licence_refused_when_unknown_or_conflicting_unless_given():
 
 # -- Parquet shards ----------------------------------------------------------------------------------
 def test_hf_features_are_what_datasets_reads():
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the test extra: a missing package fails, never skips
     expected = datasets.Features({
         "id": datasets.Value("string"), "pre": datasets.Image(), "car": datasets.Value("float64"),
         "width": datasets.Value("int32"), "captions": datasets.List(datasets.Value("string")),
