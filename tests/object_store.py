@@ -1,38 +1,36 @@
-"""Test equipment: the Ray object store's bytes in use, and their peak over a block of code."""
+"""Test equipment: the Ray object store's own accounting, read from the GCS.
+
+Two measures that do not depend on when a sampler happens to run:
+- ``store_created()``: bytes of every object created in the store over a block of code (Ray's
+  ``cumulative_created_bytes``), a bound on what ever went through it;
+- ``store_bytes()``: bytes in use now, read synchronously where the test chooses (e.g. at every batch
+  a consumer takes), for claims about what the store holds throughout a run.
+"""
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 
 
-def store_bytes() -> int:
+def _store_stats():
     import ray
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
     gcs = ray.get_runtime_context().gcs_address
-    return int(get_memory_info_reply(get_state_from_address(gcs)).store_stats.object_store_bytes_used)
+    return get_memory_info_reply(get_state_from_address(gcs)).store_stats
 
 
-class StorePeak:
-    """Peak bytes in use above the level at entry (``.bytes``), sampled every ``every_s``."""
+def store_bytes() -> int:
+    return int(_store_stats().object_store_bytes_used)
 
-    def __init__(self, every_s: float = 0.02):
-        self.every_s, self.bytes = every_s, 0
+
+class Created:
+    bytes = 0
 
 
 @contextlib.contextmanager
-def store_peak(every_s: float = 0.02):
-    peak, base, stop = StorePeak(every_s), store_bytes(), threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak.bytes = max(peak.bytes, store_bytes() - base)
-            time.sleep(peak.every_s)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+def store_created():
+    """``.bytes``: bytes of all objects created in the object store inside the block (freed or not)."""
+    created, before = Created(), int(_store_stats().cumulative_created_bytes)
     try:
-        yield peak
+        yield created
     finally:
-        stop.set()
-        sampler.join()
+        created.bytes = int(_store_stats().cumulative_created_bytes) - before

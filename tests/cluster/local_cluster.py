@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,6 +187,7 @@ class LocalRayCluster:
                 except psutil.NoSuchProcess:
                     pass
         psutil.wait_procs(procs, timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)   # sessions, logs, spilled objects
 
     def _ray(self, *args: str, check: bool = True, timeout: float = 180, both: bool = False) -> str:
         """Run the ``ray`` CLI; its stdout (and stderr, where it logs statuses, with ``both``)."""

@@ -134,12 +134,14 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
 
 
 def test_faults_every_pair_accounted_and_rerun_pays_nothing_twice(ray_session, openai_server, tmp_path):
-    openai_server.configure(retry_after_s=0.2, timeout_s=4, faults=[
+    # The client gives up after 4 s on a request the server holds for 30 s: far apart, so that a loaded
+    # machine's slow but normal answer is never taken for a timeout (and then answered twice).
+    openai_server.configure(retry_after_s=0.2, timeout_s=30, faults=[
         {"kind": "500", "rate": 1.0, "match": "test_2_0000_0000", "match_text": "strict reviewer"},  # judge down
         {"kind": "429", "rate": 0.15}, {"kind": "500", "rate": 0.15}, {"kind": "timeout", "rate": 0.1},
         {"kind": "malformed", "rate": 0.15}, {"kind": "wrong_count", "rate": 0.15}])
     out = tmp_path / "out"
-    run(config(openai_server, LEVIR, out, timeout_s=1.0, max_retries=3))
+    run(config(openai_server, LEVIR, out, timeout_s=4.0, max_retries=3))
     t = tables(out)
     assert accounted(t) == ALL_PAIRS
     failed = {e["item"]: e for e in t["errors"]}
