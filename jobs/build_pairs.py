@@ -57,9 +57,9 @@ class PairsJobConfig:
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
     rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
     stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
-    labels: str = field(default="", metadata={"help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
+    labels: str = field(default="", metadata={"flag": "label-maps", "old_flags": ("--labels",), "help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
     split_fractions: str = field(default="0.7,0.1,0.2", metadata={"help": "train,val,test fractions of locations (paper: 70/10/20)"})
-    seed: int = field(default=0, metadata={"help": "seed of the location-to-split draw (a hash of seed and location)"})
+    seed: int = field(default=0, metadata={"flag": "split-seed", "old_flags": ("--seed",), "help": "seed of the location-to-split draw (a hash of seed and location)"})
     rows_per_shard: int = field(default=2000, metadata={"help": "rows per Parquet shard of the streamed tables (tasks write small shards that the driver folds into shards of this size)"})
     window_slices: int = field(default=2000, metadata={"help": "regional method: slices (whole pairs) per window of the task graph; two windows are in flight, so driver memory stays flat"})
     num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_args(parser, PairsJobConfig, "job")
     add_config_args(parser, PairingConfig, "pair selection")
-    add_config_args(parser, BandsConfig, "STAC and per-band products")  # issue 14
-    add_config_args(parser, CloudConfig, "cloud masks")  # issue 14
+    add_config_args(parser, BandsConfig, "STAC and per-band products")
+    add_config_args(parser, CloudConfig, "cloud masks")
     add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",), tuning=True)
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),

@@ -54,7 +54,7 @@ from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
-from operators.io.cli import init_ray, parse_job_args
+from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists, delete_work_list, read_work_list, write_work_list
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -92,7 +92,7 @@ class CaptionJobConfig:
     max_reasks: int = 2
     backoff_base_s: float = 1.0
     response_format: str = "json_schema"
-    no_strict_schema: bool = False
+    strict_schema: bool = True
     image_token_rule: str = ""
     max_request_bytes: int = 20_000_000
     api_key_source: str = "env:OPENAI_API_KEY"
@@ -107,7 +107,7 @@ class CaptionJobConfig:
     prepare_threads: int = 2
     num_cpus: int | None = None
     progress_every_s: float = 10.0
-    no_cache: bool = False
+    cache: bool = True
 
 
 HELP = {
@@ -149,7 +149,7 @@ HELP = {
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
     "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
-    "no_strict_schema": "send json_schema without strict mode (by default strict, dropped by itself where rejected)",
+    "strict_schema": "send json_schema in strict mode (dropped by itself where the endpoint rejects it)",
     "image_token_rule": "how the endpoint counts an image's tokens, if the model name does not tell: "
                         "tile:<base>:<per_tile> (e.g. tile:2833:5667 for gpt-4o-mini), "
                         "patch:<patch_px>:<cap>:<multiplier>, or a model name to borrow its rule",
@@ -167,16 +167,25 @@ HELP = {
     "batch_size": "pairs per batch",
     "num_cpus": "CPUs of the local Ray started when RAY_ADDRESS is not set (default: all)",
     "progress_every_s": "seconds between progress log lines",
-    "no_cache": "do not read or write the response cache (everything is sent and paid again)",
+    "cache": "read and write the response cache (--no-cache: everything is sent and paid again)",
 }
 
 
 # Options that tune throughput, retries and the endpoint's quirks: --help hides them, --help-all shows them.
 TUNING = {"max_in_flight", "image_format", "price_per_mtok_in", "price_per_mtok_out", "max_tokens_field",
           "timeout_s", "max_retries", "max_rate_limit_retries", "max_reasks", "backoff_base_s", "response_format",
-          "no_strict_schema", "image_token_rule", "max_request_bytes", "generate_template", "judge_template",
+          "strict_schema", "image_token_rule", "max_request_bytes", "generate_template", "judge_template",
           "prompts_dir", "actors", "concurrent_batches", "batch_size", "max_store_mb", "actor_start_timeout_s",
           "prepare_threads", "progress_every_s"}
+
+
+CHOICES = {"overall": OVERALL_MODES, "detail": ("low", "high", "auto"), "validators": ("reject", "flag", "off"),
+           "image_format": ("png", "jpeg"), "max_tokens_field": ("max_tokens", "max_completion_tokens"),
+           "response_format": ("json_schema", "json_object"), "default_split": ("train", "val", "test")}
+# Options whose flag is not the field's name (one name per concept across the jobs), and the spellings
+# they replace, which keep working for one release with a deprecation warning.
+FLAGS = {"dataset": "--images", "seed": "--type-seed"}
+OLD_FLAGS = {"dataset": "--dataset", "seed": "--seed"}
 
 
 def build_parser(cls: type = None, help_texts: dict | None = None, prog: str = "python -m jobs.caption",
@@ -191,30 +200,21 @@ def build_parser(cls: type = None, help_texts: dict | None = None, prog: str = "
         formatter_class=_HelpFormatter)
     defaults = cls()
     for f in fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
         default = getattr(defaults, f.name)
         kwargs = {"help": help_texts[f.name], "dest": f.name}
         if f.name in ("input", "output", "model"):
             kwargs["required"] = True
         elif isinstance(default, bool):
-            kwargs["action"] = "store_true"
+            kwargs.update(action=argparse.BooleanOptionalAction, default=default)
         else:
             kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-            kwargs.update(type=kind, default=default)
-        if f.name == "overall":
-            kwargs["choices"] = OVERALL_MODES
-        if f.name == "detail":
-            kwargs["choices"] = ("low", "high", "auto")
-        if f.name == "validators":
-            kwargs["choices"] = ("reject", "flag", "off")
-        if f.name == "image_format":
-            kwargs["choices"] = ("png", "jpeg")
-        if f.name == "max_tokens_field":
-            kwargs["choices"] = ("max_tokens", "max_completion_tokens")
-        if f.name == "response_format":
-            kwargs["choices"] = ("json_schema", "json_object")
+            kwargs.update(type=kind, default=default, choices=CHOICES.get(f.name))
         action = ap.add_argument(flag, **kwargs)
         action.tuning = f.name in TUNING
+    for name, old in OLD_FLAGS.items():
+        if name in {f.name for f in fields(cls)}:
+            add_deprecated_alias(ap, old, FLAGS[name])
     return ap
 
 
@@ -251,13 +251,13 @@ def require_endpoint(cfg: CaptionJobConfig) -> str:
 
 def _llm_config(cfg: CaptionJobConfig, base_url: str, model: str) -> LLMConfig:
     return LLMConfig(model=model, base_url=base_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
-                     max_rate_limit_retries=cfg.max_rate_limit_retries, strict_schema=not cfg.no_strict_schema,
+                     max_rate_limit_retries=cfg.max_rate_limit_retries, strict_schema=cfg.strict_schema,
                      image_token_rule=cfg.image_token_rule, max_request_bytes=cfg.max_request_bytes,
                      max_reasks=cfg.max_reasks, backoff_base_s=cfg.backoff_base_s,
                      temperature=cfg.temperature if cfg.temperature >= 0 else None,
                      max_tokens=cfg.max_tokens, max_tokens_field=cfg.max_tokens_field, response_format=cfg.response_format, detail=cfg.detail,
                      price_per_mtok_in=cfg.price_per_mtok_in, price_per_mtok_out=cfg.price_per_mtok_out,
-                     use_cache=not cfg.no_cache)
+                     use_cache=cfg.cache)
 
 
 def _ensure_ray(cfg: CaptionJobConfig) -> None:
@@ -432,7 +432,7 @@ def run(cfg: CaptionJobConfig) -> dict:
                              max_image_side=cfg.max_image_side, image_format=cfg.image_format,
                              overall_mode=cfg.overall, model=cfg.model,
                              judge_model=judge_model, run_id=run_id, validators=cfg.validators)
-    limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
+    limiter, common = account_limiter(cfg, base_url, run_id, JOB, out.uri() if cfg.cache else None)
     generate, judge = generate_and_judge_stages(
         cfg, base_url, common, prompts, ("caption_generate", "_generate", build_generate_request,
                                          handle_generate_result),

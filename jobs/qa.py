@@ -4,7 +4,7 @@ job's selected captions as context, when there are any) in, judged change questi
     python -m jobs.qa --input <captions job output | dataset> --output <folder | s3://prefix> --model <name>
 
 ``--input`` is either a captions job output (its dataset is read from the ``source.json`` the captions
-job writes, or given with ``--dataset``; up to three selected captions per pair go into the prompt) or
+job writes, or given with ``--images``; up to three selected captions per pair go into the prompt) or
 a dataset in the LEVIR-CD layout (no captions, unless ``--captions`` names a captions output or a
 LEVIR-CC JSON). Per pair one request generates ``--qa-per-pair`` QA pairs of distinct question types
 drawn (seeded by ``--seed`` and the pair id, recorded) from the paper's eight; the grounded validators
@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> QAJobConfig:
 
 
 def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
-    """(dataset URI, captions source or None) from --input / --dataset / --captions."""
+    """(dataset URI, captions source or None) from --input / --images / --captions."""
     store = Store(cfg.input)
     is_captions_output = store.exists(SOURCE_FILE) or bool(store.list("captions", suffixes=(".parquet",)))
     if not is_captions_output:
@@ -97,7 +97,7 @@ def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
         dataset = json.loads(store.read_bytes(SOURCE_FILE)).get("input", "")
     if not dataset:
         raise SystemExit(f"jobs.qa: {cfg.input} is a captions job output without {SOURCE_FILE}; name its dataset "
-                         "with --dataset")
+                         "with --images")
     return dataset, cfg.captions or cfg.input
 
 
@@ -137,7 +137,7 @@ def run(cfg: QAJobConfig) -> dict:
                         validators=cfg.validators)
     counts: dict[str, int] = {}
     if todo:
-        limiter, common = account_limiter(cfg, base_url, run_id, JOB, None if cfg.no_cache else out.uri())
+        limiter, common = account_limiter(cfg, base_url, run_id, JOB, out.uri() if cfg.cache else None)
         generate, judge = generate_and_judge_stages(
             cfg, base_url, common, prompts, ("qa_generate", "_qa_generate", build_generate_request,
                                              handle_generate_result),

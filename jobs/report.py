@@ -45,7 +45,7 @@ class ReportConfig:
     images: str = field(default="", metadata={"help": "LEVIR-CD dataset for the gallery (default: an --input holding A/)"})
     gallery: int = field(default=6, metadata={"help": "sample pairs shown in the gallery"})
     gallery_side: int = field(default=192, metadata={"help": "gallery thumbnail size in pixels (longer side)"})
-    seed: int = field(default=0, metadata={"help": "seed of the gallery's pick and the word cloud's layout"})
+    seed: int = field(default=0, metadata={"flag": "gallery-seed", "old_flags": ("--seed",), "help": "seed of the gallery's pick and the word cloud's layout"})
     pass_score: float = field(default=7.0, metadata={"help": "judge score threshold of the captions/QA jobs (paper: 7)"})
     max_residual_px: float = field(default=8.0, metadata={"help": "the pairs job's residual limit, drawn on the residual figure"})
     accept_partly: bool = field(default=False, metadata={"help": "review: count 'partly correct' as accepted"})

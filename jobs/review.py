@@ -3,7 +3,7 @@ sample of captions or QA pairs out as Label Studio tasks, the reviewers' verdict
 a summary.
 
     python -m jobs.review export --input <captions or QA job output> --output <folder> --sample 200 \\
-        [--stratify perspective,car_class,split] [--seed 0] [--include-rejected] [--images <dataset>] \\
+        [--stratify perspective,car_class,split] [--sample-seed 0] [--include-rejected] [--images <dataset>] \\
         [--label-studio-url http://localhost:8080]        # key from LABEL_STUDIO_API_KEY
     python -m jobs.review ingest --export <export.json | Label Studio URL> [--project-id N] --output <folder>
 
@@ -62,7 +62,7 @@ class ExportConfig:
     sample: int = field(default=200, metadata={"help": "items to draw"})
     stratify: str = field(default="perspective,car_class,split", metadata={
         "help": "strata, comma-separated: perspective (captions) or question_type (QA), car_class, split"})
-    seed: int = field(default=0, metadata={"help": "random seed of the sample (same seed, same sample)"})
+    seed: int = field(default=0, metadata={"flag": "sample-seed", "old_flags": ("--seed",), "help": "random seed of the sample (same seed, same sample)"})
     include_rejected: bool = field(default=False, metadata={
         "help": "also sample rejected items (to measure human-judge agreement on both sides)"})
     kind: str = field(default="auto", metadata={"help": "captions or qa (auto: the table the input holds)",

@@ -1,7 +1,7 @@
 """The scoring job: predictions scored against this project's datasets (and any dataset in the
 same formats) the way the field's reference code scores them.
 
-    python -m jobs.score change   --pred <folder | s3://prefix> --label <folder | s3://prefix> --output <folder>
+    python -m jobs.score change   --pred <folder | s3://prefix> --masks <folder | s3://prefix> --output <folder>
     python -m jobs.score captions --pred <predictions JSON> --refs <LEVIR-CC-style JSON> --output <folder>
     python -m jobs.score qa       --pred <predictions JSON> --refs <QA JSON> --output <folder>
 
@@ -30,7 +30,7 @@ log = logging.getLogger("changeforge.score")
 @dataclass
 class ChangeScoreConfig:
     pred: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
-    label: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
+    label: str = field(default="", metadata={"flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
     masks_per_task: int = field(default=64, metadata={"help": "mask pairs decoded and counted per Ray task"})
     num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
@@ -170,7 +170,7 @@ class QAScoreConfig:
     max_tokens: int = field(default=300, metadata={"help": "completion token cap per judge request"})
     price_per_mtok_in: float | None = field(default=None, metadata={"help": "USD per million prompt tokens (optional)"})
     price_per_mtok_out: float | None = field(default=None, metadata={"help": "USD per million completion tokens (optional)"})
-    no_cache: bool = field(default=False, metadata={"help": "do not read or write the judge's response cache"})
+    cache: bool = field(default=True, metadata={"help": "read and write the judge's response cache (--no-cache: everything is sent and paid again)"})
     num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
 
 
@@ -211,10 +211,10 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
     llm = LLMConfig(model=cfg.judge_model, base_url=base_url, temperature=cfg.temperature if cfg.temperature >= 0 else None,
                     max_tokens=cfg.max_tokens, price_per_mtok_in=cfg.price_per_mtok_in,
-                    price_per_mtok_out=cfg.price_per_mtok_out, use_cache=not cfg.no_cache)
+                    price_per_mtok_out=cfg.price_per_mtok_out, use_cache=cfg.cache)
     spec = StageSpec(name=STAGE, input_table=INPUT_TABLE, build_request=partial(build_judge_request, template),
                      handle_result=partial(handle_judge_result, template, cfg.judge_model, run_id), llm=llm,
-                     limiter_name=limiter_name, cache_root=None if cfg.no_cache else out.uri(),
+                     limiter_name=limiter_name, cache_root=out.uri() if cfg.cache else None,
                      api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job="score_qa")
     sink = TableSink(out.uri(), {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}, run_id)
     try:

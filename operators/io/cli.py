@@ -33,40 +33,39 @@ def _parse_int_list(text: str) -> tuple[int, ...]:
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | None = None,
                     skip: tuple[str, ...] = (), tuning: bool = False) -> None:
-    """One option per field of ``cls``. ``tuning=True`` (or a field's ``metadata["tuning"]``) marks the
-    options that ``--help`` hides and ``--help-all`` shows."""
+    """One option per field of ``cls``, named after the field (or ``metadata["flag"]``). ``tuning=True``
+    (or a field's ``metadata["tuning"]``) marks the options that ``--help`` hides and ``--help-all``
+    shows; ``metadata["old_flags"]`` are earlier spellings that keep working with a deprecation warning."""
     group = parser.add_argument_group(title or cls.__name__)
-    before = len(parser._actions)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
-        tp = _field_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        help_text = f.metadata.get("help", "")
-        flag = "--" + f.name.replace("_", "-")
-        if f.metadata.get("required"):
-            group.add_argument(flag, dest=f.name, required=True, help=help_text)
-            continue
-        shown_default = "" if "default:" in help_text or default in ("", None) else f" (default: {default})"
-        choices = f.metadata.get("choices")
-        if tp is bool:
-            group.add_argument(flag, dest=f.name, default=default,
-                               action=argparse.BooleanOptionalAction,
-                               help=f"{help_text}{shown_default}")
-        elif typing.get_origin(tp) in (tuple, list):
-            shown = ",".join(str(v) for v in default) if default else "auto"
-            shown = "" if "default:" in help_text else f" (default: {shown})"
-            group.add_argument(flag, dest=f.name, default=default, type=_parse_int_list,
-                               help=f"{help_text}, comma-separated{shown}")
-        else:
-            conv = tp if tp in (int, float, str) else str
-            group.add_argument(flag, dest=f.name, default=default, type=conv, choices=choices,
-                               help=f"{help_text}{shown_default}")
-        if tuning or f.metadata.get("tuning"):
-            mark_tuning(parser._actions[before:])
-        before = len(parser._actions)
+        action = _add_field(group, f, _field_type(hints[f.name]))
+        action.tuning = bool(tuning or f.metadata.get("tuning"))
+        for old in f.metadata.get("old_flags", ()):
+            add_deprecated_alias(parser, old, action.option_strings[0])
+
+
+def _add_field(group, f: dataclasses.Field, tp) -> argparse.Action:
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    help_text = f.metadata.get("help", "")
+    flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+    if f.metadata.get("required"):
+        return group.add_argument(flag, dest=f.name, required=True, help=help_text)
+    shown_default = "" if "default:" in help_text or default in ("", None) else f" (default: {default})"
+    if tp is bool:
+        return group.add_argument(flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
+                                  help=f"{help_text}{shown_default}")
+    if typing.get_origin(tp) in (tuple, list):
+        shown = ",".join(str(v) for v in default) if default else "auto"
+        shown = "" if "default:" in help_text else f" (default: {shown})"
+        return group.add_argument(flag, dest=f.name, default=default, type=_parse_int_list,
+                                  help=f"{help_text}, comma-separated{shown}")
+    conv = tp if tp in (int, float, str) else str
+    return group.add_argument(flag, dest=f.name, default=default, type=conv, choices=f.metadata.get("choices"),
+                              help=f"{help_text}{shown_default}")
 
 
 def mark_tuning(actions) -> None:
@@ -75,47 +74,40 @@ def mark_tuning(actions) -> None:
         action.tuning = True
 
 
-class _DeprecatedAlias(argparse.Action):
-    """An old spelling that still works for one release: stores into the new option's dest, warns."""
-
-    def __init__(self, option_strings, dest, new: argparse.Action, **kwargs):
-        self.new = new
-        kwargs.setdefault("help", argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        replacement = self.new.option_strings[0]
-        if self.const is not None:   # an old on/off flag: the value it meant
-            values = self.const
-        elif self.new.type is not None and isinstance(values, str):
-            values = self.new.type(values)
-        if self.new.choices is not None and values not in self.new.choices:
-            parser.error(f"argument {option_string}: invalid choice {values!r} (choose from "
-                         f"{', '.join(map(str, self.new.choices))})")
-        message = f"{option_string} is deprecated and will be removed in the next release: use {replacement}"
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        print(f"warning: {message}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Keep ``old`` working as ``new`` for one release: :func:`parse_job_args` replaces the token (and
+    warns), so type checks, choices and required options behave exactly as with ``new``. ``new`` may
+    be a whole flag, e.g. ``--no-cache`` for an old ``--skip-cache``."""
+    if not hasattr(parser, "deprecated_flags"):
+        parser.deprecated_flags = {}
+    parser.deprecated_flags[old] = new
 
 
-def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, value: Any = None) -> None:
-    """Keep ``old`` working as ``new`` (hidden from help, with a deprecation warning). ``value`` makes
-    ``old`` a flag that sets ``new``'s destination to that value (e.g. ``--no-cache`` -> cache=False)."""
-    target = next(a for a in parser._actions if new in a.option_strings)
-    nargs = 0 if value is not None else None
-    parser.add_argument(old, dest=target.dest, action=_DeprecatedAlias, new=target, nargs=nargs,
-                        const=value, default=argparse.SUPPRESS)
+def _replace_deprecated(parser: argparse.ArgumentParser, tokens: list[str]) -> list[str]:
+    table = getattr(parser, "deprecated_flags", {})
+    out = []
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        if name in table:
+            message = f"{name} is deprecated and will be removed in the next release: use {table[name]}"
+            warnings.warn(message, DeprecationWarning, stacklevel=3)
+            print(f"warning: {message}", file=sys.stderr)
+            token = table[name] + eq + value
+        out.append(token)
+    return out
 
 
 def _option_tokens(parser: argparse.ArgumentParser, values: dict, origin: str) -> list[str]:
     """Command-line tokens for ``{option: value}`` (a run file's or a preset's), so that they pass the
     same type and choice checks as typed options. Keys are option names with ``-`` or ``_``."""
-    by_dest = {a.dest: a for a in parser._actions
-               if a.option_strings and a.dest != "help" and not isinstance(a, _DeprecatedAlias)}
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items() if new in by_flag}
     tokens: list[str] = []
     for key, value in values.items():
         name = str(key).lstrip("-")
+        if "--" + name.replace("_", "-") in getattr(parser, "deprecated_flags", {}):
+            _replace_deprecated(parser, ["--" + name.replace("_", "-")])   # the same warning
         action = by_flag.get("--" + name.replace("_", "-")) or by_dest.get(name.replace("-", "_"))
         if action is None:
             parser.error(f"{origin}: unknown option {key!r}")
@@ -213,7 +205,7 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
         tokens += _option_tokens(target, presets[known.preset][1], f"preset {known.preset}")
     if known.config:
         tokens += _option_tokens(target, _read_run_file(known.config), known.config)
-    return parser.parse_args(argv[:at + 1] + tokens + argv[at + 1:])
+    return parser.parse_args(argv[:at + 1] + _replace_deprecated(target, tokens + argv[at + 1:]))
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides):

@@ -43,8 +43,8 @@ from operators.pairs.radiometry import local_unit, stretch_to_unit
 METHODS = ("regional", "per-slice")
 
 
-def _opt(default, help: str):  # noqa: A002 - "help" is the CLI generator's key
-    return field(default=default, metadata={"help": help})
+def _opt(default, help: str, choices: tuple | None = None):  # noqa: A002 - "help" is the CLI generator's key
+    return field(default=default, metadata={"help": help} if choices is None else {"help": help, "choices": choices})
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RegistrationConfig:
                                  "nodata edges yield no keypoints")
     sift_normalisation: str = _opt("clahe", "feature input normalisation per tile/slice: percentile "
                                             "(robust stretch over valid, non-saturated pixels) or "
-                                            "clahe (that stretch, then CLAHE)")
+                                            "clahe (that stretch, then CLAHE)", choices=("percentile", "clahe"))
     sift_stretch_low: float = _opt(1.0, "lower percentile of the per-tile/slice feature stretch")
     sift_stretch_high: float = _opt(99.0, "upper percentile of the per-tile/slice feature stretch")
     sift_clahe_clip: float = _opt(2.0, "CLAHE clip limit (sift_normalisation=clahe)")
@@ -79,7 +79,7 @@ class RegistrationConfig:
     ransac_method: str = _opt("usac_fast", "robust estimator of the slice homography: ransac "
                                            "(OpenCV's classic loop, runs to ransac_max_iters when "
                                            "inliers are scarce) or usac_fast (USAC: SPRT early "
-                                           "rejection, local optimisation)")
+                                           "rejection, local optimisation)", choices=("ransac", "usac_fast"))
     ransac_threshold_px: float = _opt(3.0, "RANSAC reprojection threshold in px")
     ransac_max_iters: int = _opt(5000, "RANSAC iteration cap")
     ransac_confidence: float = _opt(0.999, "RANSAC confidence")
@@ -96,7 +96,7 @@ class RegistrationConfig:
                                       "(geocoding error is ~40-100 px)")
     max_nodata_fraction: float = _opt(0.0, "reject if more than this fraction of the kept crop "
                                            "lacks data in either date")
-    resampling: str = _opt("linear", "interpolation for the post warp: nearest|linear|cubic")
+    resampling: str = _opt("linear", "interpolation for the post warp: nearest|linear|cubic", choices=("nearest", "linear", "cubic"))
     # -- screening (independent of the SIFT fit) ---------------------------------------------
     max_residual_px: float = _opt(8.0, "reject if screening finds a displacement above this "
                                        "anywhere in the crop, corners included (paper: 8 px)")

@@ -53,7 +53,7 @@ METADATA_SCHEMA = pa.schema([
     ("seconds", pa.float64()),                # wall time of this slice's task
     ("cpu_seconds", pa.float64()),            # its CPU time (excludes the shared tile passes)
     ("run_id", pa.string()),
-    # issue 14: lineage and clouds
+    # lineage and clouds
     ("pre_stac_id", pa.string()),             # STAC item ids (null for plain rasters)
     ("post_stac_id", pa.string()),
     ("pre_hrefs", pa.list_(pa.string())),     # every file read: band assets, then cloud layer
@@ -162,7 +162,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "image_a": images[0], "image_b": images[1],
         "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
         "run_id": run_id,
-        **lineage_columns(row),  # issue 14
+        **lineage_columns(row),
     }
 
 

@@ -78,14 +78,25 @@ def test_help_hides_tuning_options_and_help_all_shows_them(capsys):
     assert "--knob" in full and "--preset" in full and "--config" in full
 
 
-def test_a_deprecated_spelling_still_works_and_warns(capsys):
+def test_a_deprecated_spelling_still_works_and_warns(tmp_path):
     parser = _parser()
     add_deprecated_alias(parser, "--side", "--size")
-    add_deprecated_alias(parser, "--no-use-cache", "--cache", value=False)
+    add_deprecated_alias(parser, "--no-use-cache", "--no-cache")
     with pytest.warns(DeprecationWarning, match="--side is deprecated.*use --size"):
-        args = parse_job_args(parser, ["--output", "o", "--side", "64", "--no-use-cache"])
+        args = parse_job_args(parser, ["--output", "o", "--side=64", "--no-use-cache"])
     assert (args.size, args.cache) == (64, False)
     assert "--side" not in parser.format_help()
+    run = tmp_path / "run.yaml"
+    run.write_text("side: 65\n")
+    with pytest.warns(DeprecationWarning):
+        assert parse_job_args(_parser_with(("--side", "--size")), ["--output", "o", "--config", str(run)]).size == 65
+
+
+def _parser_with(*aliases):
+    parser = _parser()
+    for old, new in aliases:
+        add_deprecated_alias(parser, old, new)
+    return parser
 
 
 def test_subcommand_jobs_take_run_files(tmp_path):
@@ -93,8 +104,27 @@ def test_subcommand_jobs_take_run_files(tmp_path):
 
     run = tmp_path / "run.yaml"
     run.write_text("pred: p\nmasks-per-task: 7\n")
-    args = parse_job_args(score.build_parser(), ["change", "--config", str(run), "--output", "o", "--label", "l"])
+    args = parse_job_args(score.build_parser(), ["change", "--config", str(run), "--output", "o", "--masks", "l"])
     assert (args.command, args.pred, args.masks_per_task, args.output) == ("change", "p", 7, "o")
+
+
+def test_the_jobs_old_spellings_still_work_with_a_warning():
+    from jobs import build_pairs, qa, report, review, score
+
+    cases = [(build_pairs, ["--input", "i", "--output", "o", "--labels", "L", "--seed", "3"],
+              {"labels": "L", "seed": 3}),
+             (score, ["change", "--pred", "p", "--output", "o", "--label", "M"], {"label": "M"}),
+             (review, ["export", "--input", "i", "--output", "o", "--seed", "5"], {"seed": 5}),
+             (report, ["--input", "i", "--output", "o", "--seed", "2"], {"seed": 2}),
+             (qa, ["--input", "i", "--output", "o", "--model", "m", "--dataset", "D", "--seed", "9"],
+              {"dataset": "D", "seed": 9})]
+    for job, argv, expected in cases:
+        with pytest.warns(DeprecationWarning):
+            args = parse_job_args(job.build_parser(), argv)
+        assert {k: getattr(args, k) for k in expected} == expected, job.__name__
+    new = parse_job_args(qa.build_parser(), ["--input", "i", "--output", "o", "--model", "m", "--images", "D",
+                                             "--type-seed", "9", "--no-cache", "--no-strict-schema"])
+    assert (new.dataset, new.seed, new.cache, new.strict_schema) == ("D", 9, False, False)
 
 
 def test_pairs_presets_are_the_papers_and_the_demos_geometry():

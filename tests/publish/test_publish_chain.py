@@ -1,6 +1,6 @@
 """jobs.publish on a real chain output: NAIP pairs from the pairs job (demo geometry), masks for a few
 slices (LEVIR-CD masks, and drawn S2Looking label1/label2 maps ingested through the pairs job's
---labels), captions and QA from the language jobs against the OpenAI test server; then two versions
+--label-maps), captions and QA from the language jobs against the OpenAI test server; then two versions
 of a release, read back the ways users read them."""
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
     assert len(ids) >= 8
 
     # Masks: LEVIR-CD masks (256 px, 0/255) for three slices; two annotators' maps for two more,
-    # ingested by a rerun of the pairs job (--labels merges them into label/), the maps kept beside.
+    # ingested by a rerun of the pairs job (--label-maps merges them into label/), the maps kept beside.
     (pairs / "label").mkdir(exist_ok=True)
     for sid, label in zip(ids[:3], LEVIR_LABELS):
         shutil.copy(label, pairs / "label" / f"{sid}.png")
@@ -75,7 +75,7 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
         for folder, m in (("label1", new), ("label2", gone)):
             (ann / folder).mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(ann / folder / f"{sid}.png"), m)
-    build_pairs.main(["--input", str(archive), "--output", str(pairs), "--labels", str(ann), *DEMO])
+    build_pairs.main(["--input", str(archive), "--output", str(pairs), "--label-maps", str(ann), *DEMO])
     for folder in ("label1", "label2"):
         shutil.copytree(ann / folder, pairs / folder)
     labelled = ids[:5]
