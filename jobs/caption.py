@@ -46,7 +46,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 
 from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
-                                   build_judge_request, discover_pairs, handle_generate_result,
+                                   build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
 from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, load_template, write_levir_cc
 from operators.language.validators import RULES, rule_counts
@@ -55,6 +55,7 @@ from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
 from operators.io.cli import init_ray
+from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists, delete_work_list, read_work_list, write_work_list
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -399,9 +400,11 @@ def run(cfg: CaptionJobConfig) -> dict:
 
     out = Store(cfg.output)
     run_id = new_run_id()
-    # Which dataset was captioned, so that the QA job can take this output as its --input.
-    out.write_bytes("source.json", json.dumps({"input": cfg.input, "list_file": cfg.list_file}).encode())
-    pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    # Which dataset was captioned, so that the QA job, the review and the report find it from here.
+    write_source(out, JOB, input=cfg.input, dataset=cfg.input, list_file=cfg.list_file)
+    pairs, skipped = find_dataset_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    for reason, n in skipped.items():
+        log.info("%d pairs skipped: %s", n, reason)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
     n_found, n_todo = len(pairs), len(todo)
@@ -433,7 +436,12 @@ def run(cfg: CaptionJobConfig) -> dict:
     finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "rows_written": counts, **finished}
+            "pairs_skipped": skipped, "rows_written": counts, **finished}
+
+
+def skipped_line(skipped: dict[str, int]) -> str:
+    """The printed line of pairs left out with a reason (empty when none). (Shared with the QA job.)"""
+    return "; ".join(f"{n} pairs skipped: {reason}" for reason, n in skipped.items())
 
 
 def peak_rss_mb() -> float:
@@ -496,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(cfg)
     print(f"run {summary['run_id']}: {summary['pairs_found']} pairs, {summary['pairs_skipped_finished']} already "
           f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
+    if summary["pairs_skipped"]:
+        print(skipped_line(summary["pairs_skipped"]))
     print(f"validators ({summary['validators']}) caught per rule: "
           + ", ".join(f"{k}={v}" for k, v in summary["validator_caught"].items())
           + (f"; {summary['validator_rejected']} captions not sent to the judge" if cfg.validators == "reject" else ""))
