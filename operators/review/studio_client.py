@@ -41,14 +41,15 @@ def connect(url: str):
 
 
 def create_project_with_tasks(url: str, title: str, label_config: str, tasks: list[dict],
-                              storage_path: str | None) -> dict:
+                              storage_path: str | None, settings: dict | None = None) -> dict:
     """Create the project (or reuse the one with this title) and import the tasks whose ``item_id`` it
-    does not hold yet, so re-running an export does not give reviewers the same task twice."""
+    does not hold yet, so re-running an export does not give reviewers the same task twice.
+    ``settings``: further project fields for a new project (e.g. ``maximum_annotations``)."""
     client = connect(url)
     project = next((p for p in client.projects.list() if p.title == title), None)
     created = project is None
     if created:
-        project = client.projects.create(title=title, label_config=label_config)
+        project = client.projects.create(title=title, label_config=label_config, **(settings or {}))
     if storage_path and not any(getattr(s, "path", None) == storage_path
                                 for s in client.import_storage.local.list(project=project.id)):
         # Label Studio serves /data/local-files/ only from registered local storages.
