@@ -83,6 +83,7 @@ class IngestConfig:
     export: str = field(default="", metadata={"required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
     project_id: int = field(default=0, metadata={"help": "project to export when --export is a server URL"})
     classes: str = field(default=DEFAULT_CLASSES, metadata={"help": "the classes of the export, as given to export"})
+    tasks: str = field(default="", metadata={"help": "the tasks.json export wrote: its pre-labels, for the IoU of each final mask against them, when --export is a file that lists only prediction ids (a server URL gives them in full)"})
     min_agreement: float = field(default=0.8, metadata={"help": "lowest per-class F1 between two annotators at which a pair is merged; also the mean a batch's double-annotated pairs must reach"})
     require_check: bool = field(default=False, metadata={"help": "merge only pairs with a second, agreeing annotation (a single annotation waits for its check)"})
 
@@ -198,8 +199,17 @@ def load_export(export: str, project_id: int) -> list[dict]:
         if not project_id:
             raise SystemExit("jobs.annotate ingest: --export is a server URL; pass --project-id")
         from operators.review.studio_client import call
-        return call("export_json", url=export, project_id=project_id)
+        return call("export_json_with_predictions", url=export, project_id=project_id)
     return json.loads(read_uri(export))
+
+
+def _attach_prelabels(tasks: list[dict], tasks_file: str) -> None:
+    """Predictions from the export's own ``tasks.json`` for tasks whose export lists only prediction ids
+    (a JSON export downloaded from the UI), matched by the pair's ``item_id``."""
+    by_item = {t["data"].get("item_id"): t.get("predictions") or [] for t in json.loads(read_uri(tasks_file))}
+    for t in tasks:
+        if not any(isinstance(p, dict) and p.get("result") is not None for p in t.get("predictions") or []):
+            t["predictions"] = by_item.get((t.get("data") or {}).get("item_id"), [])
 
 
 def _annotator(ann: dict) -> str:
@@ -252,6 +262,8 @@ def run_ingest(cfg: IngestConfig) -> dict:
     dataset = Store(cfg.input)
     run_id = new_run_id()
     tasks = load_export(cfg.export, cfg.project_id)
+    if cfg.tasks:
+        _attach_prelabels(tasks, cfg.tasks)
     pairs = {p["pair_id"]: p for p in discover_pairs(dataset.uri())}
     by_stem = {}
     for p in pairs.values():
