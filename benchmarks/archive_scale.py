@@ -22,7 +22,7 @@ rows folded into shards of ``--rows-per-shard``), read back as the current state
 
     scenes_100k_plan_s=<s> driver_peak_mb=<MB> growth_exponent=<slope of log time vs log scenes> metadata_read_100k_s=<s>
 
-Targets (issue 7): growth exponent at most 1.2; 100k scenes planned in under 60 s with under 2 GB.
+Targets: growth exponent at most 1.2; 100k scenes planned in under 60 s with under 2 GB.
 """
 from __future__ import annotations
 

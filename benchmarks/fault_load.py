@@ -1,4 +1,4 @@
-"""The captions job under LLM fault load (issue 10, item 4), side by side with a fault-free run.
+"""The captions job under LLM fault load, side by side with a fault-free run.
 
 Builds a captions input of ``--pairs`` pairs (the repository's 12 LEVIR-CD samples repeated under new
 names, each copy a distinct request: see ``benchmarks/_levir_repeat.py``) in a temp folder, starts the

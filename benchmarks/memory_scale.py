@@ -1,4 +1,4 @@
-"""Driver memory and object-store use while the input grows 1x, 3x, 10x (issue 10, item 5).
+"""Driver memory and object-store use while the input grows 1x, 3x, 10x.
 
 Two jobs, each run as a user runs it (``python -m jobs.<name>`` in its own process, connected to one
 local Ray that this benchmark starts with ``--num-cpus`` CPUs), three input sizes each:

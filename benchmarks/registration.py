@@ -150,7 +150,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="2560 px scene, 1536/512/512 (paper ratios at half scale) geometry")
-    p.add_argument("--size", type=int, default=6144, help="scene side in px (>= 6000 for issue 3)")
+    p.add_argument("--size", type=int, default=6144, help="scene side in px (>= 6000 for the paper's geometry)")
     p.add_argument("--slice-size", type=int, default=3000)
     p.add_argument("--stride", type=int, default=1024)
     p.add_argument("--crop-size", type=int, default=1024)

@@ -8,7 +8,7 @@ validators existed (see git history): half are true, half carry exactly one plan
 labelled with the rule it is about. Prints per rule how many planted errors were caught (by any rule,
 and by the rule they were planted for) and how many true statements were rejected (by which rule),
 then ``caught=<fraction of planted errors> false_rejects=<fraction of true statements> statements=<n>``.
-Targets (issue 8): caught >= 0.9, false_rejects <= 0.05.
+Targets: caught >= 0.9, false_rejects <= 0.05.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from operators.pairs.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # 
                                             catalogue_band_scenes, is_band_input,
                                             prepare_band_pairs)
 from operators.pairs.cloud_masks import CloudConfig  # noqa: E402
-from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
+from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
 from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
 from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
 from operators.pairs.regional_ops import run_regional  # noqa: E402
@@ -55,7 +55,7 @@ class PairsJobConfig:
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
-    rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: 1,2,3, or 1 for single-band scenes)"})
+    rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
     stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
     labels: str = field(default="", metadata={"help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
     split_fractions: str = field(default="0.7,0.1,0.2", metadata={"help": "train,val,test fractions of locations (paper: 70/10/20)"})
@@ -75,12 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(parser, PairingConfig, "pair selection")
     add_config_args(parser, BandsConfig, "STAC and per-band products")  # issue 14
     add_config_args(parser, CloudConfig, "cloud masks")  # issue 14
-    add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",))
+    add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",), tuning=True)
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),
                         help="regional: features once per region, reused by overlapping slices; "
                              "per-slice: the paper's recipe, SIFT per slice (default: %(default)s)")
+    for action in parser._actions:   # the registration settings a user sets; the rest are tuning
+        if action.dest in USER_REGISTRATION_OPTIONS:
+            action.tuning = False
+    parser.presets = PRESETS
     return parser
+
+
+USER_REGISTRATION_OPTIONS = {"crop_size", "max_residual_px", "max_crop_cloud", "tile_size", "search_margin_px"}
+
+# --preset: the paper's geometry, and the bundled demo's (its NAIP scenes are 934 x 723 px, so every
+# size shrinks; its 2016-2020 dates need a reference date inside the 10-year lookback).
+PRESETS = {
+    "paper": ("S2Looking's geometry: 3000 px slices at stride 1024, 1024 px crops, 8 px screening limit",
+              {"slice_size": 3000, "stride": 1024, "crop_size": 1024, "tile_size": 1024, "search_margin_px": 128,
+               "max_residual_px": 8.0}),
+    "demo": ("the bundled NAIP demo (data/naip): 512 px slices at stride 128, 256 px crops, 512 px tiles, "
+             "reference date 2021-01-01",
+             {"slice_size": 512, "stride": 128, "crop_size": 256, "tile_size": 512, "search_margin_px": 64,
+              "reference_date": "2021-01-01"}),
+}
 
 
 RUNS_SCHEMA = keyed(pa.schema([
@@ -355,7 +374,7 @@ def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float
 
 def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parse_job_args(build_parser(), argv)
     job = config_from_args(PairsJobConfig, args)
     pairing = config_from_args(PairingConfig, args)
     reg = config_from_args(RegistrationConfig, args)

@@ -1,4 +1,4 @@
-"""The captions job (issue 4, JL1-CC recipe, paper section II-B): change-detection triplets in, judged
+"""The captions job (JL1-CC recipe, JL1-CC&QA section II-B): change-detection triplets in, judged
 change captions out, through any OpenAI-compatible endpoint.
 
     python -m jobs.caption --input data/levir-cd --output out/captions-run --model <name>
@@ -48,13 +48,13 @@ from functools import partial
 from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
                                    build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
-from operators.language.captions import OVERALL_MODES, PROMPTS_DIR, load_template, write_levir_cc
+from operators.language.captions import OVERALL_MODES, load_template, write_levir_cc
 from operators.language.validators import RULES, rule_counts
 from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
-from operators.io.cli import init_ray
+from operators.io.cli import init_ray, parse_job_args
 from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists, delete_work_list, read_work_list, write_work_list
@@ -99,7 +99,7 @@ class CaptionJobConfig:
     api_key_source: str = "env:OPENAI_API_KEY"
     generate_template: str = "caption_generate.v1"
     judge_template: str = "caption_judge.v1"
-    prompts_dir: str = str(PROMPTS_DIR)
+    prompts_dir: str = ""
     actors: int = 2
     concurrent_batches: int = 8
     batch_size: int = 8
@@ -129,7 +129,7 @@ HELP = {
                "with accuracy <= 4 (hallucinated) scores its accuracy, so it is never selected; judge = the "
                "judge's own overall score; mean = mean of the five criteria; min = lowest criterion; "
                "< 7 is rejected, top 3 kept (ties kept)",
-    "validators": "grounded validators on every caption (see README): reject = a caption that breaks a rule is "
+    "validators": "grounded validators on every caption (checked against its mask): reject = a caption that breaks a rule is "
                   "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
     "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
@@ -144,8 +144,9 @@ HELP = {
     "actor_start_timeout_s": "seconds to wait for the LLM actors to start before the pipeline does (a pool that "
                              "finds no room fails with a timeout instead of waiting for ever); 0 = do not wait",
     "max_retries": "retries on 5xx, timeouts and connection errors (exponential backoff with jitter)",
-    "max_rate_limit_retries": "retries of one request on 429 (each 429 pauses the whole pool for Retry-After "
-                              "and lowers its rate, which recovers while no 429 comes)",
+    "max_rate_limit_retries": "retries of one request on 429 (a scattered 429 makes only its request wait "
+                              "its Retry-After; a storm of them pauses the whole pool and lowers its rate, which "
+                              "recovers while no storm comes)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
     "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
@@ -159,7 +160,7 @@ HELP = {
                       "or aws-sm:<secret id or ARN>[#json-field] (AWS Secrets Manager)",
     "generate_template": "prompt template (file stem under --prompts-dir) for caption generation",
     "judge_template": "prompt template (file stem under --prompts-dir) for caption judging",
-    "prompts_dir": "folder holding the prompt templates",
+    "prompts_dir": "folder holding the prompt templates (default: the templates shipped with the package)",
     "actors": "LLM actors (async; each prepares its pairs and runs them through both stages, many requests "
               "in flight)",
     "prepare_threads": "threads per LLM actor reading and encoding pairs' images",
@@ -171,8 +172,16 @@ HELP = {
 }
 
 
-def parse_args(argv: list[str] | None = None, cls: type = None, help_texts: dict | None = None,
-               prog: str = "python -m jobs.caption", description: str = __doc__.split("\n\n")[0]):
+# Options that tune throughput, retries and the endpoint's quirks: --help hides them, --help-all shows them.
+TUNING = {"max_in_flight", "image_format", "price_per_mtok_in", "price_per_mtok_out", "max_tokens_field",
+          "timeout_s", "max_retries", "max_rate_limit_retries", "max_reasks", "backoff_base_s", "response_format",
+          "no_strict_schema", "image_token_rule", "max_request_bytes", "generate_template", "judge_template",
+          "prompts_dir", "actors", "concurrent_batches", "batch_size", "max_store_mb", "actor_start_timeout_s",
+          "prepare_threads", "progress_every_s"}
+
+
+def build_parser(cls: type = None, help_texts: dict | None = None, prog: str = "python -m jobs.caption",
+                 description: str = __doc__.split("\n\n")[0]) -> argparse.ArgumentParser:
     """Options from the config dataclass (``cls``, default :class:`CaptionJobConfig`; the QA job passes
     its subclass and help texts)."""
     cls, help_texts = cls or CaptionJobConfig, help_texts or HELP
@@ -205,8 +214,16 @@ def parse_args(argv: list[str] | None = None, cls: type = None, help_texts: dict
             kwargs["choices"] = ("max_tokens", "max_completion_tokens")
         if f.name == "response_format":
             kwargs["choices"] = ("json_schema", "json_object")
-        ap.add_argument(flag, **kwargs)
-    return cls(**vars(ap.parse_args(argv)))
+        action = ap.add_argument(flag, **kwargs)
+        action.tuning = f.name in TUNING
+    return ap
+
+
+def parse_args(argv: list[str] | None = None, cls: type = None, help_texts: dict | None = None,
+               prog: str = "python -m jobs.caption", description: str = __doc__.split("\n\n")[0]):
+    cls = cls or CaptionJobConfig
+    args = parse_job_args(build_parser(cls, help_texts, prog, description), argv)
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,4 +1,4 @@
-"""The QA job (issue 8, JL1-QA recipe, paper section II-C): change-detection triplets (with the captions
+"""The QA job (JL1-QA recipe, JL1-CC&QA section II-C): change-detection triplets (with the captions
 job's selected captions as context, when there are any) in, judged change question-answer pairs out.
 
     python -m jobs.qa --input <captions job output | dataset> --output <folder | s3://prefix> --model <name>
@@ -71,12 +71,17 @@ HELP = {
     "seed": "seed of the per-pair draw of question types (with the pair id; recorded in pairs/)",
     "validators": "grounded validators on every answer: reject = a QA pair that breaks a rule is not sent to the "
                   "judge (recorded with the rule), flag = sent, verdict stored, off = not run",
-    "overall": "how a QA pair's overall score is formed: judge = the judge's own overall score, mean = mean of "
-               "the four criteria, min = lowest criterion; below 7 is discarded (no top-k)",
+    "overall": "how a QA pair's overall score is formed: criteria = mean of the four criteria, but a QA pair "
+               "with answer accuracy <= 4 (hallucinated) scores its accuracy; judge = the judge's own overall "
+               "score; mean = mean of the four criteria; min = lowest criterion; below 7 is discarded (no top-k)",
     "generate_template": "prompt template (file stem under --prompts-dir) for QA generation",
     "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
 }
+def build_parser():
+    return caption_job.build_parser(QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
+
+
 def parse_args(argv: list[str] | None = None) -> QAJobConfig:
     return caption_job.parse_args(argv, QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
 

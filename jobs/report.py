@@ -25,7 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from operators.io.cli import add_config_args, config_from_args
+from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.sources import dataset_of
 from operators.io.storage import Store
 from operators.report import figures as fig
@@ -254,11 +254,15 @@ def _write(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def parse_args(argv: list[str] | None = None) -> ReportConfig:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.report", description=__doc__.split("\n\n")[0])
     add_config_args(ap, ReportConfig, "report", skip=("input",))
     ap.add_argument("--input", nargs="+", required=True, dest="input", help=ReportConfig.__dataclass_fields__["input"].metadata["help"])
-    return config_from_args(ReportConfig, ap.parse_args(argv))
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> ReportConfig:
+    return config_from_args(ReportConfig, parse_job_args(build_parser(), argv))
 
 
 def main(argv: list[str] | None = None) -> int:

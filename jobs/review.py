@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.io.cli import add_config_args, config_from_args
+from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, error_record, new_run_id, prune_shards, write_table_shard
@@ -197,14 +197,18 @@ def review_markdown(s: dict) -> str:
 
 
 # -- command line ------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.review", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     add_config_args(sub.add_parser("export", help="sample items and write Label Studio tasks"), ExportConfig, "export")
     add_config_args(sub.add_parser("ingest", help="turn a Label Studio export into review/ and a summary"),
                     IngestConfig, "ingest")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_job_args(build_parser(), argv)
     if args.command == "export":
         s = run_export(config_from_args(ExportConfig, args))
         print(f"{s['sampled']} of {s['population']} {s['kind']} items sampled ({s['missing_images']} without images); "

@@ -1,4 +1,4 @@
-"""The scoring job (issue 9): predictions scored against this project's datasets (and any dataset in the
+"""The scoring job: predictions scored against this project's datasets (and any dataset in the
 same formats) the way the field's reference code scores them.
 
     python -m jobs.score change   --pred <folder | s3://prefix> --label <folder | s3://prefix> --output <folder>
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 if __package__ in (None, ""):  # `python jobs/score.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.io.cli import add_config_args, config_from_args, init_ray  # noqa: E402
+from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import new_run_id, prune_shards  # noqa: E402
 
@@ -192,7 +192,7 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     """LLM judge over the answered questions; returns {qid: judge fields}. Failures are error rows."""
     from functools import partial
 
-    from operators.language.captions import PROMPTS_DIR, load_template
+    from operators.language.captions import load_template
     from operators.llm.client import LLMConfig, Secret
     from operators.llm.ratelimit import RateLimits, start_rate_limiter
     from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
@@ -204,7 +204,7 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
     if not base_url:
         raise SystemExit("jobs.score qa: --judge-model needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or pass --base-url")
-    template = load_template(cfg.judge_template, PROMPTS_DIR)
+    template = load_template(cfg.judge_template)
     _ensure_ray(cfg.num_cpus)
     import ray
     import ray.data
@@ -273,12 +273,16 @@ COMMANDS = {
 }
 
 
-def parse_args(argv: list[str] | None = None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.score", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (cls, _, help_text) in COMMANDS.items():
         add_config_args(sub.add_parser(name, help=help_text, description=help_text), cls, "options")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None):
+    args = parse_job_args(build_parser(), argv)
     cls, runner, _ = COMMANDS[args.command]
     return args.command, config_from_args(cls, args), runner
 

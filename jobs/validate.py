@@ -37,6 +37,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
+from operators.io.cli import parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import new_run_id, write_table_shard
@@ -147,14 +148,18 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
             "caught": rule_counts(v["violations"] for v in verdicts)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.validate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)")
     ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
                          "VQA.json: the dataset named by the source.json beside it)")
     ap.add_argument("--output", required=True, help="output folder or s3:// prefix")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_job_args(build_parser(), argv)
     s = run(args.input, args.output, args.masks or None)
     print(f"{s['claims']} claims: {s['ok']} pass, {s['violating']} break a rule, {s['errors']} without a readable mask")
     print("caught per rule: " + ", ".join(f"{r}={s['caught'].get(r, 0)}" for r in RULES))

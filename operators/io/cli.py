@@ -1,15 +1,21 @@
-"""Command-line options generated from the typed config dataclasses, and Ray start-up for jobs.
+"""Command-line options generated from the typed config dataclasses, run files, presets, and Ray
+start-up for jobs.
 
 Each dataclass field becomes ``--field-name`` with its default and the ``help`` in its metadata, so a
-default documented in a config is the default a user sees in ``--help``.
+default documented in a config is the default a user sees in ``--help``. Every job parses through
+:func:`parse_job_args`, which adds ``--config run.yaml`` (any option; the command line wins),
+``--preset`` where a job has presets, and ``--help-all`` (``--help`` hides the tuning options).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import sys
 import types
 import typing
+import warnings
+from pathlib import Path
 from typing import Any
 
 
@@ -26,8 +32,11 @@ def _parse_int_list(text: str) -> tuple[int, ...]:
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | None = None,
-                    skip: tuple[str, ...] = ()) -> None:
+                    skip: tuple[str, ...] = (), tuning: bool = False) -> None:
+    """One option per field of ``cls``. ``tuning=True`` (or a field's ``metadata["tuning"]``) marks the
+    options that ``--help`` hides and ``--help-all`` shows."""
     group = parser.add_argument_group(title or cls.__name__)
+    before = len(parser._actions)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
@@ -55,6 +64,156 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | Non
             conv = tp if tp in (int, float, str) else str
             group.add_argument(flag, dest=f.name, default=default, type=conv, choices=choices,
                                help=f"{help_text}{shown_default}")
+        if tuning or f.metadata.get("tuning"):
+            mark_tuning(parser._actions[before:])
+        before = len(parser._actions)
+
+
+def mark_tuning(actions) -> None:
+    """Mark argparse actions as tuning options (hidden by ``--help``, shown by ``--help-all``)."""
+    for action in actions:
+        action.tuning = True
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling that still works for one release: stores into the new option's dest, warns."""
+
+    def __init__(self, option_strings, dest, new: argparse.Action, **kwargs):
+        self.new = new
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        replacement = self.new.option_strings[0]
+        if self.const is not None:   # an old on/off flag: the value it meant
+            values = self.const
+        elif self.new.type is not None and isinstance(values, str):
+            values = self.new.type(values)
+        if self.new.choices is not None and values not in self.new.choices:
+            parser.error(f"argument {option_string}: invalid choice {values!r} (choose from "
+                         f"{', '.join(map(str, self.new.choices))})")
+        message = f"{option_string} is deprecated and will be removed in the next release: use {replacement}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        print(f"warning: {message}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, value: Any = None) -> None:
+    """Keep ``old`` working as ``new`` (hidden from help, with a deprecation warning). ``value`` makes
+    ``old`` a flag that sets ``new``'s destination to that value (e.g. ``--no-cache`` -> cache=False)."""
+    target = next(a for a in parser._actions if new in a.option_strings)
+    nargs = 0 if value is not None else None
+    parser.add_argument(old, dest=target.dest, action=_DeprecatedAlias, new=target, nargs=nargs,
+                        const=value, default=argparse.SUPPRESS)
+
+
+def _option_tokens(parser: argparse.ArgumentParser, values: dict, origin: str) -> list[str]:
+    """Command-line tokens for ``{option: value}`` (a run file's or a preset's), so that they pass the
+    same type and choice checks as typed options. Keys are option names with ``-`` or ``_``."""
+    by_dest = {a.dest: a for a in parser._actions
+               if a.option_strings and a.dest != "help" and not isinstance(a, _DeprecatedAlias)}
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    tokens: list[str] = []
+    for key, value in values.items():
+        name = str(key).lstrip("-")
+        action = by_flag.get("--" + name.replace("_", "-")) or by_dest.get(name.replace("-", "_"))
+        if action is None:
+            parser.error(f"{origin}: unknown option {key!r}")
+        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+        if isinstance(action, argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                parser.error(f"{origin}: {key} takes true or false, not {value!r}")
+            tokens.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:   # store_true / store_const
+            if not isinstance(value, bool):
+                parser.error(f"{origin}: {key} takes true or false, not {value!r}")
+            if value:
+                tokens.append(flag)
+        elif value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            tokens += [flag, ",".join(str(v) for v in value)]
+        else:
+            tokens += [flag, str(value)]
+    return tokens
+
+
+def _read_run_file(path: str) -> dict:
+    import yaml
+
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"--config {path}: cannot read it ({exc})") from None
+    if not isinstance(values, dict):
+        raise SystemExit(f"--config {path}: expected a mapping of option names to values")
+    return values
+
+
+def _subparser_for(parser: argparse.ArgumentParser, argv: list[str]):
+    """(subparser, index of its command in argv) for a parser with subcommands, else (parser, -1)."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return parser, -1
+    for i, token in enumerate(argv):
+        if token in sub.choices:
+            return sub.choices[token], i
+    return parser, -1
+
+
+def _add_run_options(parser: argparse.ArgumentParser, presets: dict | None) -> None:
+    if any("--config" in a.option_strings for a in parser._actions):
+        return
+    group = parser.add_argument_group("run configuration")
+    group.add_argument("--config", metavar="RUN.yaml",
+                       help="YAML file of options (option: value, names as on the command line, with - or _); "
+                            "options given on the command line win")
+    if presets:
+        group.add_argument("--preset", choices=sorted(presets),
+                           help="; ".join(f"{name}: {text}" for name, (text, _) in sorted(presets.items()))
+                           + " (a run file and the command line win over it)")
+    group.add_argument("--help-all", action="store_true", help="show every option, the tuning ones too")
+
+
+# Set by the ``changeforge`` command so that usage lines name it instead of ``python -m jobs.<module>``.
+PROG: str | None = None
+
+
+def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a job's command line: a preset's values, then a run file's, then the command line (the
+    last one wins). A parser's presets are its ``presets`` attribute, ``{name: (description,
+    {option: value})}``. ``--help`` hides the options marked as tuning; ``--help-all`` shows them."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if PROG:
+        parser.prog = PROG
+        for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+            for name, subparser in sub.choices.items():
+                subparser.prog = f"{PROG} {name}"
+    target, at = _subparser_for(parser, argv)
+    presets = getattr(target, "presets", None) or getattr(parser, "presets", None)
+    for p in {id(parser): parser, id(target): target}.values():
+        _add_run_options(p, presets)
+    if "--help-all" in argv:
+        argv = [("--help" if t == "--help-all" else t) for t in argv]
+    else:
+        hidden = [a for a in target._actions if getattr(a, "tuning", False)]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        if hidden:
+            target.epilog = ((target.epilog + "\n\n") if target.epilog else "") + \
+                f"{len(hidden)} tuning options are not shown: --help-all lists every option."
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    pre.add_argument("--preset")
+    known, _ = pre.parse_known_args(argv[at + 1:])
+    tokens: list[str] = []
+    if known.preset:
+        if not presets or known.preset not in presets:
+            target.error(f"--preset: choose from {', '.join(sorted(presets or ()))}")
+        tokens += _option_tokens(target, presets[known.preset][1], f"preset {known.preset}")
+    if known.config:
+        tokens += _option_tokens(target, _read_run_file(known.config), known.config)
+    return parser.parse_args(argv[:at + 1] + tokens + argv[at + 1:])
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides):

@@ -17,6 +17,7 @@ tied with the third is kept too (so a pair can keep 4 or 5).
 """
 from __future__ import annotations
 
+import importlib.resources
 import re
 import string
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ CRITERIA = ("accuracy", "specificity", "spatial_correctness", "naturalness", "in
 OVERALL_MODES = ("criteria", "judge", "mean", "min")
 HALLUCINATION_CRITERIA = ("accuracy",)   # criteria whose low band means "hallucinated"
 HALLUCINATION_MAX = 4                    # the judge prompt: a hallucinated change or object scores 1-4
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
+# The templates ship as package data of the top-level ``prompts`` package, so an installed wheel finds them
+# without a checkout.
+PROMPTS_DIR = Path(str(importlib.resources.files("prompts")))
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,10 @@ class PromptTemplate:
                 string.Template(self.user).substitute(values))
 
 
-def load_template(name: str, prompts_dir: str | Path = PROMPTS_DIR) -> PromptTemplate:
-    """Read ``<prompts_dir>/<name>.txt`` with ``## system`` and ``## user`` sections."""
-    path = Path(prompts_dir) / f"{name}.txt"
+def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTemplate:
+    """Read ``<prompts_dir>/<name>.txt`` (default: the packaged templates) with ``## system`` and
+    ``## user`` sections."""
+    path = Path(prompts_dir or PROMPTS_DIR) / f"{name}.txt"
     text = path.read_text(encoding="utf-8")
     sections: dict[str, list[str]] = {}
     current = None

@@ -33,7 +33,7 @@ BAND_SCENES_SCHEMA = pa.schema(list(SCENES_SCHEMA) + [
 
 @dataclass
 class BandsConfig:
-    """Per-band products and STAC search (issue 14)."""
+    """Per-band products and STAC search."""
 
     bands: str = field(default="", metadata={"help": "assets stacked as R,G,B for STAC items or band manifests: asset keys or eo:bands common names (default: red,green,blue)"})
     stac_search: str = field(default="", metadata={"help": "STAC API item search as JSON (pystac-client search() arguments, e.g. {\"collections\": [...], \"bbox\": [...], \"datetime\": \"...\"}); --input is then the API root URL"})

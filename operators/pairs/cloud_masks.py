@@ -29,7 +29,7 @@ QA_PIXEL_CLOUD_BITS = (1, 2, 3, 4)
 
 @dataclass
 class CloudConfig:
-    """Cloud masking and cloud-cover filters (issue 14)."""
+    """Cloud masking and cloud-cover filters."""
 
     cloud_mask: str = field(default="", metadata={"help": "asset key / band name of a cloud or scene-class layer (e.g. scl, qa_pixel): its cloud, shadow and cirrus pixels are invalid for SIFT, screening and the stretch"})
     cloud_mask_kind: str = field(default="auto", metadata={"help": "how to read --cloud-mask: scl (Sentinel-2 classes), qa_pixel (Landsat bit flags), auto (from its name)", "choices": ("auto",) + KINDS})

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from operators.optional import require
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (the ``report`` extra); imported on first use."""
+    require("matplotlib").use("Agg")
+    return require("matplotlib.pyplot")
 
 BAND_COLOURS = {"reject": "#d62728", "mid": "#2ca02c", "top": "#1f77b4"}
 
@@ -16,13 +20,13 @@ BAND_COLOURS = {"reject": "#d62728", "mid": "#2ca02c", "top": "#1f77b4"}
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
 def car_histogram(car_percent: np.ndarray, path: Path, title: str) -> Path:
     """Fig. 2: distribution of change area ratio, with mean and median marked."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
     ax.hist(car_percent, bins=np.linspace(0, 100, 41), color="#4c72b0", edgecolor="white")
     if len(car_percent):
         for value, style, name in ((np.mean(car_percent), "--", "mean"), (np.median(car_percent), ":", "median")):
@@ -37,7 +41,7 @@ def car_histogram(car_percent: np.ndarray, path: Path, title: str) -> Path:
 def bar_chart(labels: list[str], counts: list[int], path: Path, title: str, xlabel: str = "",
               ylabel: str = "count", horizontal: bool = False, colour: str = "#4c72b0") -> Path:
     """Magnitude classes (Fig. 4 of the issue), question types (Fig. 8), reject reasons."""
-    fig, ax = plt.subplots(figsize=(6.4, max(3.0, 0.35 * len(labels) + 1.2) if horizontal else 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, max(3.0, 0.35 * len(labels) + 1.2) if horizontal else 3.6))
     total = max(sum(counts), 1)
     if horizontal:
         bars = ax.barh(labels[::-1], counts[::-1], color=colour)
@@ -46,7 +50,7 @@ def bar_chart(labels: list[str], counts: list[int], path: Path, title: str, xlab
         bars = ax.bar(labels, counts, color=colour)
         ax.set_ylabel(ylabel)
         ax.set_xlabel(xlabel)
-        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        _pyplot().setp(ax.get_xticklabels(), rotation=20, ha="right")
     for b, c in zip(bars, counts[::-1] if horizontal else counts):
         text = f"{c} ({100 * c / total:.0f}%)"
         if horizontal:
@@ -62,7 +66,7 @@ def bar_chart(labels: list[str], counts: list[int], path: Path, title: str, xlab
 
 def score_histogram(scores: np.ndarray, path: Path, title: str, pass_score: float = 7.0) -> Path:
     """Figs. 4 and 7 of the paper: judge scores 1-10, rejected (< pass) red, 7-8 green, 9-10 blue."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
     values = np.arange(1, 11)
     rounded = np.clip(np.round(scores), 1, 10)
     counts = np.array([(rounded == v).sum() for v in values])
@@ -81,7 +85,7 @@ def score_histogram(scores: np.ndarray, path: Path, title: str, pass_score: floa
 
 def residual_histogram(residual_px: np.ndarray, accepted: np.ndarray, path: Path, max_residual_px: float | None) -> Path:
     """The pairs job's screening residuals, accepted and rejected slices stacked."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
     top = max(float(np.nanmax(residual_px)) if len(residual_px) else 1.0, max_residual_px or 0.0) * 1.05
     bins = np.linspace(0, max(top, 1e-3), 30)
     ax.hist([residual_px[accepted], residual_px[~accepted]], bins=bins, stacked=True,
@@ -97,7 +101,8 @@ def residual_histogram(residual_px: np.ndarray, accepted: np.ndarray, path: Path
 
 def word_cloud(texts: list[str], path: Path, seed: int = 0) -> Path:
     """Fig. 5: word cloud of selected captions (the ``wordcloud`` package and the font it ships)."""
-    from wordcloud import STOPWORDS, WordCloud
+    wordcloud = require("wordcloud")
+    STOPWORDS, WordCloud = wordcloud.STOPWORDS, wordcloud.WordCloud
     text = " ".join(texts).strip() or "no captions"
     cloud = WordCloud(width=900, height=450, background_color="white", stopwords=STOPWORDS | {"image"},
                       random_state=seed, collocations=True, max_words=150).generate(text)

@@ -14,6 +14,8 @@ import io
 import shutil
 import subprocess
 
+from operators.optional import require
+
 METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 SPICE_NOTE = "SPICE not computed: it downloads Stanford CoreNLP models on first use, which is not possible offline"
 
@@ -39,7 +41,7 @@ def require_java() -> str:
 
 def tokenize(texts: dict[str, list[str]]) -> dict[str, list[str]]:
     """``{id: [sentence, ...]}`` -> the same, PTB-tokenised by the package's own tokenizer."""
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+    PTBTokenizer = require("pycocoevalcap.tokenizer.ptbtokenizer").PTBTokenizer
 
     require_java()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -52,10 +54,10 @@ def score_tokenized(gts: dict[str, list[str]], res: dict[str, list[str]],
     predictions (one prediction per id); an empty subset gives ``None`` scores. Each subset is scored
     on its own, exactly as the package scores a set (so CIDEr's document frequencies are the subset's).
     One METEOR process serves every subset (its start-up dominates small sets)."""
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.meteor.meteor import Meteor
-    from pycocoevalcap.rouge.rouge import Rouge
+    Bleu = require("pycocoevalcap.bleu.bleu").Bleu
+    Cider = require("pycocoevalcap.cider.cider").Cider
+    Meteor = require("pycocoevalcap.meteor.meteor").Meteor
+    Rouge = require("pycocoevalcap.rouge.rouge").Rouge
 
     require_java()
     meteor = Meteor()

@@ -1,0 +1,48 @@
+"""``changeforge <job> [options]``: one command for every job (``python -m jobs.<module>`` works too).
+
+    changeforge pairs --preset demo --input data/naip --output out/demo
+    changeforge caption --input out/demo --output out/captions --model gpt-4o-mini
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from operators.io import cli
+
+# subcommand -> (module, what it makes); the order is the chain's.
+JOBS: dict[str, tuple[str, str]] = {
+    "pairs": ("jobs.build_pairs", "registered, screened bitemporal pairs from an archive (S2Looking recipe)"),
+    "caption": ("jobs.caption", "LLM-written, LLM-judged change captions (JL1-CC recipe)"),
+    "qa": ("jobs.qa", "LLM-written, LLM-judged change question-answer pairs (JL1-QA recipe)"),
+    "validate": ("jobs.validate", "audit captions or QA pairs against their change masks"),
+    "review": ("jobs.review", "human verification of a sample in Label Studio"),
+    "report": ("jobs.report", "statistics tables, figures and an HTML page of a dataset"),
+    "score": ("jobs.score", "change-mask, caption and QA metrics"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, JOBS))
+    lines = ["usage: changeforge <job> [options]   (changeforge <job> --help for its options)", "", "jobs:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in JOBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in JOBS:
+        print(f"changeforge: unknown job {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(JOBS[name][0])
+    cli.PROG = f"changeforge {name}"
+    result = module.main(rest)
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The shared command line: run files, presets, --help-all, deprecated spellings, the changeforge
+command, and the generated CLI reference."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operators.io import cli
+from operators.io.cli import add_config_args, add_deprecated_alias, parse_job_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class _Config:
+    size: int = dataclasses.field(default=3000, metadata={"help": "side"})
+    mode: str = dataclasses.field(default="a", metadata={"help": "mode", "choices": ("a", "b")})
+    cache: bool = dataclasses.field(default=True, metadata={"help": "use the cache"})
+    knob: float = dataclasses.field(default=0.5, metadata={"help": "a tuning knob", "tuning": True})
+    bands: tuple[int, ...] = dataclasses.field(default=(1, 2, 3), metadata={"help": "bands"})
+
+
+PRESETS = {"small": ("small sizes", {"size": 512, "mode": "b"})}
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="t")
+    add_config_args(parser, _Config, "opts")
+    parser.add_argument("--output", required=True)
+    return parser
+
+
+def _parse(argv):
+    parser = _parser()
+    parser.presets = PRESETS
+    return parse_job_args(parser, argv)
+
+
+def test_defaults_preset_run_file_and_command_line_in_that_order(tmp_path):
+    assert _parse(["--output", "o"]).size == 3000
+    assert (_parse(["--output", "o", "--preset", "small"]).size, _parse(["--output", "o", "--preset", "small"]).mode) \
+        == (512, "b")
+    run = tmp_path / "run.yaml"
+    run.write_text("size: 700\ncache: false\nbands: [4, 3, 2]\noutput: from-file\n")
+    args = _parse(["--preset", "small", "--config", str(run)])
+    assert (args.size, args.mode, args.cache, args.bands, args.output) == (700, "b", False, (4, 3, 2), "from-file")
+    args = _parse(["--preset", "small", "--config", str(run), "--size", "9", "--cache", "--output", "cli"])
+    assert (args.size, args.cache, args.output) == (9, True, "cli")
+
+
+def test_run_file_values_are_checked_like_typed_options(tmp_path, capsys):
+    for text, message in (("mode: c\n", "invalid choice"), ("size: big\n", "invalid int"),
+                          ("colour: red\n", "unknown option 'colour'"), ("cache: maybe\n", "true or false")):
+        run = tmp_path / "run.yaml"
+        run.write_text(text + "output: o\n")
+        with pytest.raises(SystemExit):
+            _parse(["--config", str(run)])
+        assert message in capsys.readouterr().err
+    run.write_text("- not\n- a mapping\n")
+    with pytest.raises(SystemExit, match="mapping"):
+        _parse(["--config", str(run)])
+
+
+def test_help_hides_tuning_options_and_help_all_shows_them(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--help"])
+    short = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _parse(["--help-all"])
+    full = capsys.readouterr().out
+    assert "--size" in short and "--knob" not in short and "1 tuning options are not shown" in short
+    assert "--knob" in full and "--preset" in full and "--config" in full
+
+
+def test_a_deprecated_spelling_still_works_and_warns(capsys):
+    parser = _parser()
+    add_deprecated_alias(parser, "--side", "--size")
+    add_deprecated_alias(parser, "--no-use-cache", "--cache", value=False)
+    with pytest.warns(DeprecationWarning, match="--side is deprecated.*use --size"):
+        args = parse_job_args(parser, ["--output", "o", "--side", "64", "--no-use-cache"])
+    assert (args.size, args.cache) == (64, False)
+    assert "--side" not in parser.format_help()
+
+
+def test_subcommand_jobs_take_run_files(tmp_path):
+    from jobs import score
+
+    run = tmp_path / "run.yaml"
+    run.write_text("pred: p\nmasks-per-task: 7\n")
+    args = parse_job_args(score.build_parser(), ["change", "--config", str(run), "--output", "o", "--label", "l"])
+    assert (args.command, args.pred, args.masks_per_task, args.output) == ("change", "p", 7, "o")
+
+
+def test_pairs_presets_are_the_papers_and_the_demos_geometry():
+    from jobs import build_pairs
+
+    paper = parse_job_args(build_pairs.build_parser(), ["--input", "i", "--output", "o", "--preset", "paper"])
+    demo = parse_job_args(build_pairs.build_parser(), ["--input", "i", "--output", "o", "--preset", "demo"])
+    # S2Looking section 2.2: 3000 x 3000 slices at stride 1024, central 1024 x 1024 kept, > 8 px screened out
+    assert (paper.slice_size, paper.stride, paper.crop_size, paper.max_residual_px) == (3000, 1024, 1024, 8.0)
+    assert (demo.slice_size, demo.stride, demo.crop_size, demo.tile_size, demo.search_margin_px,
+            demo.reference_date) == (512, 128, 256, 512, 64, "2021-01-01")
+
+
+def test_changeforge_runs_every_job_s_help():
+    from jobs.cli import JOBS
+
+    for name in JOBS:
+        out = subprocess.run([sys.executable, "-m", "jobs.cli", name, "--help"], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, (name, out.stderr[-2000:])
+        assert out.stdout.startswith(f"usage: changeforge {name}"), out.stdout[:200]
+    out = subprocess.run([sys.executable, "-m", "jobs.cli", "nonsense"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "unknown job 'nonsense'" in out.stderr
+
+
+def _reference_options(markdown: str) -> dict[str, set[str]]:
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in markdown.splitlines():
+        if line.startswith("## `"):
+            current = line.strip("#` ")
+            sections[current] = set()
+        elif current and line.startswith("| `"):
+            sections[current] |= set(re.findall(r"--[a-z0-9-]+", line.split("|")[1]))
+    return sections
+
+
+def test_cli_reference_matches_the_parsers():
+    from jobs.cli import JOBS
+    from operators.io.cli_reference import _parsers, reference_markdown
+
+    committed = (REPO / "docs" / "cli-reference.md").read_text(encoding="utf-8")
+    documented = _reference_options(committed)
+    parsed = {}
+    for name, (module, _) in JOBS.items():
+        for command, parser, presets in _parsers(name, module):
+            cli._add_run_options(parser, presets)
+            parsed[command] = {s for a in parser._actions if a.help != argparse.SUPPRESS
+                               for s in a.option_strings if s.startswith("--") and s != "--help"}
+    assert documented == parsed, "docs/cli-reference.md differs from the parsers: regenerate it with " \
+        "python -m operators.io.cli_reference > docs/cli-reference.md"
+    assert committed == reference_markdown(), "docs/cli-reference.md is stale: regenerate it"
