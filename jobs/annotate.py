@@ -35,7 +35,7 @@ from operators.annotation.agreement import decide, overlap
 from operators.annotation.proposals import METHODS, ProposalConfig
 from operators.annotation.results import brush_result, class_masks
 from operators.annotation.scheme import DEFAULT_CLASSES, labeling_config, parse_classes
-from operators.io.cli import add_config_args, config_from_args, init_ray
+from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args
 from operators.io.images import decode_image, write_png
 from operators.io.sources import write_source
 from operators.io.storage import Store, read_uri
@@ -206,7 +206,12 @@ def load_export(export: str, project_id: int) -> list[dict]:
 def _attach_prelabels(tasks: list[dict], tasks_file: str) -> None:
     """Predictions from the export's own ``tasks.json`` for tasks whose export lists only prediction ids
     (a JSON export downloaded from the UI), matched by the pair's ``item_id``."""
-    by_item = {t["data"].get("item_id"): t.get("predictions") or [] for t in json.loads(read_uri(tasks_file))}
+    try:
+        exported = json.loads(read_uri(tasks_file))
+    except FileNotFoundError:
+        log.warning("no %s: the IoU against the pre-labels is left empty where the export lacks them", tasks_file)
+        return
+    by_item = {t["data"].get("item_id"): t.get("predictions") or [] for t in exported}
     for t in tasks:
         if not any(isinstance(p, dict) and p.get("result") is not None for p in t.get("predictions") or []):
             t["predictions"] = by_item.get((t.get("data") or {}).get("item_id"), [])
@@ -352,14 +357,18 @@ def run_ingest(cfg: IngestConfig) -> dict:
 
 
 # -- command line ------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.annotate", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     add_config_args(sub.add_parser("export", help="pairs out as Label Studio change-mask tasks"), ExportConfig, "export")
     add_config_args(sub.add_parser("ingest", help="a Label Studio export back into label1/ label2/ label/"),
                     IngestConfig, "ingest")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_job_args(build_parser(), argv)
     if args.command == "export":
         cfg = config_from_args(ExportConfig, args)
         try:

@@ -143,18 +143,13 @@ def pca_kmeans(a: np.ndarray, b: np.ndarray, cfg: ProposalConfig = ProposalConfi
     return Proposal(mask, separability(diff, mask))
 
 
-def _require(module: str) -> None:
-    import importlib.util
-    if importlib.util.find_spec(module) is None:
-        raise ImportError(f"this proposal method needs {module}: pip install 'changeforge[prelabels]'")
-
-
 PROPOSERS = {"cva": cva, "irmad": irmad, "pca-kmeans": pca_kmeans}
 
 
 def propose(method: str, a: np.ndarray, b: np.ndarray, cfg: ProposalConfig = ProposalConfig()) -> Proposal:
     if method not in PROPOSERS:
         raise ValueError(f"unknown proposal method {method!r}; one of {', '.join(METHODS)}")
-    if method != "cva":
-        _require("sklearn" if method == "pca-kmeans" else "scipy")
+    if method == "pca-kmeans":
+        from operators.optional import require
+        require("sklearn")
     return PROPOSERS[method](a, b, cfg)

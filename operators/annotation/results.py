@@ -18,8 +18,8 @@ def _class_of(item: dict) -> str | None:
 
 def polygon_mask(points_pct: list, width: int, height: int) -> np.ndarray:
     """A polygon in Label Studio's percent coordinates (0-100 of the image's width and height, edges
-    of the image at 0 and 100) on a ``height x width`` grid: a pixel is inside when its centre is."""
-    from matplotlib.path import Path
+    of the image at 0 and 100) on a ``height x width`` grid: a pixel is inside when its centre is
+    (even-odd rule)."""
     mask = np.zeros((height, width), bool)
     pts = np.array([[x / 100.0 * width, y / 100.0 * height] for x, y in points_pct], np.float64)
     if len(pts) < 3:
@@ -28,9 +28,14 @@ def polygon_mask(points_pct: list, width: int, height: int) -> np.ndarray:
     x1, y1 = np.clip(np.ceil(pts.max(axis=0)).astype(int), 0, [width, height])
     if x1 <= x0 or y1 <= y0:
         return mask
-    yy, xx = np.mgrid[y0:y1, x0:x1]
-    centres = np.column_stack([xx.ravel() + 0.5, yy.ravel() + 0.5])
-    mask[y0:y1, x0:x1] = Path(pts).contains_points(centres).reshape(yy.shape)
+    py, px = np.mgrid[y0:y1, x0:x1] + 0.5
+    inside = np.zeros(px.shape, bool)
+    for (xa, ya), (xb, yb) in zip(pts, np.roll(pts, -1, axis=0)):
+        if ya == yb:
+            continue
+        crosses = (ya > py) != (yb > py)
+        inside ^= crosses & (px < (xb - xa) * (py - ya) / (yb - ya) + xa)
+    mask[y0:y1, x0:x1] = inside
     return mask
 
 
