@@ -366,34 +366,38 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _print_export(cfg: ExportConfig, s: dict) -> None:
+    print(f"{s['tasks']} tasks of {s['pairs']} pairs ({s['skipped_labelled']} already labelled, "
+          f"{s['missing_images']} without both images); pre-labels: {s['prelabel'] or 'none'} "
+          f"({s['prelabelled']} pairs); splits {s['splits']}")
+    if "label_studio" in s:
+        print(f"Label Studio project: {s['label_studio']['project_url']} ({s['label_studio']['imported']} imported)")
+    print(f"outputs: {cfg.output}/tasks.json and {cfg.output}/label_config.xml")
+
+
+def _print_ingest(cfg: IngestConfig, s: dict) -> None:
+    print(f"{s['tasks']} tasks: {s['merged']} pairs merged into label/; by status {s['by_status']}; "
+          f"{s['not_exported']} pairs without a task; {s['errors']} errors")
+    if s["double_annotated"]:
+        print(f"agreement over {s['double_annotated']} double-annotated pairs: {s['batch_agreement']:.3f} "
+              f"(batch {'accepted' if s['batch_accepted'] else 'NOT accepted'} at {s['min_agreement']}); "
+              f"disagreements: {', '.join(s['disagreements']) or 'none'}")
+    print(f"outputs: {cfg.input}/label1/ ... label/, annotations/, annotation_pending/, annotation_summary.json")
+
+
+COMMANDS = {"export": (ExportConfig, run_export, _print_export), "ingest": (IngestConfig, run_ingest, _print_ingest)}
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_job_args(build_parser(), argv)
-    if args.command == "export":
-        cfg = config_from_args(ExportConfig, args)
-        try:
-            s = run_export(cfg)
-        except ValueError as exc:
-            raise SystemExit(f"jobs.annotate export: {exc}") from None
-        print(f"{s['tasks']} tasks of {s['pairs']} pairs ({s['skipped_labelled']} already labelled, "
-              f"{s['missing_images']} without both images); pre-labels: {s['prelabel'] or 'none'} "
-              f"({s['prelabelled']} pairs); splits {s['splits']}")
-        if "label_studio" in s:
-            print(f"Label Studio project: {s['label_studio']['project_url']} ({s['label_studio']['imported']} imported)")
-        print(f"outputs: {cfg.output}/tasks.json and {cfg.output}/label_config.xml")
-    else:
-        cfg = config_from_args(IngestConfig, args)
-        try:
-            s = run_ingest(cfg)
-        except ValueError as exc:
-            raise SystemExit(f"jobs.annotate ingest: {exc}") from None
-        print(f"{s['tasks']} tasks: {s['merged']} pairs merged into label/; by status {s['by_status']}; "
-              f"{s['not_exported']} pairs without a task; {s['errors']} errors")
-        if s["double_annotated"]:
-            print(f"agreement over {s['double_annotated']} double-annotated pairs: {s['batch_agreement']:.3f} "
-                  f"(batch {'accepted' if s['batch_accepted'] else 'NOT accepted'} at {s['min_agreement']}); "
-                  f"disagreements: {', '.join(s['disagreements']) or 'none'}")
-        print(f"outputs: {cfg.input}/label1/ ... label/, annotations/, annotation_pending/, annotation_summary.json")
+    cls, runner, show = COMMANDS[args.command]
+    cfg = config_from_args(cls, args)
+    try:
+        summary = runner(cfg)
+    except ValueError as exc:   # a malformed --classes, or a task drawn in another scheme
+        raise SystemExit(f"jobs.annotate {args.command}: {exc}") from None
+    show(cfg, summary)
     return 0
 
 

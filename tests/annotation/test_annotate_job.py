@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.annotate import ExportConfig, IngestConfig, run_export, run_ingest
-from operators.annotation.brush_rle import decode_mask, encode_mask
+from operators.annotation.brush_rle import decode_mask
+from tests.annotation import drawing
+from tests.annotation.drawing import brush
 
 H, W = 40, 56                       # not square
 SPLITS = {"s_r0_c0": "train", "s_r0_c1": "test", "s_r1_c0": "val", "s_r1_c1": "train"}
@@ -34,14 +36,7 @@ def make_dataset(root: Path) -> Path:
 
 
 def rect(y0, y1, x0, x1):
-    m = np.zeros((H, W), bool)
-    m[y0:y1, x0:x1] = True
-    return m
-
-
-def brush(name, image, mask):
-    return {"type": "brushlabels", "from_name": f"{image}_brush", "to_name": image, "original_width": W,
-            "original_height": H, "value": {"format": "rle", "rle": encode_mask(mask), "brushlabels": [name]}}
+    return drawing.rect((H, W), y0, y1, x0, x1)
 
 
 def polygon(name, image, y0, y1, x0, x1):

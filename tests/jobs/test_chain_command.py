@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.annotation.test_annotate_job import brush, make_dataset, rect
+from tests.annotation.drawing import brush
+from tests.annotation.test_annotate_job import make_dataset, rect
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 

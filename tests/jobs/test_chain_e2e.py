@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.request
 from pathlib import Path
 
 import cv2
@@ -15,7 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.annotation import drawing
+from tests.annotation.drawing import brush
 from tests.conftest import DATA
+from tests.review.test_review_label_studio import api
 
 pytestmark = pytest.mark.slow
 
@@ -23,25 +25,8 @@ SCENES = ("m_4709963_se_14_1_20160816.tif", "m_4709963_se_14_1_20200831.tif")
 CROP = 256
 
 
-def api(server, path, payload=None):
-    req = urllib.request.Request(server.url + path, data=None if payload is None else json.dumps(payload).encode(),
-                                 headers={"Authorization": f"Token {server.token}", "Content-Type": "application/json"},
-                                 method="GET" if payload is None else "POST")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        body = r.read()
-    return json.loads(body) if r.headers.get("Content-Type", "").startswith("application/json") else body
-
-
 def rect(y0, y1, x0, x1):
-    m = np.zeros((CROP, CROP), bool)
-    m[y0:y1, x0:x1] = True
-    return m
-
-
-def brush(name, image, mask):
-    from operators.annotation.brush_rle import encode_mask
-    return {"type": "brushlabels", "from_name": f"{image}_brush", "to_name": image, "original_width": CROP,
-            "original_height": CROP, "value": {"format": "rle", "rle": encode_mask(mask), "brushlabels": [name]}}
+    return drawing.rect((CROP, CROP), y0, y1, x0, x1)
 
 
 # What the two annotators draw, by position of the pair in sorted order; the rest stays unannotated.
