@@ -112,13 +112,13 @@ class CaptionJobConfig:
 
 
 HELP = {
-    "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/): folder or s3:// prefix",
+    "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/), e.g. a pairs job output: folder or s3:// prefix",
     "output": "output folder or s3:// prefix (tables, LEVIR-CC json, response cache)",
     "model": "multimodal model name at the endpoint (e.g. gpt-4o-mini, kimi-k2.6, Qwen/Qwen2.5-VL-7B-Instruct)",
     "judge_model": "model for the judging stage, e.g. a different model than the generator (default: --model)",
     "base_url": "OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 (default: $OPENAI_BASE_URL)",
     "list_file": "only the pairs named in this file (one file name per line; relative to --input or a URI)",
-    "default_split": "split of pairs without a split folder or train_/val_/test_ name prefix",
+    "default_split": "split of pairs without a split folder, a list/{train,val,test}.txt entry or a train_/val_/test_ name prefix",
     "rpm": "requests per minute for the whole pool: all actors, nodes and both stages together (0 = unlimited)",
     "tpm": "tokens per minute (prompt + completion) for the whole pool, both stages together (0 = unlimited)",
     "max_in_flight": "requests outstanding at once across the pool",

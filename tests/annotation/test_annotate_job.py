@@ -126,3 +126,20 @@ def test_ingest_writes_masks_agreement_and_withholds_disagreement(exported):
     # --require-check: the single annotation now waits, and the maps an earlier ingest wrote are withdrawn.
     s = run_ingest(IngestConfig(input=str(ds), export=str(export), require_check=True))
     assert s["merged"] == 1 and not (ds / "label" / "s_r0_c0.png").exists()
+
+
+def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(exported):
+    ds, tmp, _ = exported
+    tasks = json.loads((tmp / "export" / "tasks.json").read_text())
+    drawn = rect(8, 20, 10, 30)
+    for i, t in enumerate(tasks):       # as downloaded from the UI: predictions by id only
+        t.update(id=i + 1, predictions=[i + 1], annotations=[annotation(i + 1, 7, [brush("new", "post", drawn)])])
+    export = tmp / "ui-export.json"
+    export.write_text(json.dumps(tasks))
+    pre = rect(5, 15, 5, 20)
+    expected = (drawn & pre).sum() / (drawn | pre).sum()
+    for given, iou in (("", None), (str(tmp / "export" / "tasks.json"), expected)):
+        run_ingest(IngestConfig(input=str(ds), export=str(export), tasks=given))
+        rows = pq.read_table(ds / "annotations").to_pylist()
+        row = next(r for r in rows if r["pair_id"] == "s_r0_c0" and r["class"] == "new")
+        assert row["iou_vs_prelabel"] == (None if iou is None else pytest.approx(iou))

@@ -5,6 +5,7 @@ the OpenAI-compatible test server -> validate -> review export -> report -> scor
 pre-labels as predictions. One run for the module; each test checks one seam."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -68,9 +69,11 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
             mp.setenv("LABEL_STUDIO_API_KEY", server.token)
             mp.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
             mp.setenv("OPENAI_API_KEY", "test-key")
-            out["export"] = annotate.run_export(annotate.ExportConfig(
-                input=str(pairs), output=str(base / "tasks"), prelabel="cva", annotations_per_task=2,
-                label_studio_url=server.url))
+            export_cfg = annotate.ExportConfig(input=str(pairs), output=str(base / "tasks"), prelabel="cva",
+                                               annotations_per_task=2, label_studio_url=server.url)
+            out["export"] = annotate.run_export(export_cfg)
+            out["export_again"] = annotate.run_export(dataclasses.replace(   # reuses the project, imports
+                export_cfg, output=str(base / "tasks-again"), prelabel=""))      # nothing twice
             pid = out["export"]["label_studio"]["project_id"]
             out["project"] = api(server, f"/api/projects/{pid}")
             listed = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"],
@@ -129,6 +132,9 @@ def test_export_every_accepted_pair_is_a_task_with_its_split_and_prelabel(chain)
     assert all(t["predictions"][0]["model_version"] == "changeforge:cva" for t in tasks)
     # In Label Studio: every task once, with its prediction, images served from the pairs output.
     assert chain["project"]["maximum_annotations"] == 2
+    again = chain["export_again"]["label_studio"]
+    assert again["project_id"] == chain["project"]["id"] and again["imported"] == 0
+    assert again["already_there"] == len(stems)
     assert sorted(t["data"]["pair_id"] for t in chain["listed"]) == stems
     assert all(t["total_predictions"] == 1 for t in chain["listed"])
     assert chain["served"] == (pairs / "A" / f"{chain['listed'][0]['data']['pair_id']}.png").read_bytes()
