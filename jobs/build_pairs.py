@@ -343,8 +343,9 @@ def _merge_labels(job, reg, out: Store, accepted, run_id, counts, schema) -> lis
         ds.write_datasink(sink)
         for k, v in sink.counts.items():
             counts[k] = counts.get(k, 0) + v
-        merged = read_table(out, "labels", columns=["slice_id"])
-        resolve_errors(out, merged.column("slice_id").to_pylist(), run_id, stages=["labels"], job=JOB)
+        merged = read_table(out, "labels", columns=["slice_id"])   # None while no label merged yet
+        if merged is not None:
+            resolve_errors(out, merged.column("slice_id").to_pylist(), run_id, stages=["labels"], job=JOB)
     return errors
 
 

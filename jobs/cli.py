@@ -20,6 +20,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "review": ("jobs.review", "human verification of a sample in Label Studio"),
     "report": ("jobs.report", "statistics tables, figures and an HTML page of a dataset"),
     "score": ("jobs.score", "change-mask, caption and QA metrics"),
+    "publish": ("jobs.publish", "a versioned release others load in one line (folders, Parquet, Croissant, STAC)"),
     "chain": ("jobs.chain", "the jobs in order on one output root from a chain file, resuming where it stopped"),
 }
 

@@ -17,6 +17,44 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
+# Markers follow from the fixtures a test uses (item.fixturenames is the whole closure, so a fixture
+# built on ray_session marks its users "ray" too). A test with none of them, and not marked slow, is
+# "quick": the quick loop (`pytest -m quick`) runs only those, and they may not start Ray or servers.
+FIXTURE_MARKERS = {
+    "ray_session": "ray",
+    "cluster": "cluster",
+    "s3_endpoint": "equipment",
+    "openai_test_server_process": "equipment",
+    "label_studio": "labelstudio",
+    "chromium_path": "browser",
+}
+HEAVY = set(FIXTURE_MARKERS.values()) | {"slow"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+        if "tests/cluster/" in item.nodeid:
+            item.add_marker("cluster")
+        if not any(item.get_closest_marker(m) for m in HEAVY):
+            item.add_marker("quick")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_ray(request, monkeypatch):
+    """A quick test that reaches ray.init would start a whole Ray: it must use ray_session instead (and so
+    leave the quick loop)."""
+    if request.node.get_closest_marker("quick") is None:
+        return
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("a quick test started Ray: use the ray_session fixture (which marks it 'ray')")
+
+    monkeypatch.setattr(ray, "init", refuse)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -46,14 +84,12 @@ def s3_endpoint():
     try:
         wait_for_port(port)
         endpoint = f"http://127.0.0.1:{port}"
-        os.environ.update({
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_REGION": "us-east-1",
-        })
-        yield endpoint
+        with pytest.MonkeyPatch.context() as env:   # restored when the session ends
+            for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                                "AWS_REGION": "us-east-1"}.items():
+                env.setenv(name, value)
+            yield endpoint
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -2,11 +2,10 @@
 project, register the images folder as local import storage, import tasks, fetch the JSON export.
 
 label-studio-sdk 2.1 pins numpy and OpenCV below what the pipeline uses, so it usually lives in its own
-virtual environment (``.venv-labelstudio``, made by ``tests/review/label_studio_env.py``). :func:`call`
-runs an operation in-process when the SDK imports here, else in that environment's Python
-(``LABEL_STUDIO_PYTHON``, default ``<repo>/.venv-labelstudio/bin/python``) as
-``python -m operators.review.studio_client`` with JSON on stdin and stdout. This module imports nothing
-but the standard library and the SDK so that it runs there.
+virtual environment (default ``~/.cache/changeforge/venv-labelstudio``, under ``$XDG_CACHE_HOME`` when
+set). :func:`call` runs an operation in-process when the SDK imports here, else in that environment's
+Python (``LABEL_STUDIO_PYTHON`` overrides) by running this file with JSON on stdin and stdout. This
+module imports nothing but the standard library and the SDK so that it runs there.
 
 The API key comes from ``LABEL_STUDIO_API_KEY`` only (inherited by the subprocess, never on a command
 line), and is never logged or written.
@@ -23,8 +22,14 @@ log = logging.getLogger(__name__)
 
 API_KEY_ENV = "LABEL_STUDIO_API_KEY"
 PYTHON_ENV = "LABEL_STUDIO_PYTHON"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_VENV = os.path.join(REPO, ".venv-labelstudio")
+SDK_VERSION = "label-studio-sdk==2.1.2"
+CALL_TIMEOUT_S = 600
+
+
+def default_venv() -> str:
+    """Where the SDK's own environment lives unless ``LABEL_STUDIO_PYTHON`` names another one."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "changeforge", "venv-labelstudio")
 
 
 class StudioError(RuntimeError):
@@ -99,7 +104,7 @@ def _sdk_here() -> bool:
 
 
 def sdk_python() -> str:
-    return os.environ.get(PYTHON_ENV) or os.path.join(DEFAULT_VENV, "bin", "python")
+    return os.environ.get(PYTHON_ENV) or os.path.join(default_venv(), "bin", "python")
 
 
 def call(op: str, **kwargs):
@@ -113,11 +118,16 @@ def call(op: str, **kwargs):
             raise StudioError(f"Label Studio {op} failed: {type(exc).__name__}: {str(exc)[:500]}") from None
     python = sdk_python()
     if not os.path.exists(python):
-        raise StudioError(f"label-studio-sdk is neither importable here nor at {python}; install it there with "
-                          f"`python tests/review/label_studio_env.py --install` or set {PYTHON_ENV}")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run([python, "-m", "operators.review.studio_client"], input=json.dumps({"op": op, **kwargs}),
-                          capture_output=True, text=True, env=env, cwd=REPO)
+        venv = os.path.dirname(os.path.dirname(python))
+        raise StudioError(f"label-studio-sdk is neither importable here nor at {python}: python -m venv {venv} && "
+                          f"{venv}/bin/pip install {SDK_VERSION} (or set {PYTHON_ENV})")
+    # This file run by path: the SDK's environment must not see this one's packages (numpy, OpenCV).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps({"op": op, **kwargs}),
+                              capture_output=True, text=True, env=env, timeout=CALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise StudioError(f"Label Studio {op} did not answer within {CALL_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         raise StudioError(f"Label Studio {op} failed: {proc.stderr.strip()[-800:]}")
     return json.loads(proc.stdout)

@@ -115,16 +115,29 @@ def make_pairs_job_output(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chromium_path():
+    """Debian's Chromium (headless), or a failure naming what to install."""
+    from tests.review.browser import chromium
+    path = chromium()
+    if path is None:
+        pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does it)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def label_studio(tmp_path_factory):
     """A Label Studio server on 127.0.0.1 (its own venv; installed on first use), serving local files
     from a document root holding a copy of data/levir-cd."""
-    from tests.review.label_studio_env import LabelStudioServer
+    from tests.review.label_studio_env import LabelStudioServer, venv_dir
     base = tmp_path_factory.mktemp("label-studio")
     root = base / "root"
     shutil.copytree(LEVIR, root / "levir-cd")
     server = LabelStudioServer(base / "data", root, startup_s=900)
     server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    # the jobs find the SDK in the same environment as the server (LABEL_STUDIO_VENV may move it)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
+        try:
+            yield server
+        finally:
+            server.stop()

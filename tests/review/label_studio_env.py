@@ -1,8 +1,8 @@
 """Test equipment: Label Studio in its own virtual environment, and a server on 127.0.0.1.
 
 label-studio 1.23 and label-studio-sdk 2.1 pin numpy, OpenCV and Django versions that fight the
-pipeline's, so they live in ``.venv-labelstudio`` at the repo root (``LABEL_STUDIO_VENV`` overrides),
-created on first use and reused after:
+pipeline's, so they live in their own venv (the review job's default, ``~/.cache/changeforge/venv-labelstudio``;
+``LABEL_STUDIO_VENV`` overrides), created on first use and reused after:
 
     python tests/review/label_studio_env.py --install      # what .ci/run does
 
@@ -28,7 +28,10 @@ TOKEN = "changeforge-test-token-0123456789abcdef"   # test equipment's own key; 
 
 
 def venv_dir() -> Path:
-    return Path(os.environ.get("LABEL_STUDIO_VENV") or REPO / ".venv-labelstudio")
+    """LABEL_STUDIO_VENV, else the review job's default (``~/.cache/changeforge/venv-labelstudio``), so
+    that the job finds the SDK there too; never inside the checkout."""
+    from operators.review.studio_client import default_venv
+    return Path(os.environ.get("LABEL_STUDIO_VENV") or default_venv())
 
 
 def ensure_venv(log=print) -> Path:

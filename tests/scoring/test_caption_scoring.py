@@ -85,5 +85,21 @@ def test_caption_job_matches_pycocoevalcap(tmp_path):
     assert doc["n_errors"] == 2
     rows = {r["filename"]: r for r in pq.read_table(tmp_path / "out" / "per_image").to_pylist()}
     assert sorted(rows) == ids
-    from operators.scoring.caption_metrics import tokenize
-    assert tokenize({i: refs[i] for i in ids}) == gts and tokenize({i: [preds[i]] for i in ids}) == res
+
+
+@pytest.mark.slow
+def test_tokenize_and_bleu_against_hand_worked_examples():
+    """Oracles written by hand, not by the package: PTB tokenisation (lower case, clitics split off,
+    punctuation dropped) and BLEU-1 of one caption (clipped unigram precision times the brevity
+    penalty against the closest reference length)."""
+    import math
+
+    from operators.scoring.caption_metrics import score_tokenized, tokenize
+
+    got = tokenize({"a": ["A new building's roof, near the road.", "Two houses -- demolished!"]})
+    assert got == {"a": ["a new building 's roof near the road", "two houses demolished"]}
+    gts = {"x": ["a new house is built near the road"]}
+    res = {"x": ["a new house appears"]}
+    scores, _ = score_tokenized(gts, res, {"all": ["x"]})["all"]
+    # 3 of 4 predicted words in the reference; 4 words against 8: brevity penalty exp(1 - 8/4)
+    assert scores["Bleu_1"] == pytest.approx(0.75 * math.exp(1 - 8 / 4), abs=1e-6)

@@ -1,0 +1,1 @@
+"""Publishing a release: folder layout, Parquet shards, dataset card, Croissant, STAC, checksums, versions."""

@@ -1,0 +1,129 @@
+"""The folder layout of a release, ``{train,val,test}/{A,B,label}/<id>.png`` (open-cd, LEVIR-CD+ style),
+plus ``label1/ label2/ label_index/`` when the classes were annotated apart, and ``captions.json``
+(LEVIR-CC style) / ``qa.json`` per split.
+
+:func:`prepare_pair` turns one input pair into the bytes of its release files: PNG inputs already in
+the release encoding are copied byte for byte, anything else is decoded and written as PNG; masks
+are single channel 0/255 (``label_index`` 0/1/2). A pair that cannot be published raises ValueError
+with the reason.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from operators.io.images import decode_image, encode_png
+from operators.io.storage import Store
+from operators.language.captions import levir_cc_document
+from operators.publish.masks import binary_mask, index_mask, is_binary_encoded, mask_stats
+from operators.publish.sources import PairSource
+
+IMAGE_ROLES = ("A", "B")
+MASK_ROLES = ("label", "label1", "label2", "label_index")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def release_path(split: str, role: str, pair_id: str) -> str:
+    return f"{split}/{role}/{pair_id}.png"
+
+
+@dataclass
+class PreparedPair:
+    pair_id: str
+    split: str
+    files: dict[str, bytes]          # role -> PNG bytes (A, B, and the masks present)
+    size: tuple[int, int]            # width, height
+    stats: dict                      # changed_pixels, car (+ per-class counts)
+    meta: dict
+
+
+def png_rgb8(data: bytes) -> bool:
+    """True for a PNG of 8-bit RGB (colour type 2, depth 8): such an image file is copied as is."""
+    if not data.startswith(PNG_SIGNATURE) or len(data) < 26:
+        return False
+    return data[24] == 8 and data[25] == 2
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    if not data.startswith(PNG_SIGNATURE) or len(data) < 24:
+        return None
+    return struct.unpack(">II", data[16:24])
+
+
+def _image(data: bytes, what: str) -> tuple[bytes, tuple[int, int]]:
+    if png_rgb8(data):
+        return data, png_size(data)
+    try:
+        img = decode_image(data)
+    except ValueError:
+        raise ValueError(f"{what} is not a readable image") from None
+    return encode_png(img), (img.shape[1], img.shape[0])
+
+
+def _mask(data: bytes, what: str) -> np.ndarray:
+    import cv2
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if img is None:
+        raise ValueError(f"{what} is not a readable image")
+    return img
+
+
+def prepare_pair(store: Store, pair: PairSource, require_label: bool = True) -> PreparedPair:
+    """The release files of one pair (see the module docstring). Raises ValueError with the reason."""
+    missing = [r for r in IMAGE_ROLES if r not in pair.files]
+    if missing:
+        raise ValueError(f"missing {' and '.join(missing)} image")
+    files, sizes = {}, {}
+    for role in IMAGE_ROLES:
+        files[role], sizes[role] = _image(store.read_bytes(pair.files[role]), f"{role}/{pair.pair_id}")
+    if sizes["A"] != sizes["B"]:
+        raise ValueError(f"A is {sizes['A'][0]}x{sizes['A'][1]} but B is {sizes['B'][0]}x{sizes['B'][1]}")
+    raw = {r: _mask(store.read_bytes(pair.files[r]), f"{r}/{pair.pair_id}")
+           for r in ("label", "label1", "label2") if r in pair.files}
+    if ("label1" in raw) != ("label2" in raw):
+        have = "label1" if "label1" in raw else "label2"
+        raise ValueError(f"only {have} is given (S2Looking maps come in pairs: label1 and label2)")
+    for role, m in raw.items():
+        if (m.shape[1], m.shape[0]) != sizes["A"]:
+            raise ValueError(f"{role} is {m.shape[1]}x{m.shape[0]} but the images are {sizes['A'][0]}x{sizes['A'][1]}")
+    two = "label1" in raw
+    if "label" not in raw and not two:
+        if require_label:
+            raise ValueError("no change mask (label/, or label1/ and label2/)")
+        return PreparedPair(pair.pair_id, pair.split, files, sizes["A"], {}, pair.meta)
+    union = binary_mask(np.maximum(binary_mask(raw["label1"]), binary_mask(raw["label2"]))) if two else None
+    if "label" in raw:
+        mask = binary_mask(raw["label"])
+        if union is not None and not np.array_equal(mask, union):
+            raise ValueError(f"label/ differs from the union of label1/ and label2/ in "
+                             f"{int((mask != union).sum())} pixel(s)")
+        files["label"] = _copy_or_encode(store.read_bytes(pair.files["label"]), raw["label"], mask)
+    else:
+        mask = union
+        files["label"] = encode_png(mask)
+    stats = mask_stats(mask, raw.get("label1"), raw.get("label2"))
+    if two:
+        for role in ("label1", "label2"):
+            files[role] = _copy_or_encode(store.read_bytes(pair.files[role]), raw[role], binary_mask(raw[role]))
+        files["label_index"] = encode_png(index_mask(raw["label1"], raw["label2"]))
+    return PreparedPair(pair.pair_id, pair.split, files, sizes["A"], stats, pair.meta)
+
+
+def _copy_or_encode(data: bytes, decoded: np.ndarray, encoded: np.ndarray) -> bytes:
+    return data if data.startswith(PNG_SIGNATURE) and is_binary_encoded(decoded) else encode_png(encoded)
+
+
+# -- per-split language files ------------------------------------------------------------------------
+def captions_document(rows: list[dict]) -> dict:
+    """LEVIR-CC ``captions.json`` of one split: ``rows`` are {id, split, captions, car}."""
+    return levir_cc_document([{"split": r["split"], "filename": f"{r['id']}.png", "car": r.get("car"),
+                               "selected_captions": r["captions"]} for r in rows if r.get("captions")])
+
+
+def qa_document(rows: list[dict]) -> dict:
+    """``qa.json`` of one split, as the QA job's VQA.json: {filename, filepath, split, change_ratio, qa}."""
+    return {"images": [{"filename": f"{r['id']}.png", "filepath": r["split"], "split": r["split"],
+                        "change_ratio": r.get("car"), "qa": r["qa"]}
+                       for r in sorted(rows, key=lambda r: r["id"]) if r.get("qa")]}
