@@ -19,6 +19,7 @@ def chain(config, *extra):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow   # three chain runs, each step its own process (~25 s)
 def test_chain_stops_at_a_failing_step_and_resumes_there(tmp_path):
     ds = make_dataset(tmp_path / "docroot" / "pairs")
     __import__("shutil").rmtree(ds / "metadata")        # a LEVIR-CD-layout dataset, not a pairs output

@@ -20,7 +20,9 @@ from tests.annotation.drawing import brush
 from tests.conftest import DATA
 from tests.review.test_review_label_studio import api
 
-pytestmark = pytest.mark.slow
+# Starts its own Label Studio (its document root must hold the pairs output); the whole chain is set up
+# in the first test, hence the longer timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.labelstudio, pytest.mark.timeout(600)]
 
 SCENES = ("m_4709963_se_14_1_20160816.tif", "m_4709963_se_14_1_20200831.tif")
 CROP = 256
