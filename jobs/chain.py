@@ -47,18 +47,21 @@ STATE_FILE = "chain_state.json"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _prelabel_folder(root: Store) -> str:
+def _prelabel_folder(root: Store, earlier: list[str]) -> str:
     """The proposal masks annotate export wrote (``annotate/prelabels/<method>/``), for score change."""
     methods = sorted({rel.split("/")[2] for rel in root.list("annotate/prelabels", suffixes=(".png",))
                       if rel.count("/") >= 3})
     return root.uri(f"annotate/prelabels/{methods[0]}") if methods else root.uri("annotate/prelabels")
 
 
-def _report_inputs(root: Store) -> list[str]:
-    return [root.uri(d) for d in ("pairs", "captions", "qa", "review") if root.list(d, recursive=False)]
+def _report_inputs(root: Store, earlier: list[str]) -> list[str]:
+    """The outputs of the chain's earlier pairs, caption, QA and review steps."""
+    made = {WIRING[s]["output"] for s in earlier if isinstance(WIRING.get(s, {}).get("output"), str)}
+    return [root.uri(d) for d in ("pairs", "captions", "qa", "review") if d in made]
 
 
-# step -> {option: value on the root}; a callable is evaluated when the step is about to run.
+# step -> {option: value on the root}; a callable (root, earlier step names) is evaluated when the step
+# is about to run.
 WIRING = {
     "pairs": {"output": "pairs"},
     "annotate export": {"input": "pairs", "output": "annotate"},
@@ -112,14 +115,15 @@ def _commands(parser) -> list[str]:
     return list(sub.choices) if sub else []
 
 
-def step_argv(root: Store, step: str, options: dict) -> list[str]:
-    """The step's command line: its options, and the wiring for those it does not give."""
+def step_argv(root: Store, step: str, options: dict, earlier: list[str] = ()) -> list[str]:
+    """The step's command line: its options, and the wiring for those it does not give (``earlier``:
+    the names of the chain's steps before it)."""
     module, command, parser = _parser_for(step)
     given = {str(k).lstrip("-").replace("_", "-") for k in options}
     values = dict(options)
     for key, default in WIRING.get(step, {}).items():
         if key.replace("_", "-") not in given:
-            values[key] = default(root) if callable(default) else root.uri(default)
+            values[key] = default(root, list(earlier)) if callable(default) else root.uri(default)
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
     tokens = []
     for key, value in values.items():
@@ -144,8 +148,8 @@ def run(config: str, from_step: str = "", dry_run: bool = False) -> dict:
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
         raise SystemExit(f"chain: --from-step {from_step!r} is not a step ({', '.join(names)})")
-    for step, options in steps:       # every step's options checked before anything runs
-        step_argv(root, step, options)
+    for i, (step, options) in enumerate(steps):       # every step's options checked before anything runs
+        step_argv(root, step, options, names[:i])
     state = _load_state(root)
     done = {(s["index"], s["step"]): s for s in state["steps"] if s.get("status") == "finished"}
     env = dict(os.environ)
@@ -154,7 +158,7 @@ def run(config: str, from_step: str = "", dry_run: bool = False) -> dict:
     for i, (step, options) in enumerate(steps):
         if step == from_step:
             stale = True
-        argv = step_argv(root, step, options)   # wiring read now: earlier steps' outputs exist
+        argv = step_argv(root, step, options, names[:i])   # read now: earlier steps' outputs exist
         prev = done.get((i, step))
         if prev and prev["argv"] == argv and not stale:
             log.info("step %d %s: finished earlier (%s), skipped", i + 1, step, prev["finished"])
