@@ -60,7 +60,9 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
     pairs = root / "pairs"          # under Label Studio's document root: served as local files
     out = {"base": base, "pairs": pairs}
     out["build"] = build_pairs.run(
-        build_pairs.PairsJobConfig(input=str(archive), output=str(pairs), slice_size=512, stride=128),
+        # Seed 3 draws the archive's one location into the test split: a job that labelled pairs by its
+        # --default-split (train) instead of list/ would show at every seam.
+        build_pairs.PairsJobConfig(input=str(archive), output=str(pairs), slice_size=512, stride=128, seed=3),
         PairingConfig(reference_date="2021-01-01"),
         RegistrationConfig(crop_size=CROP, tile_size=512, search_margin_px=64))
 
@@ -129,6 +131,7 @@ def test_export_every_accepted_pair_is_a_task_with_its_split_and_prelabel(chain)
     pairs, splits = chain["pairs"], list_splits(chain["pairs"])
     stems = sorted(p.stem for p in (pairs / "A").glob("*.png"))
     assert len(stems) == chain["build"]["accepted_total"] >= 6 and sorted(splits) == stems
+    assert set(splits.values()) == {"test"}
     tasks = json.loads((chain["base"] / "tasks" / "tasks.json").read_text())
     assert {t["data"]["pair_id"]: t["data"]["split"] for t in tasks} == splits
     assert all(t["predictions"][0]["model_version"] == "changeforge:cva" for t in tasks)
