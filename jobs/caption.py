@@ -46,7 +46,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 
 from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
-                                   build_judge_request, discover_pairs, handle_generate_result,
+                                   build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
 from operators.language.captions import OVERALL_MODES, load_template, write_levir_cc
 from operators.language.validators import RULES, rule_counts
@@ -55,6 +55,7 @@ from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
 from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
+from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists, delete_work_list, read_work_list, write_work_list
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -111,13 +112,13 @@ class CaptionJobConfig:
 
 
 HELP = {
-    "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/): folder or s3:// prefix",
+    "input": "dataset in LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/), e.g. a pairs job output: folder or s3:// prefix",
     "output": "output folder or s3:// prefix (tables, LEVIR-CC json, response cache)",
     "model": "multimodal model name at the endpoint (e.g. gpt-4o-mini, kimi-k2.6, Qwen/Qwen2.5-VL-7B-Instruct)",
     "judge_model": "model for the judging stage, e.g. a different model than the generator (default: --model)",
     "base_url": "OpenAI-compatible endpoint, e.g. https://api.openai.com/v1 (default: $OPENAI_BASE_URL)",
     "list_file": "only the pairs named in this file (one file name per line; relative to --input or a URI)",
-    "default_split": "split of pairs without a split folder or train_/val_/test_ name prefix",
+    "default_split": "split of pairs without a split folder, a list/{train,val,test}.txt entry or a train_/val_/test_ name prefix",
     "rpm": "requests per minute for the whole pool: all actors, nodes and both stages together (0 = unlimited)",
     "tpm": "tokens per minute (prompt + completion) for the whole pool, both stages together (0 = unlimited)",
     "max_in_flight": "requests outstanding at once across the pool",
@@ -416,9 +417,11 @@ def run(cfg: CaptionJobConfig) -> dict:
 
     out = Store(cfg.output)
     run_id = new_run_id()
-    # Which dataset was captioned, so that the QA job can take this output as its --input.
-    out.write_bytes("source.json", json.dumps({"input": cfg.input, "list_file": cfg.list_file}).encode())
-    pairs = discover_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    # Which dataset was captioned, so that the QA job, the review and the report find it from here.
+    write_source(out, JOB, input=cfg.input, dataset=cfg.input, list_file=cfg.list_file)
+    pairs, skipped = find_dataset_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    for reason, n in skipped.items():
+        log.info("%d pairs skipped: %s", n, reason)
     done = finished_keys(out, "pairs", "pair_id")
     todo = [p for p in pairs if p["pair_id"] not in done]
     n_found, n_todo = len(pairs), len(todo)
@@ -450,7 +453,12 @@ def run(cfg: CaptionJobConfig) -> dict:
     finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "rows_written": counts, **finished}
+            "pairs_skipped": skipped, "rows_written": counts, **finished}
+
+
+def skipped_line(skipped: dict[str, int]) -> str:
+    """The printed line of pairs left out with a reason (empty when none). (Shared with the QA job.)"""
+    return "; ".join(f"{n} pairs skipped: {reason}" for reason, n in skipped.items())
 
 
 def peak_rss_mb() -> float:
@@ -513,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(cfg)
     print(f"run {summary['run_id']}: {summary['pairs_found']} pairs, {summary['pairs_skipped_finished']} already "
           f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
+    if summary["pairs_skipped"]:
+        print(skipped_line(summary["pairs_skipped"]))
     print(f"validators ({summary['validators']}) caught per rule: "
           + ", ".join(f"{k}={v}" for k, v in summary["validator_caught"].items())
           + (f"; {summary['validator_rejected']} captions not sent to the judge" if cfg.validators == "reject" else ""))

@@ -13,6 +13,7 @@ from operators.io import cli
 # subcommand -> (module, what it makes); the order is the chain's.
 JOBS: dict[str, tuple[str, str]] = {
     "pairs": ("jobs.build_pairs", "registered, screened bitemporal pairs from an archive (S2Looking recipe)"),
+    "annotate": ("jobs.annotate", "change masks drawn in Label Studio, with pre-labels and an agreement check (S2Looking step 6)"),
     "caption": ("jobs.caption", "LLM-written, LLM-judged change captions (JL1-CC recipe)"),
     "qa": ("jobs.qa", "LLM-written, LLM-judged change question-answer pairs (JL1-QA recipe)"),
     "validate": ("jobs.validate", "audit captions or QA pairs against their change masks"),
@@ -20,6 +21,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "report": ("jobs.report", "statistics tables, figures and an HTML page of a dataset"),
     "score": ("jobs.score", "change-mask, caption and QA metrics"),
     "publish": ("jobs.publish", "a versioned release others load in one line (folders, Parquet, Croissant, STAC)"),
+    "chain": ("jobs.chain", "the jobs in order on one output root from a chain file, resuming where it stopped"),
 }
 
 

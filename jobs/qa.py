@@ -20,7 +20,6 @@ import sys
 if not __package__:  # run as `python jobs/qa.py`: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json
 import logging
 from collections import Counter
 
@@ -30,11 +29,13 @@ from dataclasses import dataclass
 from jobs import caption as caption_job
 from jobs.caption import HELP as CAPTION_HELP
 from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
-                          peak_rss_mb, pool_config, run_on_worker, run_stages, run_usage, summary_table, validator_tally)
+                          peak_rss_mb, pool_config, run_on_worker, run_stages, run_usage, skipped_line, summary_table,
+                          validator_tally)
+from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
 from operators.io.work_list import delete_stale_work_lists
-from operators.language.caption_ops import PrepareConfig, discover_pairs
+from operators.language.caption_ops import PrepareConfig, find_dataset_pairs
 from operators.language.captions import load_template
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write_vqa
 from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
@@ -45,7 +46,6 @@ from operators.llm.usage import format_summary
 log = logging.getLogger("changeforge.qa")
 
 VQA_FILE = "VQA.json"
-SOURCE_FILE = "source.json"   # written by the captions job: which dataset it captioned
 
 
 @dataclass
@@ -93,8 +93,9 @@ def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
     if not is_captions_output:
         return cfg.input, (cfg.captions or None)
     dataset = cfg.dataset
-    if not dataset and store.exists(SOURCE_FILE):
-        dataset = json.loads(store.read_bytes(SOURCE_FILE)).get("input", "")
+    if not dataset:
+        doc = read_source(store)
+        dataset = doc.get("dataset") or doc.get("input", "")
     if not dataset:
         raise SystemExit(f"jobs.qa: {cfg.input} is a captions job output without {SOURCE_FILE}; name its dataset "
                          "with --images")
@@ -118,7 +119,10 @@ def run(cfg: QAJobConfig) -> dict:
     out = Store(cfg.output)
     run_id = new_run_id()
     context = load_caption_context(captions_source) if captions_source else {}
-    pairs = discover_pairs(dataset, cfg.list_file or None, cfg.default_split)
+    write_source(out, JOB, input=cfg.input, dataset=dataset, captions=captions_source, list_file=cfg.list_file)
+    pairs, skipped = find_dataset_pairs(dataset, cfg.list_file or None, cfg.default_split)
+    for reason, n in skipped.items():
+        log.info("%d pairs skipped: %s", n, reason)
     for p in pairs:
         p["context_captions"] = context_for(p, context)
     done = finished_keys(out, "pairs", "pair_id")
@@ -155,7 +159,7 @@ def run(cfg: QAJobConfig) -> dict:
     finished = run_on_worker(finish_qa_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "rows_written": counts, **finished}
+            "pairs_skipped": skipped, "rows_written": counts, **finished}
 
 
 def finish_qa_run(output: str, run_id: str, validators: str) -> dict:
@@ -192,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     s = run(cfg)
     print(f"run {s['run_id']}: {s['pairs_found']} pairs, {s['pairs_skipped_finished']} already finished, "
           f"{s['pairs_finished_total']} finished in total, {s['errors']} errors in this run")
+    if s["pairs_skipped"]:
+        print(skipped_line(s["pairs_skipped"]))
     print(f"QA pairs in this run: {s['qa_candidates']} generated, {s['qa_selected']} selected; validators "
           f"({s['validators']}) caught per rule: " + ", ".join(f"{k}={v}" for k, v in s["validator_caught"].items())
           + (f"; {s['validator_rejected']} not sent to the judge" if s["validators"] == "reject" else ""))

@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
+from operators.io.sources import dataset_of
 from operators.io.storage import Store
 from operators.report import figures as fig
 from operators.report.html_page import Figure, GalleryItem, render_page
@@ -42,7 +43,8 @@ log = logging.getLogger("changeforge.report")
 class ReportConfig:
     input: list = field(default_factory=list, metadata={"help": "job outputs (folders or s3:// prefixes): pairs, captions, QA, review"})
     output: str = field(default="", metadata={"required": True, "help": "local folder for stats.json, tables.md, figures/, index.html"})
-    images: str = field(default="", metadata={"help": "LEVIR-CD dataset for the gallery (default: an --input holding A/)"})
+    images: str = field(default="", metadata={"help": "LEVIR-CD dataset for the gallery (default: an --input holding A/, "
+                                                      "else the dataset an input's source.json names)"})
     gallery: int = field(default=6, metadata={"help": "sample pairs shown in the gallery"})
     gallery_side: int = field(default=192, metadata={"help": "gallery thumbnail size in pixels (longer side)"})
     seed: int = field(default=0, metadata={"flag": "gallery-seed", "old_flags": ("--seed",), "help": "seed of the gallery's pick and the word cloud's layout"})
@@ -179,7 +181,8 @@ def _read_image(store: Store, rel: str | None, mask: bool = False) -> np.ndarray
 
 
 def gallery(cfg: ReportConfig, data: dict) -> list[GalleryItem]:
-    images_uri = cfg.images or data["uris"].get("images")
+    images_uri = cfg.images or data["uris"].get("images") or next(
+        (d for d in map(dataset_of, data["uris"].values()) if d), None)
     captions = data.get("captions", {}).get("captions")
     qa = data.get("qa", {}).get("qa")
     by_caption = {} if captions is None else {

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
+from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, error_record, new_run_id, prune_shards, write_table_shard
 from operators.review.image_urls import ImageUrls
@@ -68,7 +69,8 @@ class ExportConfig:
     kind: str = field(default="auto", metadata={"help": "captions or qa (auto: the table the input holds)",
                                                 "choices": ("auto", "captions", "qa")})
     images: str = field(default="", metadata={
-        "help": "the LEVIR-CD dataset the job read (A/ B/ label/); default: --input when it holds A/"})
+        "help": "the LEVIR-CD dataset the job read (A/ B/ label/); default: --input when it holds A/, else the "
+                "dataset named by its source.json"})
     local_files_root: str = field(default="", metadata={
         "help": "Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT for local images (default: the images folder's parent)"})
     url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"help": "lifetime of presigned S3 image URLs (max 7 days)"})
@@ -107,9 +109,11 @@ def run_export(cfg: ExportConfig) -> dict:
     if not cfg.include_rejected:
         items = items[items["selected"]].reset_index(drop=True)
 
-    images = Store(cfg.images) if cfg.images else (src if "images" in output_kinds(src) else None)
-    if images is None:
-        raise SystemExit("jobs.review: --input holds no images; pass --images <the LEVIR-CD dataset the job read>")
+    found = cfg.images or dataset_of(src.uri())
+    if not found:
+        raise SystemExit("jobs.review: --input holds no images and no source.json naming its dataset; pass "
+                         "--images <the LEVIR-CD dataset the job read>")
+    images = Store(found)
     index = ImageIndex(images)
     rels = [index.paths(p) for p in items["pair_id"]]
     shown = pd.Series([all(k in r for k in ImageIndex.FOLDERS) for r in rels], index=items.index)
@@ -157,6 +161,7 @@ def run_export(cfg: ExportConfig) -> dict:
                                        label_config=labeling_config(kind), tasks=tasks,
                                        storage_path=urls.storage_path())
     out.write_bytes("export_summary.json", json.dumps(summary, indent=1).encode())
+    write_source(out, "review_export", input=src.uri(), dataset=images.uri())
     return summary
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 if __package__ in (None, ""):  # `python jobs/score.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,7 +90,7 @@ class CaptionScoreConfig:
     pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
     refs: str = field(default="", metadata={"required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
-    split: str = field(default="test", metadata={"help": "split of the references to score; all = every split"})
+    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
     masks: str = field(default="", metadata={"help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
 
 
@@ -123,13 +123,15 @@ def run_captions(cfg: CaptionScoreConfig) -> dict:
     from operators.scoring.caption_metrics import require_java
     from operators.scoring.caption_scoring import (PER_IMAGE_SCHEMA, caption_metrics_document,
                                                    change_flags_from_masks, score_caption_set)
-    from operators.scoring.caption_sets import (load_json, match_captions, read_caption_predictions,
+    from operators.scoring.caption_sets import (load_json, match_captions, pick_split, read_caption_predictions,
                                                 read_references)
     from operators.scoring.change_ops import dumps
 
     require_java()  # before any work: a missing Java is the commonest failure
     out, run_id = Store(cfg.output), new_run_id()
-    images, problems = read_references(load_json(cfg.refs), cfg.split)
+    refs = load_json(cfg.refs)
+    cfg = replace(cfg, split=pick_split([refs], cfg.split))
+    images, problems = read_references(refs, cfg.split)
     preds, pred_problems = read_caption_predictions(load_json(cfg.pred))
     matched = match_captions(images, preds, cfg.split)
     problems += pred_problems + matched.problems
@@ -158,7 +160,7 @@ class QAScoreConfig:
     pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
     refs: str = field(default="", metadata={"required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_question/, errors/, judge tables and cache)"})
-    split: str = field(default="test", metadata={"help": "split of the references to score; all = every split"})
+    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
     yes_no_types: str = field(default="YES/NO", metadata={"help": "comma-separated question types scored by yes/no accuracy; every other type is open (caption metrics)"})
     judge_model: str = field(default="", metadata={"help": "model name for an LLM judge score per answer (default: no judge); endpoint from OPENAI_BASE_URL or --base-url, key from OPENAI_API_KEY"})
     base_url: str = field(default="", metadata={"help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
@@ -230,7 +232,7 @@ def run_qa(cfg: QAScoreConfig) -> dict:
     """Score QA answers; returns the metrics document (also written to ``metrics.json``)."""
     from operators.io.tables import ERRORS_SCHEMA, read_table
     from operators.scoring.caption_metrics import require_java
-    from operators.scoring.caption_sets import load_json
+    from operators.scoring.caption_sets import load_json, pick_split
     from operators.scoring.change_ops import dumps
     from operators.scoring.qa import match_answers, read_qa_references
     from operators.scoring.qa_judge import judge_summary
@@ -238,7 +240,9 @@ def run_qa(cfg: QAScoreConfig) -> dict:
 
     out, run_id = Store(cfg.output), new_run_id()
     yes_no_types = tuple(t.strip() for t in cfg.yes_no_types.split(",") if t.strip())
-    questions, problems = read_qa_references(_load_qa_refs(cfg.refs), cfg.split)
+    refs = _load_qa_refs(cfg.refs)
+    cfg = replace(cfg, split=pick_split(refs, cfg.split))
+    questions, problems = read_qa_references(refs, cfg.split)
     matched = match_answers(questions, load_json(cfg.pred))
     if any(q.type.lower() not in {t.lower() for t in yes_no_types} for q in matched.questions):
         require_java()  # open types are scored with the caption metrics

@@ -5,9 +5,13 @@
 A JSONL line is ``{"id": "...", "mask": "<path or s3:// URI of a mask PNG>", "text": "<caption or
 answer>", "question": "<optional>", "type": "<optional question type>"}`` (a relative mask path is
 relative to --masks, else to the JSONL file's folder). A LEVIR-CC JSON (``images[]`` with
-``filename``, ``filepath`` and ``sentences[].raw``) needs ``--masks``: each image's mask is looked up
-as ``<masks>/<filename>``, ``<masks>/<filepath>/<filename>`` or ``<masks>/<filepath>/label/<filename>``;
-every sentence is one claim with id ``<filename>#<sentid>``.
+``filename``, ``filepath`` and ``sentences[].raw``) or the QA job's ``VQA.json`` (``images[].qa[]``
+with ``type``, ``question``, ``answer``) finds its masks under ``--masks``, by default the dataset
+named by the ``source.json`` beside it (the captions and QA jobs write one): each image's mask is
+looked up as ``<masks>/<filename>``, ``<masks>/label/<filename>``, ``<masks>/<filepath>/<filename>``
+or ``<masks>/<filepath>/label/<filename>``; every sentence is one claim with id
+``<filename>#<sentid>``, every answer one with id ``<filename>#qa<index>`` (its question and type
+given to the rules).
 
 Outputs: ``verdicts.jsonl`` (``{"id", "ok", "violations": [{"rule", "detail"}]}`` per claim; a claim
 whose mask cannot be read gets ``"ok": null`` and an ``"error"``) and ``verdicts/`` Parquet with the
@@ -34,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.io.cli import parse_job_args
+from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import new_run_id, write_table_shard
 from operators.language.mask_analysis import analyze_mask, binarize_mask
@@ -60,16 +65,21 @@ def load_claims(input_uri: str, masks: str | None) -> list[dict]:
     base = posixpath.dirname(input_uri)
     stripped = text.lstrip()
     if stripped.startswith("{") and '"images"' in stripped[:2000] and "\n{" not in stripped.strip():
+        masks = masks or dataset_of(base)
         if not masks:
-            raise SystemExit("jobs.validate: a LEVIR-CC JSON needs --masks <label folder>")
+            raise SystemExit("jobs.validate: a LEVIR-CC JSON or VQA.json needs --masks <label folder> (found no "
+                             "source.json beside it naming its dataset)")
         claims = []
         for img in json.loads(text).get("images", []):
             name, split = img["filename"], img.get("filepath") or img.get("split") or ""
-            candidates = [_join(masks, name)] + ([_join(masks, f"{split}/{name}"), _join(masks, f"{split}/label/{name}")]
-                                                 if split else [])
+            candidates = [_join(masks, name), _join(masks, f"label/{name}")] + (
+                [_join(masks, f"{split}/{name}"), _join(masks, f"{split}/label/{name}")] if split else [])
             for i, s in enumerate(img.get("sentences", [])):
                 claims.append({"id": f"{name}#{s.get('sentid', i)}", "masks": candidates,
                                "text": s.get("raw", "").strip(), "question": None, "type": None})
+            for i, qa in enumerate(img.get("qa") or []):   # the QA job's VQA.json
+                claims.append({"id": f"{name}#qa{i}", "masks": candidates, "text": str(qa.get("answer", "")).strip(),
+                               "question": qa.get("question"), "type": qa.get("type")})
         return claims
     claims = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -122,6 +132,7 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
     claims = load_claims(input_uri, masks)
     verdicts = list(validate_claims(claims))
     out = Store(output)
+    write_source(out, "validate", input=input_uri, masks=masks or dataset_of(posixpath.dirname(input_uri)))
     lines = [json.dumps({"id": v["id"], "ok": v["ok"], "violations": v["violations"],
                          **({"error": v["error"]} if v["error"] else {})}) for v in verdicts]
     out.write_bytes("verdicts.jsonl", ("\n".join(lines) + "\n").encode() if lines else b"")
@@ -140,7 +151,8 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.validate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)")
-    ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in")
+    ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
+                         "VQA.json: the dataset named by the source.json beside it)")
     ap.add_argument("--output", required=True, help="output folder or s3:// prefix")
     return ap
 

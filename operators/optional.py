@@ -13,6 +13,7 @@ EXTRAS = {
     "matplotlib": ("report", "the report's figures"),
     "wordcloud": ("report", "the report's word cloud"),
     "pycocoevalcap": ("score", "caption scoring (BLEU, METEOR, ROUGE-L, CIDEr-D)"),
+    "sklearn": ("prelabels", "the pca-kmeans change proposals"),
 }
 
 

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from operators.io.storage import Store
-from operators.language.caption_ops import IMAGE_SUFFIXES, discover_pairs
-from operators.pairs.splits import SPLITS
+from operators.language.caption_ops import IMAGE_SUFFIXES, discover_pairs, split_lists
 from operators.review.outputs import read_current
 
 ROLES = ("A", "B", "label", "label1", "label2")
@@ -107,24 +106,12 @@ def _sources(row: dict, side: str, scene_uri: dict[str, str]) -> list[str]:
     return out
 
 
-def _list_splits(store: Store) -> dict[str, str]:
-    """``list/train.txt`` etc. of a flat LEVIR-CD layout: stem -> split."""
-    out = {}
-    for split in SPLITS:
-        rel = f"list/{split}.txt"
-        if store.exists(rel):
-            for line in store.read_bytes(rel).decode().splitlines():
-                if line.strip():
-                    out[stem(line.strip())] = split
-    return out
-
-
 def _levir(store: Store, default_split: str) -> DatasetSource:
     found = discover_pairs(store.uri(), default_split=default_split)
     if not found:
         raise SystemExit(f"{store.uri()} holds no A/ B/ label/ images (flat or under train/ val/ test/) "
                          "and no pairs job metadata/")
-    listed = _list_splits(store)
+    listed = split_lists(store)
     by_prefix: dict[str, dict] = {}
     pairs, errors, seen = [], [], {}
     for p in found:

@@ -46,14 +46,15 @@ def connect(url: str):
 
 
 def create_project_with_tasks(url: str, title: str, label_config: str, tasks: list[dict],
-                              storage_path: str | None) -> dict:
+                              storage_path: str | None, settings: dict | None = None) -> dict:
     """Create the project (or reuse the one with this title) and import the tasks whose ``item_id`` it
-    does not hold yet, so re-running an export does not give reviewers the same task twice."""
+    does not hold yet, so re-running an export does not give reviewers the same task twice.
+    ``settings``: further project fields for a new project (e.g. ``maximum_annotations``)."""
     client = connect(url)
     project = next((p for p in client.projects.list() if p.title == title), None)
     created = project is None
     if created:
-        project = client.projects.create(title=title, label_config=label_config)
+        project = client.projects.create(title=title, label_config=label_config, **(settings or {}))
     if storage_path and not any(getattr(s, "path", None) == storage_path
                                 for s in client.import_storage.local.list(project=project.id)):
         # Label Studio serves /data/local-files/ only from registered local storages.
@@ -75,7 +76,23 @@ def export_json(url: str, project_id: int) -> list[dict]:
     return list(data)
 
 
-OPERATIONS = {"create_project_with_tasks": create_project_with_tasks, "export_json": export_json}
+def export_json_with_predictions(url: str, project_id: int) -> list[dict]:
+    """:func:`export_json` with each task's predictions in full (the JSON export lists only their ids)."""
+    client = connect(url)
+    data = client.projects.exports.as_json(project_id)
+    if isinstance(data, (bytes, bytearray, str)):
+        data = json.loads(data)
+    by_task: dict = {}
+    for p in client.predictions.list(project=project_id):
+        by_task.setdefault(p.task, []).append(p.model_dump(mode="json"))
+    tasks = list(data)
+    for t in tasks:
+        t["predictions"] = sorted(by_task.get(t.get("id"), []), key=lambda p: p.get("id") or 0)
+    return tasks
+
+
+OPERATIONS = {"create_project_with_tasks": create_project_with_tasks, "export_json": export_json,
+              "export_json_with_predictions": export_json_with_predictions}
 
 
 def _sdk_here() -> bool:

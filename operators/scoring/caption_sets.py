@@ -28,6 +28,19 @@ def load_json(uri: str):
         raise SystemExit(f"jobs.score: {uri} is not JSON: {exc}") from None
 
 
+SPLIT_PREFERENCE = ("test", "val", "train")
+
+
+def pick_split(docs: list, split: str) -> str:
+    """``split`` itself, unless it is ``auto``: then the first of test, val, train that the references
+    hold (a small dataset can lack a test split), else ``all``."""
+    if split != "auto":
+        return split
+    present = {str(e.get("split", "")) for d in docs if isinstance(d, dict)
+               for e in (d.get("images") or []) if isinstance(e, dict)}
+    return next((s for s in SPLIT_PREFERENCE if s in present), "all")
+
+
 @dataclass
 class RefImage:
     key: str

@@ -1,0 +1,1 @@
+"""Change-mask annotation in Label Studio: tasks out, brush/polygon masks back in, agreement, proposals."""

@@ -1,0 +1,63 @@
+"""The annotation scheme: which classes are drawn on which image, and the Label Studio labeling
+interface for it.
+
+S2Looking's annotators draw two label maps per pair: new buildings on the post-change image and
+demolished buildings on the pre-change image (``new:post,demolished:pre``, the default). A
+single-map scheme such as LEVIR-CD's or JL1-CD's is one class, e.g. ``change:post``. Class *i*
+(in the order given) becomes ``label<i>/`` of the dataset; their union is ``label/``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+IMAGES = ("pre", "post")
+DEFAULT_CLASSES = "new:post,demolished:pre"
+COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+
+
+@dataclass(frozen=True)
+class ChangeClass:
+    name: str
+    image: str          # pre | post: the image the class is drawn on
+    folder: str         # label1, label2, ...
+    colour: str
+
+
+def parse_classes(text: str) -> list[ChangeClass]:
+    """``name:image,...`` -> classes in order; raises ValueError on a malformed or repeated entry."""
+    out: list[ChangeClass] = []
+    for i, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
+        name, _, image = part.partition(":")
+        name, image = name.strip(), (image.strip() or "post")
+        if not name or image not in IMAGES or not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"--classes entry {part!r}: expected <name>:pre or <name>:post (letters, digits, - and _)")
+        if any(c.name == name for c in out):
+            raise ValueError(f"--classes names {name!r} twice")
+        out.append(ChangeClass(name, image, f"label{i + 1}", COLOURS[i % len(COLOURS)]))
+    if not out:
+        raise ValueError("--classes names no class")
+    return out
+
+
+def control_name(image: str, tool: str) -> str:
+    """The labeling interface's control drawing on ``image`` with ``tool`` (brush | polygon)."""
+    return f"{image}_{tool}"
+
+
+def labeling_config(classes: list[ChangeClass]) -> str:
+    """Pre and post side by side; on each, a brush and a polygon tool for the classes drawn there."""
+    panes = []
+    for image, title in (("pre", "Before (pre-change)"), ("post", "After (post-change)")):
+        mine = [c for c in classes if c.image == image]
+        controls = ""
+        if mine:
+            labels = "".join(f'<Label value="{escape(c.name)}" background="{c.colour}"/>' for c in mine)
+            controls = (f'<BrushLabels name="{control_name(image, "brush")}" toName="{image}">{labels}</BrushLabels>'
+                        f'<PolygonLabels name="{control_name(image, "polygon")}" toName="{image}" strokeWidth="2" '
+                        f'pointSize="small" opacity="0.5">{labels}</PolygonLabels>')
+        panes.append(f'<View style="flex: 1 1 50%; min-width: 0"><Header value="{title}" size="5"/>'
+                     f'<Image name="{image}" value="${image}" zoom="true" zoomControl="true"/>{controls}</View>')
+    return ('<View>\n  <Header value="$title"/>\n'
+            '  <Text name="instructions" value="$instructions"/>\n'
+            '  <View style="display: flex; gap: 12px">\n    ' + "\n    ".join(panes) + "\n  </View>\n</View>\n")

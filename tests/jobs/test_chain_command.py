@@ -1,0 +1,60 @@
+"""jobs.chain: steps checked before anything runs, wired on one output root, stopped at a failing step
+and resumed there on the next run (finished steps skipped, as their state file says)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.annotation.drawing import brush
+from tests.annotation.test_annotate_job import make_dataset, rect
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def chain(config, *extra):
+    return subprocess.run([sys.executable, "-m", "jobs.chain", "--config", str(config), *extra], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow   # three chain runs, each step its own process (~25 s)
+def test_chain_stops_at_a_failing_step_and_resumes_there(tmp_path):
+    ds = make_dataset(tmp_path / "docroot" / "pairs")
+    __import__("shutil").rmtree(ds / "metadata")        # a LEVIR-CD-layout dataset, not a pairs output
+    root, export = tmp_path / "run", tmp_path / "ls-export.json"
+    config = tmp_path / "chain.yaml"
+    config.write_text(f"""output: {root}
+steps:
+  - annotate export: {{input: {ds}}}
+  - annotate ingest: {{input: {ds}, export: {export}}}
+  - report: {{input: [{ds}]}}
+""")
+    first = chain(config)
+    assert first.returncode != 0 and "step 2 annotate ingest failed" in first.stdout, first.stdout[-2000:] + first.stderr[-2000:]
+    state = json.loads((root / "chain_state.json").read_text())
+    assert [(s["step"], s["status"]) for s in state["steps"]] == [("annotate export", "finished"),
+                                                                  ("annotate ingest", "failed")]
+    tasks = json.loads((root / "annotate" / "tasks.json").read_text())     # wired: <root>/annotate
+    exported_at = (root / "annotate" / "tasks.json").stat().st_mtime_ns
+
+    # The annotators' work arrives; the chain resumes at ingest.
+    tasks[0].update(id=1, annotations=[{"id": 1, "completed_by": 1, "result": [brush("new", "post", rect(0, 9, 0, 9))]}])
+    export.write_text(json.dumps(tasks))
+    second = chain(config)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "finished earlier" in second.stderr and "ran 2 step(s)" in second.stdout
+    assert (root / "annotate" / "tasks.json").stat().st_mtime_ns == exported_at     # not exported again
+    assert (ds / "label" / f"{tasks[0]['data']['pair_id']}.png").exists() and (root / "report" / "index.html").exists()
+    # Nothing left to do: a third run runs nothing.
+    third = chain(config)
+    assert third.returncode == 0 and "ran 0 step(s)" in third.stdout
+
+
+def test_unknown_options_are_refused_before_anything_runs(tmp_path):
+    config = tmp_path / "chain.yaml"
+    config.write_text(f"output: {tmp_path / 'run'}\nsteps:\n  - caption: {{modle: x}}\n")
+    out = chain(config)
+    assert out.returncode != 0 and "unknown option 'modle'" in out.stderr
+    assert not (tmp_path / "run" / "chain_state.json").exists()
