@@ -26,6 +26,7 @@ FIXTURE_MARKERS = {
     "s3_endpoint": "equipment",
     "openai_test_server_process": "equipment",
     "label_studio": "labelstudio",
+    "label_studio_python": "labelstudio",
     "chromium_path": "browser",
 }
 HEAVY = set(FIXTURE_MARKERS.values()) | {"slow"}
@@ -40,6 +41,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("cluster")
         if not any(item.get_closest_marker(m) for m in HEAVY):
             item.add_marker("quick")
+
+
+@pytest.fixture(scope="session")
+def label_studio_python() -> Path:
+    """The Python of Label Studio's own environment (created on first use: a few minutes, once)."""
+    from tests.review.label_studio_env import ensure_venv
+    return ensure_venv() / "bin" / "python"
 
 
 @pytest.fixture(autouse=True)

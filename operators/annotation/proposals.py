@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from operators.optional import require
+
 METHODS = ("cva", "irmad", "pca-kmeans")
 
 
@@ -121,8 +123,8 @@ def irmad(a: np.ndarray, b: np.ndarray, cfg: ProposalConfig = ProposalConfig()) 
 
 def pca_kmeans(a: np.ndarray, b: np.ndarray, cfg: ProposalConfig = ProposalConfig()) -> Proposal:
     from numpy.lib.stride_tricks import sliding_window_view
-    from sklearn.cluster import KMeans
-    from sklearn.decomposition import PCA
+    KMeans = require("sklearn.cluster").KMeans
+    PCA = require("sklearn.decomposition").PCA
     a, b = _check(a, b)
     h, w, _ = a.shape
     diff = np.abs(b - a).mean(axis=2)

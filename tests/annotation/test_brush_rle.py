@@ -3,25 +3,14 @@ Label Studio environment (its own venv) through a subprocess."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from operators.annotation.brush_rle import decode_mask, decode_values, encode_mask
 
-REPO = Path(__file__).resolve().parents[2]
 SIZES = [(37, 53), (53, 37), (1, 1), (3, 29), (7, 20011)]   # odd, both orientations, runs > 2^16 values
-
-
-def sdk_python() -> Path:
-    venv = Path(os.environ.get("LABEL_STUDIO_VENV") or REPO / ".venv-labelstudio")
-    python = venv / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no Label Studio venv at {venv} (python tests/review/label_studio_env.py --install)")
-    return python
 
 
 SDK_SCRIPT = r"""
@@ -43,7 +32,7 @@ json.dump(out, sys.stdout)
 """
 
 
-def test_round_trip_against_the_sdk():
+def test_round_trip_against_the_sdk(label_studio_python):
     rng = np.random.default_rng(7)
     masks = []
     for h, w in SIZES:
@@ -53,7 +42,7 @@ def test_round_trip_against_the_sdk():
         masks.append(m)
     masks.append(np.zeros((3, 5), np.uint8))    # 53 header + 19 run bits: byte-aligned, still padded by the SDK
     cases = [{"h": m.shape[0], "w": m.shape[1], "mask": m.ravel().tolist(), "ours": encode_mask(m)} for m in masks]
-    proc = subprocess.run([str(sdk_python()), "-c", SDK_SCRIPT], input=json.dumps(cases), capture_output=True,
+    proc = subprocess.run([str(label_studio_python), "-c", SDK_SCRIPT], input=json.dumps(cases), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     answers = json.loads(proc.stdout)

@@ -21,7 +21,7 @@ from tests.cluster.local_cluster import LocalRayCluster, two_node_cluster
 from tests.cluster.test_submitted_jobs import NAIP, REPO, s3_env
 from tests.conftest import DATA
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]   # a cluster start, two jobs and a resubmission
 
 LEVIR = DATA / "levir-cd"
 COPIES = 3                # 12 pairs x 3 = 36 pairs (one without a mask each copy): 66 requests

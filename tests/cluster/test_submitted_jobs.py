@@ -14,7 +14,7 @@ from operators.io.tables import read_table
 from tests.cluster.local_cluster import LocalRayCluster, two_node_cluster
 from tests.conftest import DATA
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]   # a cluster start, two jobs and a resubmission
 
 REPO = Path(__file__).resolve().parents[2]
 NAIP = {p.name.split("_")[-1][:4]: p for p in sorted((DATA / "naip").glob("*.tif"))}
