@@ -72,7 +72,7 @@ WIRING = {
     "review export": {"input": "captions", "output": "review"},
     "review ingest": {"output": "review"},
     "report": {"input": _report_inputs, "output": "report"},
-    "score change": {"pred": _prelabel_folder, "label": "pairs/label", "output": "score"},
+    "score change": {"pred": _prelabel_folder, "masks": "pairs/label", "output": "score"},
     "score captions": {"output": "score-captions"},
     "score qa": {"output": "score-qa"},
 }
