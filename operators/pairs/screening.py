@@ -20,9 +20,11 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
   same wrong peak (a new building beside an old one, field rows), while a displaced region of the
   scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
-* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little of
-  the textured area measured ("insufficient evidence", with the fraction): nothing passes
-  unchecked.
+* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little
+  evidence ("insufficient evidence"): too little of the textured area measured, fewer than
+  ``screen_min_windows`` agreeing windows, or agreeing windows in fewer than
+  ``screen_min_quadrants`` quadrants of the crop (a scale or rotation error grows towards a far
+  corner that no window sees). Nothing passes unchecked.
 
 ``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
 when at least 90 % of it is usable, and unusable pixels are set to the window mean.
@@ -307,6 +309,12 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
                                f"insufficient evidence: {fraction:.0%} of the textured area "
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
                                f"{n_textured} windows)", fraction, trusted)
+    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants:
+        return ScreeningResult(None, None, n_textured, n,
+                               f"insufficient evidence: {n} agreeing windows in {quadrants} "
+                               f"quadrant(s) of the crop (needs {cfg.screen_min_windows} in "
+                               f"{cfg.screen_min_quadrants})", fraction, trusted)
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
