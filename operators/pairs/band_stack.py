@@ -34,7 +34,7 @@ from rasterio.windows import Window
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.cloud_masks import cloud_pixels
 from operators.pairs.radiometry import DEFAULT_PERCENTILES, band_percentiles
-from operators.pairs.raster_io import Grid
+from operators.pairs.raster_io import Grid, holds_data
 
 
 def raster_path(href: str) -> str:
@@ -150,9 +150,7 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                 cols = np.arange(col, col + width)
                 valid = (((rows >= 0) & (rows < asset.height))[:, None]
                          & ((cols >= 0) & (cols < asset.width))[None, :])
-                if asset.nodata is not None:
-                    valid &= data != asset.nodata
-                return data, valid
+                return data, valid & holds_data(data, asset.nodata)
             # A VRT exactly the size of the window, its origin at the window's corner.
             dst = grid.affine @ Affine.translation(col, row)
             with WarpedVRT(src, src_crs=CRS.from_user_input(asset.crs),
@@ -163,8 +161,8 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                            add_alpha=asset.nodata is None) as vrt:
                 data = vrt.read(1)
                 if asset.nodata is None:
-                    return data, vrt.read(vrt.count) > 0
-                return data, data != asset.nodata
+                    return data, (vrt.read(vrt.count) > 0) & holds_data(data, None)
+                return data, holds_data(data, asset.nodata)
 
 
 @dataclass
@@ -217,7 +215,7 @@ def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTIL
                 data = src.read(1, out_shape=shape, resampling=Resampling.nearest)
         if i < len(stack.bands):
             planes.append(data)
-            valid |= (data != band.nodata) if band.nodata is not None else True
+            valid |= holds_data(data, band.nodata)
         else:
             clear = ~cloud_pixels(data, stack.cloud.kind, stack.cloud.values)
     return band_percentiles(np.stack(planes), valid & clear, percentiles)

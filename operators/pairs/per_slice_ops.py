@@ -9,8 +9,8 @@ import numpy as np
 from operators.io.tables import envelope, error_envelope
 from operators.pairs.registration import (RegistrationConfig, crop_offset, feature_grey,
                                           register_slice_pair)
-from operators.pairs.slice_io import (STAGE, Clock, finish_crop, plain_row, read_post, read_pre,
-                                      read_registered_post, single_thread, slice_record)
+from operators.pairs.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
+                                      read_pre, read_registered_post, single_thread, slice_record)
 
 
 def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
@@ -36,7 +36,7 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre[(slice(None),) + sl],
                            pre_valid[sl], post_crop, post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
 
 

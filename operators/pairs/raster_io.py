@@ -36,13 +36,25 @@ class Grid:
         return Affine(*self.transform)
 
 
+def holds_data(data: np.ndarray, nodata: float | None) -> np.ndarray:
+    """True where a value is data: not ``nodata`` (a NaN nodata included, which ``!=`` misses)
+    and, for floating-point rasters, finite."""
+    data = np.asarray(data)
+    if not np.issubdtype(data.dtype, np.floating):
+        return np.ones(data.shape, bool) if nodata is None else data != nodata
+    ok = np.isfinite(data)
+    if nodata is not None and not np.isnan(nodata):
+        ok &= data != nodata
+    return ok
+
+
 def _valid_mask(ds, data: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """True where every band holds data (GDAL's dataset mask, else nodata, else all valid)."""
-    if mask is not None:
-        return mask > 0
-    if ds.nodata is not None:
-        return np.all(data != ds.nodata, axis=0)
-    return np.ones(data.shape[1:], dtype=bool)
+    """True where every band holds data (GDAL's dataset mask, else nodata, else all valid);
+    non-finite values of a float raster are never data."""
+    valid = mask > 0 if mask is not None else np.ones(data.shape[1:], dtype=bool)
+    if mask is None and ds.nodata is not None or np.issubdtype(data.dtype, np.floating):
+        valid = valid & np.all(holds_data(data, ds.nodata), axis=0)
+    return valid
 
 
 def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = None,
@@ -68,7 +80,8 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
                     _has_internal_mask(src) else None
                 if mask is None:
                     # Boundless reads pad with zeros: mark the padding invalid by geometry.
-                    valid = _inside(col, row, width, height, src.width, src.height)
+                    valid = _inside(col, row, width, height, src.width, src.height) & \
+                        np.all(holds_data(data, None), axis=0)
                 else:
                     valid = _valid_mask(src, data, mask) & \
                         _inside(col, row, width, height, src.width, src.height)
@@ -89,7 +102,7 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
                     valid = vrt.read(vrt.count, window=win) > 0
                 else:
                     valid = vrt.dataset_mask(window=win) > 0
-                return data, valid
+                return data, valid & np.all(holds_data(data, src.nodata), axis=0)
 
 
 def has_alpha(src) -> bool:

@@ -31,8 +31,9 @@ from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guid
                                       match_tile, neighbour_tiles, tile_core, tile_features,
                                       tile_read_window, tiles_for_window)
 from operators.pairs.registration import RegistrationConfig, feature_grey
-from operators.pairs.slice_io import (STAGE, Clock, crop_window, finish_crop, plain_row, read_post,
-                                      read_pre, read_registered_post, single_thread, slice_record)
+from operators.pairs.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, plain_row,
+                                      read_post, read_pre, read_registered_post, single_thread,
+                                      slice_record)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
@@ -281,7 +282,7 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre_crop, pre_valid, post_crop,
                            post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
 
 # The task graph: the three passes are Ray tasks without a barrier (and a Ray Data start-up)
@@ -522,7 +523,7 @@ def run_regional(rows: Iterable[dict], cfg: RegistrationConfig, out_root: str, r
     source = enumerate(pair_windows(rows, window_slices))
 
     def failed(row, exc):
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
     def submit_next() -> None:
         item = next(source, None)

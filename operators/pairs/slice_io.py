@@ -24,6 +24,7 @@ from operators.pairs.registration import (HomographyFit, RegistrationConfig, cro
 from operators.pairs.screening import screen_alignment
 
 STAGE = "registration"
+JOB = "build_pairs"         # the job name error rows carry (jobs.build_pairs.JOB)
 
 METADATA_SCHEMA = pa.schema([
     ("slice_id", pa.string()),

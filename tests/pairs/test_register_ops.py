@@ -126,6 +126,7 @@ def test_stage_end_to_end(ray_session, scenes, tmp_path, method):
 
     err = errors[broken[0]["slice_id"]]
     assert err["stage"] == "registration" and err["message"]
+    assert err["job"] == "build_pairs"       # the job that resolves it on a rerun
 
     # Records fit the declared schema (what the job's TableSink writes).
     table = records_to_table(list(meta.values()), METADATA_SCHEMA)
