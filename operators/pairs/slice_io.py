@@ -3,8 +3,10 @@ PNGs, and the slice's metadata row. Shared by both registration methods (``per_s
 ``regional_ops``)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Optional, Sequence
 
 import cv2
@@ -60,7 +62,44 @@ METADATA_SCHEMA = pa.schema([
     ("pre_hrefs", pa.list_(pa.string())),     # every file read: band assets, then cloud layer
     ("post_hrefs", pa.list_(pa.string())),
     ("cloud_fraction", pa.float64()),         # kept crop, cloudy in either date (--cloud-mask)
+    ("settings_key", pa.string()),            # hash of the settings and inputs that decided it
 ])
+
+# Settings that only schedule work: changing them changes no result, so no slice is redone.
+SCHEDULING = ("match_tiles_per_task", "slices_per_task", "keep_features")
+# What a slice row carries that its result depends on besides its slice id.
+INPUT_KEYS = ("bands_pre", "bands_post", "pre_stack", "post_stack")
+RESULT_KEYS = INPUT_KEYS + ("window", "stretch_pre", "stretch_post", "pre_uri", "post_uri")
+
+
+def _plain(v):
+    """numpy arrays and scalars (Ray rows hold them for list columns) as plain Python values."""
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _hash(doc) -> str:
+    text = json.dumps(_plain(doc), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def inputs_hash(row: dict) -> str:
+    """Hash of what a pair's features are computed from besides the settings: the bands read
+    and the stacked assets (their cloud layer and cloud settings included)."""
+    return _hash({k: row.get(k) for k in INPUT_KEYS})
+
+
+def settings_key(row: dict, cfg: RegistrationConfig) -> str:
+    """Hash of every setting and input a slice's verdict depends on. A rerun treats a slice as
+    finished only when its recorded key is this one, so changed settings re-evaluate rejected
+    slices (and accepted ones) instead of keeping a verdict made under other settings."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in SCHEDULING}
+    return _hash({"settings": settings, **{k: row.get(k) for k in RESULT_KEYS}})
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -164,6 +203,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "method": cfg.method, "seconds": clock.wall(), "cpu_seconds": clock.cpu(),
         "run_id": run_id,
         **lineage_columns(row),  # issue 14
+        "settings_key": settings_key(row, cfg),
     }
 
 

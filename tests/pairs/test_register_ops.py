@@ -18,7 +18,7 @@ from rasterio.enums import ColorInterp
 from operators.io.images import decode_image
 from operators.pairs.radiometry import scene_stretch
 from operators.pairs.regional_ops import (guided_rel, matches_rel, plan_tiles, prior_rel,
-                                          run_tile_stage)
+                                          run_tile_stage, work_id)
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
 from operators.pairs.registration import RegistrationConfig, translation
 from operators.pairs.raster_io import Grid, read_window
@@ -143,10 +143,12 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
     first = run_tile_stage(tiles, cfg, out, "r1")
     assert all(not t["reused"] and t["n"] > 0 and t["error"] is None for t in first)
     store = Store(out)
-    assert store.exists(matches_rel(cfg, "good", 0, 0))
+    pair = work_id(good[0])
+    assert pair.startswith("good-")
+    assert store.exists(matches_rel(cfg, pair, 0, 0))
     # The pair's prior and every tile's guided matches (what slices fit) are stored too.
-    assert store.exists(prior_rel(cfg, "good"))
-    assert all(store.exists(guided_rel(cfg, "good", t["tile_col"], t["tile_row"])) for t in tiles)
+    assert store.exists(prior_rel(cfg, pair))
+    assert all(store.exists(guided_rel(cfg, pair, t["tile_col"], t["tile_row"])) for t in tiles)
     assert not store.list("_work/features")  # dropped once the pair's matches are complete
     audit = json.loads(store.read_bytes("_work/tile_runs/r1.json"))
     assert len(audit["features"]) == len(audit["matches"]) == len(audit["guided"]) == len(tiles)
@@ -158,6 +160,9 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
                                search_margin_px=32, ratio=0.7)
     assert other.features_key() != cfg.features_key()
     assert not any(t["reused"] for t in run_tile_stage(tiles, other, out, "r3"))
+    # Nor other bands read from the same scenes.
+    rgb = plan_tiles([{**r, "bands_pre": [3, 2, 1], "bands_post": [3, 2, 1]} for r in good], cfg)
+    assert not any(t["reused"] for t in run_tile_stage(rgb, cfg, out, "r4"))
 
 
 def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
@@ -168,7 +173,7 @@ def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
     assert rec["status"] == "accepted", rec["reject_reason"]
     store = Store(out)
     assert store.exists(rec["image_a"]) and store.exists(rec["image_b"])
-    assert any("/good/" in rel for rel in store.list("_work/matches", suffixes=(".npz",)))
+    assert any("/good-" in rel for rel in store.list("_work/matches", suffixes=(".npz",)))
     assert json.dumps(rec)  # plain JSON-able record
 
 
