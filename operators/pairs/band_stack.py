@@ -260,7 +260,8 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
     """Cloud masks of a kept crop in both dates (post sampled like the post crop), or None.
 
     The post layer is sampled at the common-grid positions the registered post crop takes its
-    pixels from (``registration.crop_positions_on_grid``), nearest neighbour.
+    pixels from (``registration.crop_positions_on_grid``): a crop pixel is cloud when any pixel
+    its value is interpolated from is.
     """
     from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
     from operators.pairs.slice_io import grid_bbox
@@ -282,8 +283,11 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
         gx, gy = crop_positions_on_grid(H, win, crop_offset(win[2], crop_size), crop_size)
         box = grid_bbox(gx, gy)
         layer = read_cloud(post_stack, box, grid)
-        sampled, _ = remap_bands(layer[None].astype(np.uint8), np.ones(layer.shape, bool),
+        # Linear, and cloud where any source pixel is: the post crop's validity mask (also
+        # linear, valid only where every source pixel is usable) then has no ring of "nodata"
+        # around each cloud that neither mask claims.
+        sampled, _ = remap_bands(layer[None].astype(np.uint8) * 255, np.ones(layer.shape, bool),
                                  (gx - box[0]).astype(np.float32), (gy - box[1]).astype(np.float32),
-                                 "nearest")
+                                 "linear")
         post = sampled[0] > 0
     return CropClouds(pre, post, limit)
