@@ -38,7 +38,7 @@ from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, 
 from operators.pairs.regional_ops import run_regional  # noqa: E402
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
 from operators.pairs.registration import RegistrationConfig  # noqa: E402
-from operators.pairs.slice_io import settings_key  # noqa: E402
+from operators.pairs.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
 from operators.pairs.slicing import slice_rows, slice_windows  # noqa: E402
 from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
@@ -101,6 +101,7 @@ def table_schemas() -> dict[str, pa.Schema]:
         "scenes": keyed(BAND_SCENES_SCHEMA, "scene_id"),  # plain rasters: STAC columns null
         "pairs": keyed(PAIRS_SCHEMA, "pair_id"),
         "metadata": keyed(METADATA_SCHEMA.append(pa.field("reference_date", pa.string())), "slice_id"),
+        "shifts": keyed(SHIFTS_SCHEMA, "window_id"),
         "labels": keyed(LABELS_SCHEMA, "slice_id"),
         "errors": ERRORS_SCHEMA,
         "runs": RUNS_SCHEMA,
@@ -263,7 +264,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
           f"{len(errors)} error(s) so far", flush=True)
 
     # 3-5. Slices -> registration -> tables, streamed: rows are persisted as slices finish.
-    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "errors": schemas["errors"]},
+    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "shifts": schemas["shifts"],
+                                        "errors": schemas["errors"]},
                                   run_id, rows_per_shard=job.rows_per_shard,
                                   constants={"reference_date": pairing.reference_date})
     if n_todo:
@@ -387,7 +389,7 @@ def main(argv=None) -> dict:
         print("[build_pairs] reject reasons: " + ", ".join(
             f"{k}: {v}" for k, v in sorted(summary["reject_reasons"].items())), flush=True)
     print(f"[build_pairs] splits (accepted slices): {summary['splits']}", flush=True)
-    print(f"[build_pairs] outputs: {summary['output']}/A, /B, /label, /list; tables: metadata/, "
+    print(f"[build_pairs] outputs: {summary['output']}/A, /B, /label, /list; tables: metadata/, shifts/, "
           f"pairs/, scenes/, labels/, errors/ (Parquet)", flush=True)
     return summary
 

@@ -33,7 +33,7 @@ from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guid
 from operators.pairs.registration import RegistrationConfig, feature_grey
 from operators.pairs.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
                                       plain_row, read_post, read_pre, read_registered_post,
-                                      single_thread, slice_record)
+                                      single_thread, slice_record, with_shift_envelopes)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
@@ -327,7 +327,7 @@ def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
     """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
     small shard right here, so they survive whatever happens to the driver next."""
     cfg = RegistrationConfig(**cfg_dict)
-    envs = [register_slice_regional(r, cfg, out_root, run_id) for r in rows]
+    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id) for r in rows])
     return envs, (persist_envelopes(envs, persist) if persist else [])
 
 

@@ -103,6 +103,9 @@ class RegistrationConfig:
     # -- screening (independent of the SIFT fit) ---------------------------------------------
     max_residual_px: float = _opt(8.0, "reject if screening finds a displacement above this "
                                        "anywhere in the crop, corners included (paper: 8 px)")
+    max_residual_m: float = _opt(0.0, "the screening limit in metres of the grid's CRS (0 = use "
+                                      "max_residual_px); converted with each slice's pixel size, "
+                                      "ignored for a geographic CRS")
     screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8); they "
                                     "tile the whole crop at half-window steps")
     screen_search_px: int = _opt(128, "largest displacement a window searches for when the "

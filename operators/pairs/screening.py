@@ -62,6 +62,7 @@ class ScreeningResult:
     reject_reason: Optional[str] = None
     assessed_fraction: float = 0.0        # n_confident / n_windows
     shifts: list = field(default_factory=list)  # WindowShift per trusted window, for diagnostics
+    measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -308,13 +309,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {fraction:.0%} of the textured area "
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
-                               f"{n_textured} windows)", fraction, trusted)
+                               f"{n_textured} windows)", fraction, trusted, shifts)
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
     if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants:
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {n} agreeing windows in {quadrants} "
                                f"quadrant(s) of the crop (needs {cfg.screen_min_windows} in "
-                               f"{cfg.screen_min_quadrants})", fraction, trusted)
+                               f"{cfg.screen_min_quadrants})", fraction, trusted, shifts)
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
@@ -328,4 +329,4 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     elif corner > cfg.max_residual_px:
         reason = f"residual {corner:.1f} px at a crop corner > {cfg.max_residual_px:g} px"
     return ScreeningResult(max(residual, corner), median, n_textured, n, reason, fraction,
-                           trusted)
+                           trusted, shifts)

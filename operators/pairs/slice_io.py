@@ -63,6 +63,29 @@ METADATA_SCHEMA = pa.schema([
     ("post_hrefs", pa.list_(pa.string())),
     ("cloud_fraction", pa.float64()),         # kept crop, cloudy in either date (--cloud-mask)
     ("settings_key", pa.string()),            # hash of the settings and inputs that decided it
+    ("shift_rmse_px", pa.float64()),          # screening: RMS of the kept windows' shifts
+    ("pixel_size_m", pa.float64()),           # grid pixel side in metres (null: geographic CRS)
+    ("residual_m", pa.float64()),             # residual_px in metres
+    ("max_residual_px_used", pa.float64()),   # the screening limit applied (from px or metres)
+])
+
+# One row per screening window with a correlation peak (the shift field of a crop).
+SHIFTS_SCHEMA = pa.schema([
+    ("window_id", pa.string()),               # <slice_id>_w<grid row>_<grid col>
+    ("slice_id", pa.string()),
+    ("pair_id", pa.string()),
+    ("x_px", pa.float64()),                   # window centre in kept-crop pixels
+    ("y_px", pa.float64()),
+    ("map_x", pa.float64()),                  # window centre in the grid's CRS
+    ("map_y", pa.float64()),
+    ("dx_px", pa.float64()),                  # where the pre content sits in the registered post
+    ("dy_px", pa.float64()),
+    ("shift_px", pa.float64()),
+    ("shift_m", pa.float64()),                # null for a geographic CRS
+    ("ncc", pa.float64()),                    # reliability: the window's correlation peak
+    ("status", pa.string()),                  # kept | outlier
+    ("settings_key", pa.string()),
+    ("run_id", pa.string()),
 ])
 
 # Settings that only schedule work: changing them changes no result, so no slice is redone.
@@ -175,6 +198,67 @@ def window_bounds(transform: Sequence[float], window: Sequence[int]) -> list[flo
     return [min(xs), min(ys), max(xs), max(ys)]
 
 
+def pixel_size_m(row: dict) -> Optional[float]:
+    """Side of a grid pixel in metres (the square root of its area), None for a geographic CRS."""
+    from rasterio.crs import CRS
+    try:
+        crs = CRS.from_user_input(str(row["crs"]))
+        if crs.is_geographic:
+            return None
+        factor = crs.linear_units_factor[1]
+    except Exception:  # noqa: BLE001 - an unknown CRS: no metres
+        return None
+    a, b, _, d, e, _ = (float(v) for v in row["transform"][:6])
+    return float(np.sqrt(abs(a * e - b * d)) * factor)
+
+
+def screening_limit(row: dict, cfg: RegistrationConfig) -> float:
+    """The screening limit in grid pixels: ``max_residual_m`` over the pixel size when set (and
+    the CRS is projected), else ``max_residual_px``."""
+    size = pixel_size_m(row)
+    if cfg.max_residual_m > 0 and size:
+        return float(cfg.max_residual_m) / size
+    return float(cfg.max_residual_px)
+
+
+def shift_rows(row: dict, cfg: RegistrationConfig, screen, run_id: str) -> list[dict]:
+    """The screening's shift field as table rows: every window with a peak, kept or outlier."""
+    if screen is None:
+        return []
+    kept = {(s.row, s.col) for s in screen.shifts}
+    size = pixel_size_m(row)
+    aff = Affine(*[float(v) for v in row["transform"][:6]])
+    col0, row0 = crop_window(row, cfg)[:2]
+    key = settings_key(row, cfg)
+    out = []
+    for s in screen.measured:
+        mx, my = aff * (col0 + s.x + 0.5, row0 + s.y + 0.5)
+        mag = float(np.hypot(s.dx, s.dy))
+        out.append({"window_id": f"{row['slice_id']}_w{s.row:03d}_{s.col:03d}",
+                    "slice_id": row["slice_id"], "pair_id": row.get("pair_id"),
+                    "x_px": float(s.x), "y_px": float(s.y), "map_x": mx, "map_y": my,
+                    "dx_px": float(s.dx), "dy_px": float(s.dy), "shift_px": mag,
+                    "shift_m": None if size is None else mag * size, "ncc": float(s.ncc),
+                    "status": "kept" if (s.row, s.col) in kept else "outlier",
+                    "settings_key": key, "run_id": run_id})
+    return out
+
+
+def with_shift_envelopes(envs: list[dict]) -> list[dict]:
+    """Each metadata envelope followed by its ``shifts`` envelopes (carried in the record's
+    ``_shifts`` until here, so a slice function still returns one envelope)."""
+    out = []
+    for env in envs:
+        if env.get("_table") != "metadata":
+            out.append(env)
+            continue
+        rec = json.loads(env["_record"])
+        shifts = rec.pop("_shifts", None) or []
+        out.append(envelope("metadata", rec) if shifts else env)
+        out.extend(envelope("shifts", s) for s in shifts)
+    return out
+
+
 def crop_window(row: dict, cfg: RegistrationConfig) -> list[int]:
     col, r, size, _ = (int(v) for v in row["window"])
     off = crop_offset(size, cfg.crop_size)
@@ -195,6 +279,13 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         [float(v) for v in np.asarray(fit.homography).ravel()],
         "n_matches": fit.n_matches, "n_inliers": fit.n_inliers,
         "residual_px": None if screen is None else screen.residual_px,
+        "shift_rmse_px": None if screen is None or not screen.shifts else float(np.sqrt(np.mean(
+            [sh.dx ** 2 + sh.dy ** 2 for sh in screen.shifts]))),
+        "pixel_size_m": pixel_size_m(row),
+        "residual_m": None if screen is None or screen.residual_px is None or
+        pixel_size_m(row) is None else screen.residual_px * pixel_size_m(row),
+        "max_residual_px_used": screening_limit(row, cfg),
+        "_shifts": shift_rows(row, cfg, screen, run_id),
         "residual_median_px": None if screen is None else screen.residual_median_px,
         "screen_windows": None if screen is None else screen.n_confident,
         "screen_assessed_fraction": None if screen is None else screen.assessed_fraction,
@@ -243,11 +334,16 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
     # Screening's grey: each crop stretched on its own usable pixels (gain/offset do not matter
     # to the correlation; a cloud-dominated scene stretch would flatten the land's texture).
     unit = replace(cfg, sift_normalisation="percentile")
+    limit = screening_limit(row, cfg)
     screen = screen_alignment(feature_grey(pre_crop, both, unit),
-                              feature_grey(post_crop, both, unit), both, cfg)
+                              feature_grey(post_crop, both, unit), both,
+                              replace(cfg, max_residual_px=limit))
     if screen.reject_reason:
+        size = pixel_size_m(row)
+        reason = screen.reject_reason if size is None else \
+            f"{screen.reject_reason} [limit {limit:.2f} px = {limit * size:.1f} m at {size:g} m/px]"
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
-                                            screen.reject_reason, screen))
+                                                 reason, screen))
     store = Store(out_root)
     rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
     write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], data_pre)))

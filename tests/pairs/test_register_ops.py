@@ -22,7 +22,7 @@ from operators.pairs.regional_ops import (guided_rel, matches_rel, plan_tiles, p
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
 from operators.pairs.registration import RegistrationConfig, translation
 from operators.pairs.raster_io import Grid, read_window
-from operators.pairs.slice_io import read_registered_post
+from operators.pairs.slice_io import SHIFTS_SCHEMA, read_registered_post, screening_limit
 from operators.io.storage import Store
 from operators.io.tables import records_to_table, split_envelopes
 from tests.pairs.test_registration import NAIP, corner_errors, known_homography, make_post
@@ -119,6 +119,19 @@ def test_stage_end_to_end(ray_session, scenes, tmp_path, method):
         a = decode_image(store.read_bytes(rec["image_a"]), grey=True).astype(float)
         b = decode_image(store.read_bytes(rec["image_b"]), grey=True).astype(float)
         assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.8
+
+    # The shift field: one row per screening window with a peak, in px and metres (5 m NAIP).
+    shifts = tables["shifts"]
+    for row in good:
+        mine = [s for s in shifts if s["slice_id"] == row["slice_id"]]
+        kept = [s for s in mine if s["status"] == "kept"]
+        assert len(kept) == meta[row["slice_id"]]["screen_windows"] >= 6
+        assert all(s["shift_m"] == pytest.approx(5.0 * s["shift_px"]) for s in mine)
+        assert max(s["shift_px"] for s in kept) <= meta[row["slice_id"]]["residual_px"] + 1e-9
+        rmse = np.sqrt(np.mean([s["shift_px"] ** 2 for s in kept]))
+        assert meta[row["slice_id"]]["shift_rmse_px"] == pytest.approx(rmse)
+        assert meta[row["slice_id"]]["pixel_size_m"] == pytest.approx(5.0)
+    assert records_to_table(shifts, SHIFTS_SCHEMA).num_rows == len(shifts)
 
     rec = meta[noise[0]["slice_id"]]
     assert rec["status"] == "rejected" and rec["reject_reason"]
@@ -243,3 +256,11 @@ def test_post_scene_with_alpha_band_registers(ray_session, scenes, tmp_path):
         assert not tables.get("errors"), tables.get("errors")
         (rec,) = tables["metadata"]
         assert rec["status"] == "accepted", rec["reject_reason"]
+
+
+def test_screening_limit_in_metres_follows_the_pixel_size():
+    row = {"crs": "EPSG:32633", "transform": [10.0, 0, 500000, 0, -10.0, 5000000]}
+    assert screening_limit(row, RegistrationConfig()) == 8.0                  # the px default
+    assert screening_limit(row, RegistrationConfig(max_residual_m=25.0)) == 2.5
+    geo = {"crs": "EPSG:4326", "transform": [0.0001, 0, 15, 0, -0.0001, 45]}
+    assert screening_limit(geo, RegistrationConfig(max_residual_m=25.0)) == 8.0  # no metres
