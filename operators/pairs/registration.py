@@ -124,6 +124,12 @@ class RegistrationConfig:
                                       "evidence")
     screen_min_quadrants: int = _opt(3, "crop quadrants (of 4) the agreeing windows must reach; "
                                         "fewer: insufficient evidence (a far corner is unchecked)")
+    rescue: bool = _opt(True, "refit a crop rejected for a displaced region or corner from its "
+                              "screening shift field when that field is smooth and well "
+                              "supported, then screen the re-warped crop again from scratch")
+    rescue_min_windows: int = _opt(12, "agreeing screening windows a rescue needs")
+    rescue_min_agreement: float = _opt(0.9, "share of those windows a single projective field "
+                                            "must explain within 2 px (smoothness) for a rescue")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
     tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")

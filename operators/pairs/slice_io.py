@@ -21,9 +21,9 @@ from operators.pairs.band_stack import crop_clouds, lineage_columns, read_stacke
 from operators.pairs.radiometry import to_uint8
 from operators.pairs.raster_io import Grid, read_at, read_window_anywhere
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
-                                          crop_positions_on_grid, feature_grey, nodata_fraction,
-                                          remap_bands)
-from operators.pairs.screening import screen_alignment
+                                          crop_positions_on_grid, feature_grey, homography_problem,
+                                          nodata_fraction, remap_bands)
+from operators.pairs.screening import rescue_field, rescued_homography, screen_alignment
 
 STAGE = "registration"
 JOB = "build_pairs"         # the job name error rows carry (jobs.build_pairs.JOB)
@@ -67,6 +67,9 @@ METADATA_SCHEMA = pa.schema([
     ("pixel_size_m", pa.float64()),           # grid pixel side in metres (null: geographic CRS)
     ("residual_m", pa.float64()),             # residual_px in metres
     ("max_residual_px_used", pa.float64()),   # the screening limit applied (from px or metres)
+    ("rescued", pa.bool_()),                  # accepted after a rescue (refit from the shift field)
+    ("rescue_px", pa.float64()),              # the rescue's largest correction at a crop corner
+    ("rescue_reason", pa.string()),           # why the first screening rejected the crop
 ])
 
 # One row per screening window with a correlation peak (the shift field of a crop).
@@ -232,7 +235,7 @@ def shift_rows(row: dict, cfg: RegistrationConfig, screen, run_id: str) -> list[
     key = settings_key(row, cfg)
     out = []
     for s in screen.measured:
-        mx, my = aff * (col0 + s.x + 0.5, row0 + s.y + 0.5)
+        mx, my = aff @ (col0 + s.x + 0.5, row0 + s.y + 0.5)
         mag = float(np.hypot(s.dx, s.dy))
         out.append({"window_id": f"{row['slice_id']}_w{s.row:03d}_{s.col:03d}",
                     "slice_id": row["slice_id"], "pair_id": row.get("pair_id"),
@@ -286,6 +289,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         pixel_size_m(row) is None else screen.residual_px * pixel_size_m(row),
         "max_residual_px_used": screening_limit(row, cfg),
         "_shifts": shift_rows(row, cfg, screen, run_id),
+        "rescued": False, "rescue_px": None, "rescue_reason": None,
         "residual_median_px": None if screen is None else screen.residual_median_px,
         "screen_windows": None if screen is None else screen.n_confident,
         "screen_assessed_fraction": None if screen is None else screen.assessed_fraction,
@@ -305,32 +309,26 @@ def _rgb(image: np.ndarray) -> np.ndarray:
     return image[:, :, :3]
 
 
-def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, clock: Clock,
-                fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
-                post_crop: np.ndarray, post_valid: np.ndarray,
-                invalid: Optional[np.ndarray] = None) -> dict:
-    """Nodata check, cloud check, screening, PNGs and the metadata envelope for a registered crop
-    pair.
-
-    ``invalid``: optional per-pixel mask of the crop kept out of screening. With a cloud layer
-    (stacked scenes) the valid masks already exclude clouds (so SIFT and the screening skip them);
-    cloud pixels still hold data for the nodata check and the PNGs.
-    """
+def _crop_checks(row: dict, cfg: RegistrationConfig, fit: HomographyFit, pre_valid: np.ndarray,
+                 post_valid: np.ndarray):
+    """Nodata and cloud checks of a warped crop pair -> (row with its cloud fraction, data masks
+    of both dates, reject reason or None)."""
     clouds = crop_clouds(row, crop_window(row, cfg), fit.homography, cfg.crop_size)
     data_pre, data_post = pre_valid, post_valid
     if clouds is not None:
         data_pre, data_post = pre_valid | clouds.pre, post_valid | clouds.post
         row = {**row, "cloud_fraction": clouds.fraction}
     frac = nodata_fraction(data_pre, data_post)
+    reason = None
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"
-        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
-    if clouds is not None and clouds.fraction > clouds.max_fraction:
+    elif clouds is not None and clouds.fraction > clouds.max_fraction:
         reason = f"cloud {clouds.fraction:.1%} of the crop > {clouds.max_fraction:.1%}"
-        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
-    both = pre_valid & post_valid
-    if invalid is not None:
-        both &= ~invalid
+    return row, data_pre, data_post, reason
+
+
+def _screen(row: dict, cfg: RegistrationConfig, pre_crop, post_crop, both):
+    """Screening of a crop pair at the slice's limit; the reason states the limit in metres."""
     # Screening's grey: each crop stretched on its own usable pixels (gain/offset do not matter
     # to the correlation; a cloud-dominated scene stretch would flatten the land's texture).
     unit = replace(cfg, sift_normalisation="percentile")
@@ -338,18 +336,63 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
     screen = screen_alignment(feature_grey(pre_crop, both, unit),
                               feature_grey(post_crop, both, unit), both,
                               replace(cfg, max_residual_px=limit))
+    size = pixel_size_m(row)
+    if screen.reject_reason and size is not None:
+        screen.reject_reason = (f"{screen.reject_reason} [limit {limit:.2f} px = "
+                                f"{limit * size:.1f} m at {size:g} m/px]")
+    return screen, limit
+
+
+def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, clock: Clock,
+                fit: HomographyFit, pre_crop: np.ndarray, pre_valid: np.ndarray,
+                post_crop: np.ndarray, post_valid: np.ndarray,
+                invalid: Optional[np.ndarray] = None) -> dict:
+    """Nodata check, cloud check, screening (and rescue), PNGs and the metadata envelope for a
+    registered crop pair.
+
+    ``invalid``: optional per-pixel mask of the crop kept out of screening. With a cloud layer
+    (stacked scenes) the valid masks already exclude clouds (so SIFT and the screening skip them);
+    cloud pixels still hold data for the nodata check and the PNGs.
+
+    Rescue: when screening rejects for a displaced region or a corner and its shift field is
+    smooth and well supported (``screening.rescue_field``), the slice homography is corrected by
+    that field, the post crop is warped again from the scene's pixels, and the new crop pair goes
+    through the nodata, cloud and screening checks again from scratch; it is accepted only if that
+    second screening accepts it on its own measurements.
+    """
+    row0 = row
+    row, data_pre, data_post, reason = _crop_checks(row0, cfg, fit, pre_valid, post_valid)
+    if reason:
+        return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected", reason))
+    extra = ~invalid if invalid is not None else True
+    screen, limit = _screen(row, cfg, pre_crop, post_crop, pre_valid & post_valid & extra)
+    rescue = None
     if screen.reject_reason:
-        size = pixel_size_m(row)
-        reason = screen.reject_reason if size is None else \
-            f"{screen.reject_reason} [limit {limit:.2f} px = {limit * size:.1f} m at {size:g} m/px]"
+        h, w = pre_crop.shape[1:]
+        field = rescue_field(screen, w, h, replace(cfg, max_residual_px=limit))
+        size = int(row["window"][2])
+        H2 = None if field is None else rescued_homography(fit.homography, field[0],
+                                                            crop_offset(size, cfg.crop_size))
+        if H2 is not None and homography_problem(H2, size, cfg.crop_size, cfg) is None:
+            fit2 = HomographyFit(H2, fit.n_matches, fit.n_inliers)
+            post2, post_valid2 = read_registered_post(row0, H2, cfg)
+            row2, dpre2, dpost2, reason2 = _crop_checks(row0, cfg, fit2, pre_valid, post_valid2)
+            if reason2 is None:
+                screen2, _ = _screen(row2, cfg, pre_crop, post2, pre_valid & post_valid2 & extra)
+                if not screen2.reject_reason:
+                    rescue = {"rescued": True, "rescue_px": field[1],
+                              "rescue_reason": screen.reject_reason}
+                    fit, screen, post_crop, row = fit2, screen2, post2, row2
+                    data_pre, data_post = dpre2, dpost2
+    if screen.reject_reason:
         return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
-                                                 reason, screen))
+                                                 screen.reject_reason, screen))
     store = Store(out_root)
     rel_a, rel_b = f"A/{row['slice_id']}.png", f"B/{row['slice_id']}.png"
     write_png(store, rel_a, _rgb(to_uint8(pre_crop, row["stretch_pre"], data_pre)))
     write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], data_post)))
-    return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen,
-                                        (rel_a, rel_b)))
+    rec = slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen, (rel_a, rel_b))
+    return envelope("metadata", {**rec, **(rescue or {})})
 
 
 def single_thread():

@@ -264,3 +264,39 @@ def test_screening_limit_in_metres_follows_the_pixel_size():
     assert screening_limit(row, RegistrationConfig(max_residual_m=25.0)) == 2.5
     geo = {"crs": "EPSG:4326", "transform": [0.0001, 0, 15, 0, -0.0001, 45]}
     assert screening_limit(geo, RegistrationConfig(max_residual_m=25.0)) == 8.0  # no metres
+
+
+@pytest.mark.parametrize("spoil", ["rotation", "shift"])
+def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
+    """Real NAIP with a known warp; the true slice homography spoiled by a rotation about the
+    slice centre (11 px at the crop corners) or a 10 px shift: screening rejects it, the rescue
+    refits it from the shift field, and the re-warped crop passes a second screening. The
+    accepted homography is within 1 px of the truth at the crop corners; without rescue the
+    crop is rejected."""
+    from operators.pairs.registration import HomographyFit
+    from operators.pairs.slice_io import Clock, crop_window, finish_crop, read_pre
+    paths, crs, transform = scenes
+    row = slice_row(paths, crs, transform, "good", "post", (256, 200, SLICE, SLICE))
+    W_slice = translation(-256, -200) @ W_TRUE @ translation(256, 200)
+    c = (SLICE - 1) / 2
+    t = 11.0 / np.hypot(CROP / 2, CROP / 2)
+    R = np.array([[np.cos(t), -np.sin(t), 0], [np.sin(t), np.cos(t), 0], [0, 0, 1.0]])
+    P = translation(c, c) @ R @ translation(-c, -c) if spoil == "rotation" else translation(10, 0)
+    fit = HomographyFit(P @ W_slice, 500, 400)
+    assert corner_errors(fit.homography, W_slice, SLICE, CROP).max() > 9.0
+    pre, pre_valid = read_pre(row, crop_window(row, RegistrationConfig(crop_size=CROP)))
+    recs = {}
+    for rescue in (False, True):
+        cfg = RegistrationConfig(crop_size=CROP, rescue=rescue)
+        post, post_valid = read_registered_post(row, fit.homography, cfg)
+        env = finish_crop(row, cfg, str(tmp_path / "out"), "r", Clock(), fit, pre, pre_valid,
+                          post, post_valid)
+        recs[rescue] = json.loads(env["_record"])
+    assert recs[False]["status"] == "rejected" and not recs[False]["rescued"]
+    rec = recs[True]
+    assert rec["status"] == "accepted" and rec["rescued"], rec["reject_reason"]
+    assert rec["rescue_reason"] == recs[False]["reject_reason"]
+    assert 9.0 < rec["rescue_px"] < 13.0
+    H = np.asarray(rec["homography"]).reshape(3, 3)
+    assert corner_errors(H, W_slice, SLICE, CROP).max() < 1.0
+    assert rec["residual_px"] < 2.0      # the second screening's own measurement, corners included

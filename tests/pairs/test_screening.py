@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from operators.pairs.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening import WindowShift, confirmed, screen_alignment, window_starts
+from operators.pairs.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
+                                       window_starts)
 from tests.pairs.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
@@ -61,6 +62,8 @@ def test_locally_displaced_patch_is_rejected(scene):
     r = screen(pre, post)
     assert r.reject_reason is not None and "displaced region" in r.reject_reason
     assert abs(r.residual_px - 85) < 1.0
+    # The patch is no smooth field over the crop: nothing to rescue.
+    assert rescue_field(r, C, C, CFG) is None
 
 
 def test_displaced_strip_between_coarse_windows_is_rejected(scene):
