@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import cv2
 import numpy as np
 import rasterio
 from affine import Affine
@@ -157,13 +158,49 @@ def read_at(uri: str, bands: Sequence[int], grid: Grid, grid_x: np.ndarray, grid
     finite = np.isfinite(px) & np.isfinite(py)
     if not finite.any():
         return np.zeros((len(bands),) + grid_x.shape, np.uint8), np.zeros(grid_x.shape, bool)
-    margin = 2  # bilinear/bicubic support around the outermost positions
+    sigma = antialias_sigma(sample_step(px, py))
+    margin = 2 + int(np.ceil(3 * sigma))  # interpolation (and prefilter) support
     c0 = int(np.floor(px[finite].min())) - margin
     r0 = int(np.floor(py[finite].min())) - margin
     c1 = int(np.ceil(px[finite].max())) + margin + 1
     r1 = int(np.ceil(py[finite].max())) + margin + 1
     data, valid = read_window_anywhere(uri, (c0, r0, c1 - c0, r1 - r0), bands)
+    if sigma > 0:
+        data = prefilter(data, valid, sigma)
     return resample(data, valid, (px - c0).astype(np.float32), (py - r0).astype(np.float32))
+
+
+def sample_step(px: np.ndarray, py: np.ndarray) -> float:
+    """Median distance, in source pixels, between the positions of neighbouring target pixels
+    (> 1: the source is finer than the target grid)."""
+    steps = [np.hypot(np.diff(px, axis=a), np.diff(py, axis=a)) for a in (0, 1)
+             if px.shape[a] > 1]
+    vals = [float(np.nanmedian(s)) for s in steps if np.isfinite(s).any()]
+    return max(vals) if vals else 1.0
+
+
+def antialias_sigma(step: float) -> float:
+    """Gaussian sigma (source px) that removes what a sampling every ``step`` px would alias;
+    0 when the source is not finer than the target."""
+    return 0.5 * float(np.sqrt(step * step - 1.0)) if step > 1.05 else 0.0
+
+
+def prefilter(data: np.ndarray, valid: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian low-pass of every band before point sampling a finer source (normalised by the
+    valid pixels' weights, so nodata does not bleed into the data)."""
+    w = valid.astype(np.float32)
+    wb = cv2.GaussianBlur(w, (0, 0), sigma, borderType=cv2.BORDER_REPLICATE)
+    out = np.empty_like(data)
+    for i, band in enumerate(data):
+        b = cv2.GaussianBlur(band.astype(np.float32) * w, (0, 0), sigma,
+                             borderType=cv2.BORDER_REPLICATE)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where(wb > 0, b / np.maximum(wb, 1e-6), 0.0)
+        if np.issubdtype(data.dtype, np.integer):
+            info = np.iinfo(data.dtype)
+            f = np.clip(np.rint(f), info.min, info.max)
+        out[i] = f.astype(data.dtype)
+    return out
 
 
 def read_window_anywhere(uri: str, window: Sequence[int], bands: Sequence[int] | None = None,

@@ -300,3 +300,22 @@ def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
     H = np.asarray(rec["homography"]).reshape(3, 3)
     assert corner_errors(H, W_slice, SLICE, CROP).max() < 1.0
     assert rec["residual_px"] < 2.0      # the second screening's own measurement, corners included
+
+
+def test_finer_post_scene_is_low_passed_before_point_sampling(tmp_path):
+    """A post scene at half the pre grid's pixel size holding a one-pixel checkerboard (all of
+    its detail above the pre grid's Nyquist): sampled onto the pre grid it must come out as the
+    pattern's mean grey, not as an aliased pattern of 0 and 255."""
+    tr = Affine(1.0, 0, 500000, 0, -1.0, 5000000)
+    fine = Affine(0.5, 0, 500000, 0, -0.5, 5000000)
+    board = (np.indices((1200, 1200)).sum(axis=0) % 2 * 254 + 1).astype(np.uint8)[None]
+    path = str(tmp_path / "fine.tif")
+    with rasterio.open(path, "w", driver="GTiff", width=1200, height=1200, count=1,
+                       dtype="uint8", crs="EPSG:32633", transform=fine) as dst:
+        dst.write(board)
+    row = {"window": [0, 0, 256, 256], "post_uri": path, "bands_post": [1],
+           "crs": "EPSG:32633", "transform": list(tr)[:6]}
+    cfg = RegistrationConfig(crop_size=128)
+    out, valid = read_registered_post(row, translation(0.3, 0.2), cfg)
+    assert valid.all()
+    assert abs(float(out.mean()) - 127.5) < 5 and float(out.std()) < 8
