@@ -132,7 +132,8 @@ class RegistrationConfig:
                                             "must explain within 2 px (smoothness) for a rescue")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
-    tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")
+    tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
+                                    "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
                                       "must cover the geocoding error between dates (<= tile_size)")
     keep_features: bool = _opt(False, "keep per-tile SIFT features under _work/features after "
