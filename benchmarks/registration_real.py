@@ -289,6 +289,9 @@ def main(argv=None) -> None:
     p.add_argument("--workdir", default=None)
     p.add_argument("--crop-fraction", type=float, default=0.5, help="crop side / slice side")
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    p.add_argument("--arosics-python", default="",
+                   help="a Python with AROSICS installed: also run AROSICS COREG on the same "
+                        "slices (benchmarks.registration_arosics) and print its figures")
     p.add_argument("--no-perturb", action="store_true",
                    help="skip re-screening every regional fit with known errors laid on it")
     args = p.parse_args(argv)
@@ -311,6 +314,11 @@ def main(argv=None) -> None:
         rows = slice_rows_for(case, paths, profile, pre_valid, post_valid, crop,
                               6 if args.quick else None, warp)
         margin = int(np.ceil(np.hypot(*case.offset))) + 16
+        (work / case.name / "slices.json").write_text(json.dumps({
+            "case": case.name, "crop": crop, "offset_px": margin,
+            "warp": {k: getattr(warp, k) for k in ("size", "offset", "degrees", "scale", "wave_px",
+                                                    "wave_len_px")},
+            "windows": [r["window"] for r in rows]}))
         tile = max(256, margin)
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
                                   max_shift_px=max(300.0, margin + 50.0))
@@ -351,10 +359,27 @@ def main(argv=None) -> None:
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     median = float(np.median(rg["errs"])) if len(rg["errs"]) else float("nan")
     false = rg["false"] + ps["false"] + spoiled["accepted"]
+    arosics = "arosics_accept_rate=na"
+    if args.arosics_python:
+        # AROSICS COREG on the same slices, in its own environment (GDAL bindings).
+        import subprocess
+        res = subprocess.run([args.arosics_python, "-m", "benchmarks.registration_arosics",
+                              str(work)], capture_output=True, text=True, timeout=3600,
+                             cwd=str(Path(__file__).resolve().parents[1]))
+        line = (res.stdout.strip().splitlines() or ["{}"])[-1]
+        a = json.loads(line) if line.startswith("{") else {}
+        if a:
+            print(f"AROSICS COREG: {a['accepted']}/{a['slices']} accepted, per case "
+                  f"{a['per_case']}, false accepts {a['false_accepts']}, CPU {a['cpu_s']:.1f} s "
+                  f"(pairs job regional CPU {rg['cpu']:.1f} s)")
+            arosics = (f"arosics_accept_rate={a['accept_rate']:.3f} "
+                       f"arosics_median_error_px={a['median_error_px']:.3f}")
+        else:
+            print(f"AROSICS run failed: {res.stderr.strip()[-500:]}")
     print(f"real_accept_rate={rate(rg):.3f} per_slice_real_accept_rate={rate(ps):.3f} "
           f"real_median_error_px={median:.3f} false_accepts={false} "
           f"speedup={ps['cpu'] / max(rg['cpu'], 1e-9):.2f} rescued={rescued} "
-          f"arosics_accept_rate=na")
+          f"{arosics}")
 
 
 if __name__ == "__main__":
