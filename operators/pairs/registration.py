@@ -128,8 +128,9 @@ class RegistrationConfig:
                               "screening shift field when that field is smooth and well "
                               "supported, then screen the re-warped crop again from scratch")
     rescue_min_windows: int = _opt(12, "agreeing screening windows a rescue needs")
-    rescue_min_agreement: float = _opt(0.9, "share of those windows a single projective field "
-                                            "must explain within 2 px (smoothness) for a rescue")
+    rescue_min_agreement: float = _opt(0.9, "share of those windows one affine (else projective) "
+                                            "field must explain within 2 px (smoothness) for a "
+                                            "rescue")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
     tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
