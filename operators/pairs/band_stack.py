@@ -34,7 +34,8 @@ from rasterio.windows import Window
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.cloud_masks import cloud_pixels
 from operators.pairs.radiometry import DEFAULT_PERCENTILES, band_percentiles
-from operators.pairs.raster_io import Grid, holds_data
+from operators.pairs.raster_io import Grid, grid_bbox, holds_data
+from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
 
 
 def raster_path(href: str) -> str:
@@ -263,9 +264,6 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
     pixels from (``registration.crop_positions_on_grid``): a crop pixel is cloud when any pixel
     its value is interpolated from is.
     """
-    from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
-    from operators.pairs.slice_io import grid_bbox
-
     pre_stack, post_stack = row_stack(row, "pre"), row_stack(row, "post")
     if (pre_stack is None or pre_stack.cloud is None) and \
             (post_stack is None or post_stack.cloud is None):

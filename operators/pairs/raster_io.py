@@ -232,3 +232,10 @@ def _inside(col: int, row: int, width: int, height: int, src_w: int, src_h: int)
     rows = np.arange(row, row + height)
     cols = np.arange(col, col + width)
     return ((rows >= 0) & (rows < src_h))[:, None] & ((cols >= 0) & (cols < src_w))[None, :]
+
+
+def grid_bbox(gx: np.ndarray, gy: np.ndarray, margin: int = 2) -> list[int]:
+    """The common-grid window holding every position (plus interpolation support)."""
+    c0, r0 = int(np.floor(np.nanmin(gx))) - margin, int(np.floor(np.nanmin(gy))) - margin
+    c1, r1 = int(np.ceil(np.nanmax(gx))) + margin + 1, int(np.ceil(np.nanmax(gy))) + margin + 1
+    return [c0, r0, c1 - c0, r1 - r0]

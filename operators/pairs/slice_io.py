@@ -19,7 +19,7 @@ from operators.io.storage import Store
 from operators.io.tables import envelope
 from operators.pairs.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.radiometry import to_uint8
-from operators.pairs.raster_io import Grid, read_at, read_window_anywhere
+from operators.pairs.raster_io import Grid, grid_bbox, read_at, read_window_anywhere
 from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
                                           crop_positions_on_grid, feature_grey, homography_problem,
                                           nodata_fraction, remap_bands)
@@ -145,13 +145,6 @@ def read_post(row: dict, window: Sequence[int]):
     if row.get("post_stack"):
         return read_stacked_side(row, "post", window, common_grid(row))
     return read_window_anywhere(row["post_uri"], window, row["bands_post"], common_grid(row))
-
-
-def grid_bbox(gx: np.ndarray, gy: np.ndarray, margin: int = 2) -> list[int]:
-    """The common-grid window holding every position (plus interpolation support)."""
-    c0, r0 = int(np.floor(np.nanmin(gx))) - margin, int(np.floor(np.nanmin(gy))) - margin
-    c1, r1 = int(np.ceil(np.nanmax(gx))) + margin + 1, int(np.ceil(np.nanmax(gy))) + margin + 1
-    return [c0, r0, c1 - c0, r1 - r0]
 
 
 def read_registered_post(row: dict, H: np.ndarray, cfg: RegistrationConfig):
