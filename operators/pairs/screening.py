@@ -157,40 +157,19 @@ def projective_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
     return H
 
 
-def _field_errors(shifts: list[WindowShift], moved) -> np.ndarray:
-    """Per window: distance between its measured displacement and a field's (``moved``: (n, 2)
-    centres -> (n, 2) positions)."""
-    src = np.array([[s.x, s.y] for s in shifts], np.float64)
-    dst = src + np.array([[s.dx, s.dy] for s in shifts])
-    return np.hypot(*(moved(src) - dst).T)
-
-
 def corner_residual(shifts: list[WindowShift], w: int, h: int) -> float:
-    """Largest displacement at the crop's outer corners extrapolated from the windows.
-
-    An affine field, and a projective field when the windows call for it: on the windows the
-    affine field explains (within ``AGREE_PX``), the projective one must fit them clearly better
-    (RMS error below 0.7 x the affine's). A fit wrong by a homography moves one corner most, and
-    an affine field spreads that over the crop and underestimates it; but a projective field
-    fitted to measurement noise throws the corners tens of pixels away from windows that all
-    agree within a pixel or two."""
+    """Largest displacement at the crop's outer corners extrapolated from the windows: the larger
+    of an affine and a projective field (a fit wrong by a homography moves one corner most; an
+    affine field spreads that over the crop and underestimates it)."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
     out = 0.0
     A = affine_field(shifts)
-    H = projective_field(shifts)
     if A is not None:
         out = float(np.hypot(*(np.hstack([np.ones((4, 1)), xy]) @ A).T).max())
+    H = projective_field(shifts)
     if H is not None:
-        def project(p):
-            return cv2.perspectiveTransform(p.reshape(-1, 1, 2), H).reshape(-1, 2)
-        if A is not None:
-            err_a = _field_errors(shifts, lambda p: p + np.hstack([np.ones((len(p), 1)), p]) @ A)
-            near = err_a <= AGREE_PX
-            err_p = _field_errors([s for s, k in zip(shifts, near) if k], project)
-            rms = lambda e: float(np.sqrt(np.mean(np.square(e))))  # noqa: E731
-            if not near.any() or rms(err_p) >= 0.7 * rms(err_a[near]):
-                return out
-        d = np.hypot(*(project(xy) - xy).T)
+        moved = cv2.perspectiveTransform(xy.reshape(-1, 1, 2), H).reshape(-1, 2)
+        d = np.hypot(*(moved - xy).T)
         if np.all(np.isfinite(d)):
             out = max(out, float(d.max()))
     return out
