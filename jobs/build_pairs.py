@@ -38,6 +38,7 @@ from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, 
 from operators.pairs.regional_ops import run_regional  # noqa: E402
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
 from operators.pairs.registration import RegistrationConfig  # noqa: E402
+from operators.pairs.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
 from operators.pairs.slicing import slice_rows, slice_windows  # noqa: E402
 from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
@@ -119,6 +120,7 @@ def table_schemas() -> dict[str, pa.Schema]:
         "scenes": keyed(BAND_SCENES_SCHEMA, "scene_id"),  # plain rasters: STAC columns null
         "pairs": keyed(PAIRS_SCHEMA, "pair_id"),
         "metadata": keyed(METADATA_SCHEMA.append(pa.field("reference_date", pa.string())), "slice_id"),
+        "shifts": keyed(SHIFTS_SCHEMA, "window_id"),
         "labels": keyed(LABELS_SCHEMA, "slice_id"),
         "errors": ERRORS_SCHEMA,
         "runs": RUNS_SCHEMA,
@@ -155,11 +157,24 @@ def _check_split_conflicts(planned: dict[str, str], recorded: dict[str, str], ou
 
 
 def _iter_slices(work: list[tuple[dict, dict, dict, str]], job: "PairsJobConfig", finished: set[str]):
-    """Slice rows pair by pair (the regional graph windows by whole pairs), minus finished ones."""
+    """Slice rows pair by pair (the regional graph windows by whole pairs), minus finished ones
+    (see :func:`_finished`)."""
     for pair, pre, post, split in work:
         for r in slice_rows(pair, pre, post, job.slice_size, job.stride, split):
             if r["slice_id"] not in finished:
                 yield r
+
+
+def _finished(work, job: "PairsJobConfig", reg: RegistrationConfig,
+              keys: dict[str, str | None]) -> set[str]:
+    """Slices a rerun skips: recorded under the settings and inputs this run would use (the
+    metadata's ``settings_key``); rows written before that column existed count as finished."""
+    out = set()
+    for pair, pre, post, split in work:
+        for r in slice_rows(pair, pre, post, job.slice_size, job.stride, split):
+            if r["slice_id"] in keys and keys[r["slice_id"]] in (None, settings_key(r, reg)):
+                out.add(r["slice_id"])
+    return out
 
 
 def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
@@ -238,14 +253,16 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
     del known
 
     # Splits: a pure function of the location and the seed; refuse to contradict the output.
-    meta = read_table(out, "metadata", columns=["slice_id", "location", "split"])
+    meta = read_table(out, "metadata", columns=["slice_id", "location", "split", "settings_key"])
     recorded = {} if meta is None else dict(zip(meta.column("location").to_pylist(),
                                                 meta.column("split").to_pylist()))
-    finished = set() if meta is None else set(meta.column("slice_id").to_pylist())
+    keys = {} if meta is None else dict(zip(
+        meta.column("slice_id").to_pylist(), meta.column("settings_key").to_pylist()
+        if "settings_key" in meta.column_names else [None] * meta.num_rows))
     del meta
     splits = assign_splits({p["location"] for p in pairs if p["status"] == "accepted"}, fractions, job.seed)
     _check_split_conflicts(splits, recorded, out)
-    work, n_todo = [], 0
+    work = []
     for p in pairs:
         if p["status"] != "accepted":
             continue
@@ -256,7 +273,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
             p["reason"] = f"footprint intersection is smaller than one {job.slice_size} px slice"
             continue
         work.append((p, pre, post, splits[p["location"]]))
-        n_todo += sum(f"{p['pair_id']}_r{r:05d}_c{c:05d}" not in finished for c, r, _, _ in windows)
+    finished = _finished(work, job, reg, keys)
+    n_todo = sum(1 for _ in _iter_slices(work, job, finished))
     write_table_shard(out, "pairs", changed_rows(out, "pairs", pairs, schemas["pairs"]),
                       schemas["pairs"], run_id)
     n_acc = sum(p["status"] == "accepted" for p in pairs)
@@ -265,7 +283,8 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
           f"{len(errors)} error(s) so far", flush=True)
 
     # 3-5. Slices -> registration -> tables, streamed: rows are persisted as slices finish.
-    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "errors": schemas["errors"]},
+    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "shifts": schemas["shifts"],
+                                        "errors": schemas["errors"]},
                                   run_id, rows_per_shard=job.rows_per_shard,
                                   constants={"reference_date": pairing.reference_date})
     if n_todo:
@@ -390,7 +409,7 @@ def main(argv=None) -> dict:
         print("[build_pairs] reject reasons: " + ", ".join(
             f"{k}: {v}" for k, v in sorted(summary["reject_reasons"].items())), flush=True)
     print(f"[build_pairs] splits (accepted slices): {summary['splits']}", flush=True)
-    print(f"[build_pairs] outputs: {summary['output']}/A, /B, /label, /list; tables: metadata/, "
+    print(f"[build_pairs] outputs: {summary['output']}/A, /B, /label, /list; tables: metadata/, shifts/, "
           f"pairs/, scenes/, labels/, errors/ (Parquet)", flush=True)
     return summary
 

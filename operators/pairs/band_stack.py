@@ -34,7 +34,8 @@ from rasterio.windows import Window
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.cloud_masks import cloud_pixels
 from operators.pairs.radiometry import DEFAULT_PERCENTILES, band_percentiles
-from operators.pairs.raster_io import Grid
+from operators.pairs.raster_io import Grid, grid_bbox, holds_data
+from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
 
 
 def raster_path(href: str) -> str:
@@ -150,9 +151,7 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                 cols = np.arange(col, col + width)
                 valid = (((rows >= 0) & (rows < asset.height))[:, None]
                          & ((cols >= 0) & (cols < asset.width))[None, :])
-                if asset.nodata is not None:
-                    valid &= data != asset.nodata
-                return data, valid
+                return data, valid & holds_data(data, asset.nodata)
             # A VRT exactly the size of the window, its origin at the window's corner.
             dst = grid.affine @ Affine.translation(col, row)
             with WarpedVRT(src, src_crs=CRS.from_user_input(asset.crs),
@@ -163,8 +162,8 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                            add_alpha=asset.nodata is None) as vrt:
                 data = vrt.read(1)
                 if asset.nodata is None:
-                    return data, vrt.read(vrt.count) > 0
-                return data, data != asset.nodata
+                    return data, (vrt.read(vrt.count) > 0) & holds_data(data, None)
+                return data, holds_data(data, asset.nodata)
 
 
 @dataclass
@@ -217,7 +216,7 @@ def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTIL
                 data = src.read(1, out_shape=shape, resampling=Resampling.nearest)
         if i < len(stack.bands):
             planes.append(data)
-            valid |= (data != band.nodata) if band.nodata is not None else True
+            valid |= holds_data(data, band.nodata)
         else:
             clear = ~cloud_pixels(data, stack.cloud.kind, stack.cloud.values)
     return band_percentiles(np.stack(planes), valid & clear, percentiles)
@@ -262,11 +261,9 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
     """Cloud masks of a kept crop in both dates (post sampled like the post crop), or None.
 
     The post layer is sampled at the common-grid positions the registered post crop takes its
-    pixels from (``registration.crop_positions_on_grid``), nearest neighbour.
+    pixels from (``registration.crop_positions_on_grid``): a crop pixel is cloud when any pixel
+    its value is interpolated from is.
     """
-    from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
-    from operators.pairs.slice_io import grid_bbox
-
     pre_stack, post_stack = row_stack(row, "pre"), row_stack(row, "post")
     if (pre_stack is None or pre_stack.cloud is None) and \
             (post_stack is None or post_stack.cloud is None):
@@ -284,8 +281,11 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
         gx, gy = crop_positions_on_grid(H, win, crop_offset(win[2], crop_size), crop_size)
         box = grid_bbox(gx, gy)
         layer = read_cloud(post_stack, box, grid)
-        sampled, _ = remap_bands(layer[None].astype(np.uint8), np.ones(layer.shape, bool),
+        # Linear, and cloud where any source pixel is: the post crop's validity mask (also
+        # linear, valid only where every source pixel is usable) then has no ring of "nodata"
+        # around each cloud that neither mask claims.
+        sampled, _ = remap_bands(layer[None].astype(np.uint8) * 255, np.ones(layer.shape, bool),
                                  (gx - box[0]).astype(np.float32), (gy - box[1]).astype(np.float32),
-                                 "nearest")
+                                 "linear")
         post = sampled[0] > 0
     return CropClouds(pre, post, limit)

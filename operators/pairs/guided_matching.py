@@ -111,8 +111,10 @@ def guided_match(pre_xy: np.ndarray, pre_desc: np.ndarray, post_xy: np.ndarray,
     """Each pre feature against the post features within ``guided_radius_px`` of ``affine(pre)``.
 
     Ratio test among those candidates (the ``guided_candidates`` nearest to the prediction); a
-    lone candidate is kept (RANSAC and screening judge it). One post feature serves at most one
-    pre feature (the closest in descriptor distance). Returns (pre_idx, post_idx, distance).
+    lone candidate (no ratio test possible) is kept only within ``guided_max_distance``. Matches
+    are mutual nearest neighbours: the post feature is also closest, in descriptor distance, to
+    this pre feature among every pre feature that has it as a candidate. So one post feature
+    serves at most one pre feature. Returns (pre_idx, post_idx, distance).
     """
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
     if len(pre_xy) == 0 or len(post_xy) == 0:
@@ -137,13 +139,18 @@ def guided_match(pre_xy: np.ndarray, pre_desc: np.ndarray, post_xy: np.ndarray,
     rows = np.arange(len(pre_xy))
     best, second = dist[rows, order[:, 0]], (dist[rows, order[:, 1]] if k > 1
                                                else np.full(len(pre_xy), np.inf, np.float32))
-    keep = np.isfinite(best) & (~np.isfinite(second) | (best < cfg.guided_ratio * second))
-    qi = rows[keep]
-    ti = safe[rows, order[:, 0]][keep]
-    d = best[keep]
-    # One-to-one: the post feature goes to the pre feature it is closest to.
+    lone = ~np.isfinite(second)
+    keep = np.isfinite(best) & np.where(lone, best <= cfg.guided_max_distance,
+                                        best < cfg.guided_ratio * second)
+    # Mutual: the smallest distance any pre feature has to each post feature (over all
+    # candidate pairs, not only the pairs that passed the ratio test).
+    reverse = np.full(len(post_xy), np.inf, np.float32)
+    np.minimum.at(reverse, safe[present], dist[present])
+    ti_all = safe[rows, order[:, 0]]
+    keep &= best <= reverse[ti_all]
+    qi, ti, d = rows[keep], ti_all[keep], best[keep]
+    # Ties (two pre features at the same distance): the post feature goes to the first.
     o = np.lexsort((qi, d))
     _, first = np.unique(ti[o], return_index=True)
     sel = np.sort(o[first])
     return qi[sel].astype(np.int64), ti[sel].astype(np.int64), d[sel].astype(np.float32)
-

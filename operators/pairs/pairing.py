@@ -17,10 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+import cv2
 import numpy as np
 import pyarrow as pa
 from rasterio.warp import transform, transform_bounds
@@ -63,9 +65,42 @@ def box_iou(a, b) -> float:
     return inter / union if union > 0 else 0.0
 
 
+def footprint_polygon(scene: dict, crs: str) -> np.ndarray:
+    """(N, 2) convex footprint of a scene in ``crs``: the convex hull of its STAC geometry (lon/lat
+    GeoJSON; an orbit's sliver of a tile, not the tile) when it has one, else its bounds."""
+    geometry = scene.get("geometry")
+    if geometry:
+        geo = json.loads(geometry) if isinstance(geometry, str) else geometry
+        rings = {"Polygon": lambda c: [c[0]],                  # exterior rings only
+                 "MultiPolygon": lambda c: [p[0] for p in c]}.get(geo["type"], lambda c: [])(
+                     geo["coordinates"])
+        pts = [pt[:2] for ring in rings for pt in ring]
+        if pts:
+            xs, ys = transform("EPSG:4326", crs, [p[0] for p in pts], [p[1] for p in pts])
+            hull = cv2.convexHull(np.asarray(list(zip(xs, ys)), np.float32))
+            return hull.reshape(-1, 2)
+    left, bottom, right, top = footprint(scene, crs)
+    return np.array([[left, bottom], [right, bottom], [right, top], [left, top]], np.float32)
+
+
+def polygon_iou(a: np.ndarray, b: np.ndarray) -> float:
+    """IoU of two convex polygons (N, 2)."""
+    # Areas in a local frame: float32 loses the metres of UTM eastings/northings otherwise.
+    origin = np.minimum(a.min(axis=0), b.min(axis=0)).astype(np.float64)
+    a = (a.astype(np.float64) - origin).astype(np.float32)
+    b = (b.astype(np.float64) - origin).astype(np.float32)
+    inter, _ = cv2.intersectConvexConvex(a, b)
+    union = cv2.contourArea(a) + cv2.contourArea(b) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
 def footprint_iou(a: dict, b: dict) -> float:
-    """IoU of two scenes' footprints in the first scene's CRS (0 when reprojection fails)."""
+    """IoU of two scenes' footprints in the first scene's CRS (0 when reprojection fails): their
+    STAC geometries when they have them (two orbits' slivers of one Sentinel-2 tile share the
+    tile's bounds, not its pixels), else their bounds."""
     try:
+        if a.get("geometry") or b.get("geometry"):
+            return polygon_iou(footprint_polygon(a, a["crs"]), footprint_polygon(b, a["crs"]))
         return box_iou(footprint(a, a["crs"]), footprint(b, a["crs"]))
     except Exception:  # noqa: BLE001 - e.g. bounds outside the target CRS's domain
         return 0.0
@@ -211,10 +246,13 @@ def candidate_pairs(scenes: Sequence[dict], cfg: "PairingConfig") -> list[tuple[
             continue
         i, j = sorted((unnamed[a], unnamed[b]), key=rank.get)
         crs = scenes[i]["crs"]
-        try:
-            iou = box_iou(in_crs(i, crs), in_crs(j, crs))
-        except Exception:  # noqa: BLE001 - as footprint_iou: bounds outside the CRS's domain
-            iou = 0.0
+        if scenes[i].get("geometry") or scenes[j].get("geometry"):
+            iou = footprint_iou(scenes[i], scenes[j])
+        else:
+            try:
+                iou = box_iou(in_crs(i, crs), in_crs(j, crs))
+            except Exception:  # noqa: BLE001 - as footprint_iou: bounds outside the CRS's domain
+                iou = 0.0
         if iou > cfg.min_iou:
             out.append((i, j))
     return sorted(out, key=lambda p: (rank[p[0]], rank[p[1]]))

@@ -9,8 +9,9 @@ import numpy as np
 from operators.io.tables import envelope, error_envelope
 from operators.pairs.registration import (RegistrationConfig, crop_offset, feature_grey,
                                           register_slice_pair)
-from operators.pairs.slice_io import (STAGE, Clock, finish_crop, plain_row, read_post, read_pre,
-                                      read_registered_post, single_thread, slice_record)
+from operators.pairs.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
+                                      read_pre, read_registered_post, single_thread, slice_record,
+                                      with_shift_envelopes)
 
 
 def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
@@ -36,18 +37,20 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre[(slice(None),) + sl],
                            pre_valid[sl], post_crop, post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
 
 
 
-def _register_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> dict:
-    return register_slice_per_slice(plain_row(row), RegistrationConfig(**cfg_dict), out_root, run_id)
+def _register_map(row: dict, cfg_dict: dict, out_root: str, run_id: str) -> list[dict]:
+    """The slice's envelope, then its screening windows' ``shifts`` envelopes."""
+    return with_shift_envelopes([register_slice_per_slice(
+        plain_row(row), RegistrationConfig(**cfg_dict), out_root, run_id)])
 
 
 def per_slice_stage(slices, cfg: RegistrationConfig, out_root: str, run_id: str):
     """A lazy Ray Data map, one task per slice (tens of core-seconds each) so both cores and every
     node get work."""
     kwargs = {"cfg_dict": asdict(cfg), "out_root": out_root, "run_id": run_id}
-    return slices.repartition(target_num_rows_per_block=1).map(
+    return slices.repartition(target_num_rows_per_block=1).flat_map(
         _register_map, fn_kwargs=kwargs, num_cpus=1)

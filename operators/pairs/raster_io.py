@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import cv2
 import numpy as np
 import rasterio
 from affine import Affine
@@ -36,13 +37,25 @@ class Grid:
         return Affine(*self.transform)
 
 
+def holds_data(data: np.ndarray, nodata: float | None) -> np.ndarray:
+    """True where a value is data: not ``nodata`` (a NaN nodata included, which ``!=`` misses)
+    and, for floating-point rasters, finite."""
+    data = np.asarray(data)
+    if not np.issubdtype(data.dtype, np.floating):
+        return np.ones(data.shape, bool) if nodata is None else data != nodata
+    ok = np.isfinite(data)
+    if nodata is not None and not np.isnan(nodata):
+        ok &= data != nodata
+    return ok
+
+
 def _valid_mask(ds, data: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """True where every band holds data (GDAL's dataset mask, else nodata, else all valid)."""
-    if mask is not None:
-        return mask > 0
-    if ds.nodata is not None:
-        return np.all(data != ds.nodata, axis=0)
-    return np.ones(data.shape[1:], dtype=bool)
+    """True where every band holds data (GDAL's dataset mask, else nodata, else all valid);
+    non-finite values of a float raster are never data."""
+    valid = mask > 0 if mask is not None else np.ones(data.shape[1:], dtype=bool)
+    if mask is None and ds.nodata is not None or np.issubdtype(data.dtype, np.floating):
+        valid = valid & np.all(holds_data(data, ds.nodata), axis=0)
+    return valid
 
 
 def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = None,
@@ -68,7 +81,8 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
                     _has_internal_mask(src) else None
                 if mask is None:
                     # Boundless reads pad with zeros: mark the padding invalid by geometry.
-                    valid = _inside(col, row, width, height, src.width, src.height)
+                    valid = _inside(col, row, width, height, src.width, src.height) & \
+                        np.all(holds_data(data, None), axis=0)
                 else:
                     valid = _valid_mask(src, data, mask) & \
                         _inside(col, row, width, height, src.width, src.height)
@@ -89,7 +103,7 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
                     valid = vrt.read(vrt.count, window=win) > 0
                 else:
                     valid = vrt.dataset_mask(window=win) > 0
-                return data, valid
+                return data, valid & np.all(holds_data(data, src.nodata), axis=0)
 
 
 def has_alpha(src) -> bool:
@@ -144,13 +158,49 @@ def read_at(uri: str, bands: Sequence[int], grid: Grid, grid_x: np.ndarray, grid
     finite = np.isfinite(px) & np.isfinite(py)
     if not finite.any():
         return np.zeros((len(bands),) + grid_x.shape, np.uint8), np.zeros(grid_x.shape, bool)
-    margin = 2  # bilinear/bicubic support around the outermost positions
+    sigma = antialias_sigma(sample_step(px, py))
+    margin = 2 + int(np.ceil(3 * sigma))  # interpolation (and prefilter) support
     c0 = int(np.floor(px[finite].min())) - margin
     r0 = int(np.floor(py[finite].min())) - margin
     c1 = int(np.ceil(px[finite].max())) + margin + 1
     r1 = int(np.ceil(py[finite].max())) + margin + 1
     data, valid = read_window_anywhere(uri, (c0, r0, c1 - c0, r1 - r0), bands)
+    if sigma > 0:
+        data = prefilter(data, valid, sigma)
     return resample(data, valid, (px - c0).astype(np.float32), (py - r0).astype(np.float32))
+
+
+def sample_step(px: np.ndarray, py: np.ndarray) -> float:
+    """Median distance, in source pixels, between the positions of neighbouring target pixels
+    (> 1: the source is finer than the target grid)."""
+    steps = [np.hypot(np.diff(px, axis=a), np.diff(py, axis=a)) for a in (0, 1)
+             if px.shape[a] > 1]
+    vals = [float(np.nanmedian(s)) for s in steps if np.isfinite(s).any()]
+    return max(vals) if vals else 1.0
+
+
+def antialias_sigma(step: float) -> float:
+    """Gaussian sigma (source px) that removes what a sampling every ``step`` px would alias;
+    0 when the source is not finer than the target."""
+    return 0.5 * float(np.sqrt(step * step - 1.0)) if step > 1.05 else 0.0
+
+
+def prefilter(data: np.ndarray, valid: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian low-pass of every band before point sampling a finer source (normalised by the
+    valid pixels' weights, so nodata does not bleed into the data)."""
+    w = valid.astype(np.float32)
+    wb = cv2.GaussianBlur(w, (0, 0), sigma, borderType=cv2.BORDER_REPLICATE)
+    out = np.empty_like(data)
+    for i, band in enumerate(data):
+        b = cv2.GaussianBlur(band.astype(np.float32) * w, (0, 0), sigma,
+                             borderType=cv2.BORDER_REPLICATE)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where(wb > 0, b / np.maximum(wb, 1e-6), 0.0)
+        if np.issubdtype(data.dtype, np.integer):
+            info = np.iinfo(data.dtype)
+            f = np.clip(np.rint(f), info.min, info.max)
+        out[i] = f.astype(data.dtype)
+    return out
 
 
 def read_window_anywhere(uri: str, window: Sequence[int], bands: Sequence[int] | None = None,
@@ -182,3 +232,10 @@ def _inside(col: int, row: int, width: int, height: int, src_w: int, src_h: int)
     rows = np.arange(row, row + height)
     cols = np.arange(col, col + width)
     return ((rows >= 0) & (rows < src_h))[:, None] & ((cols >= 0) & (cols < src_w))[None, :]
+
+
+def grid_bbox(gx: np.ndarray, gy: np.ndarray, margin: int = 2) -> list[int]:
+    """The common-grid window holding every position (plus interpolation support)."""
+    c0, r0 = int(np.floor(np.nanmin(gx))) - margin, int(np.floor(np.nanmin(gy))) - margin
+    c1, r1 = int(np.ceil(np.nanmax(gx))) + margin + 1, int(np.ceil(np.nanmax(gy))) + margin + 1
+    return [c0, r0, c1 - c0, r1 - r0]

@@ -7,8 +7,8 @@ reason) or ``errors`` (stage "registration", e.g. an unreadable window).
 
 Outputs per accepted slice, through ``Store(out_root)``: ``A/<slice_id>.png`` (pre crop) and
 ``B/<slice_id>.png`` (registered post crop), 8-bit RGB by each scene's stretch. Regional matches
-are kept under ``_work/matches/<features_key>/<pair_id>/<tile_row>_<tile_col>.npz`` (the key hashes
-the feature and matching settings) so a resumed run with the same settings reuses them; with guided
+are kept under ``_work/matches/<features_key>/<pair_id>-<inputs>/<tile_row>_<tile_col>.npz`` (the
+key hashes the feature and matching settings, ``<inputs>`` the bands and stacked assets read) so a resumed run with the same settings reuses them; with guided
 matching the pair's prior (``_work/priors/<key>/<pair_id>.json``) and the guided matches
 (``_work/guided/<key>/...``, what slices fit) are kept the same way;
 the per-tile features they come from (``_work/features/...``) are deleted once a pair's matches are
@@ -31,14 +31,22 @@ from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guid
                                       match_tile, neighbour_tiles, tile_core, tile_features,
                                       tile_read_window, tiles_for_window)
 from operators.pairs.registration import RegistrationConfig, feature_grey
-from operators.pairs.slice_io import (STAGE, Clock, crop_window, finish_crop, plain_row, read_post,
-                                      read_pre, read_registered_post, single_thread, slice_record)
+from operators.pairs.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
+                                      plain_row, read_post, read_pre, read_registered_post,
+                                      single_thread, slice_record, with_shift_envelopes)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
 GUIDED_DIR = "_work/guided"
 PRIORS_DIR = "_work/priors"
 TILE_RUNS_DIR = "_work/tile_runs"
+
+
+def work_id(row: dict) -> str:
+    """Where a pair's intermediates live: its pair id plus a hash of the inputs its features
+    depend on besides the settings in ``features_key`` (bands read, stacked assets and their
+    cloud settings), so a rerun with other ``--bands`` or ``--cloud-mask`` recomputes them."""
+    return f"{row['pair_id']}-{inputs_hash(row)}"
 
 
 def matches_rel(cfg: RegistrationConfig, pair_id: str, tile_col: int, tile_row: int) -> str:
@@ -122,7 +130,7 @@ def _tile_pass(row: dict, out_root: str, rel: str, reusable, compute) -> dict:
 
 def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
-    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = features_rel(cfg, pair, tc, tr)
 
     def reusable(store: Store) -> bool:
@@ -147,7 +155,7 @@ def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dic
     feats = {}
     for c, r in row["neighbours"]:
         try:
-            data = store.read_bytes(features_rel(cfg, row["pair_id"], c, r))
+            data = store.read_bytes(features_rel(cfg, work_id(row), c, r))
             feats[(c, r)] = TileFeatures.from_bytes(data)
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
@@ -156,7 +164,7 @@ def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dic
 
 def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 2: match one tile's pre features against its neighbourhood's post features."""
-    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = matches_rel(cfg, pair, tc, tr)
 
     def reusable(store: Store) -> bool:
@@ -178,8 +186,8 @@ def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str
     single_thread()
     clock = Clock()
     store = Store(out_root)
-    pair = rows[0]["pair_id"]
-    out = {"pair_id": pair, "n": -1, "local_tiles": 0, "reused": False, "error": None,
+    pair = work_id(rows[0])
+    out = {"pair_id": rows[0]["pair_id"], "n": -1, "local_tiles": 0, "reused": False, "error": None,
            "seconds": 0.0, "cpu_seconds": 0.0}
     try:
         rel = prior_rel(cfg, pair)
@@ -208,14 +216,14 @@ def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str
 
 def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 4 (guided matching): re-match one tile's pre features near their predicted partner."""
-    pair, tc, tr = row["pair_id"], row["tile_col"], row["tile_row"]
+    pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = guided_rel(cfg, pair, tc, tr)
 
     def compute(store: Store):
         try:
             prior = MatchPrior.from_bytes(store.read_bytes(prior_rel(cfg, pair)))
         except (FileNotFoundError, OSError) as exc:
-            raise OSError(f"prior of pair {pair} missing (its tiles failed?)") from exc
+            raise OSError(f"prior of pair {row['pair_id']} missing (its tiles failed?)") from exc
         if prior.for_tile(tc, tr) is None:
             # No prior for this pair: the first pass's matches are the final ones (stored already).
             data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
@@ -250,13 +258,13 @@ def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: 
     store = Store(out_root)
     for row in tile_rows:
         if row["pair_id"] not in failed:
-            store.delete(features_rel(cfg, row["pair_id"], row["tile_col"], row["tile_row"]))
+            store.delete(features_rel(cfg, work_id(row), row["tile_col"], row["tile_row"]))
 
 
 def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
     parts = []
     for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
-        rel = slice_matches_rel(cfg, row["pair_id"], tc, tr)
+        rel = slice_matches_rel(cfg, work_id(row), tc, tr)
         try:
             parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
         except (FileNotFoundError, OSError) as exc:
@@ -281,7 +289,7 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
         return finish_crop(row, cfg, out_root, run_id, clock, fit, pre_crop, pre_valid, post_crop,
                            post_crop_valid)
     except Exception as exc:  # noqa: BLE001 - every slice must end as one envelope
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
 
 # The task graph: the three passes are Ray tasks without a barrier (and a Ray Data start-up)
@@ -319,7 +327,7 @@ def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
     """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
     small shard right here, so they survive whatever happens to the driver next."""
     cfg = RegistrationConfig(**cfg_dict)
-    envs = [register_slice_regional(r, cfg, out_root, run_id) for r in rows]
+    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id) for r in rows])
     return envs, (persist_envelopes(envs, persist) if persist else [])
 
 
@@ -522,7 +530,7 @@ def run_regional(rows: Iterable[dict], cfg: RegistrationConfig, out_root: str, r
     source = enumerate(pair_windows(rows, window_slices))
 
     def failed(row, exc):
-        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job="pairs", run_id=run_id)
+        return error_envelope(row.get("slice_id", "?"), STAGE, exc, job=JOB, run_id=run_id)
 
     def submit_next() -> None:
         item = next(source, None)

@@ -85,6 +85,9 @@ class RegistrationConfig:
     ransac_confidence: float = _opt(0.999, "RANSAC confidence")
     # -- rejection of fits -------------------------------------------------------------------
     min_inliers: int = _opt(30, "reject a slice with fewer RANSAC inliers (good fits have hundreds)")
+    min_inlier_ratio: float = _opt(0.3, "fit confidence (Brown-Lowe, as OpenCV stitching): reject "
+                                        "a fit with at most 8 + this x matches inliers; wrong "
+                                        "matches near a prior still give dozens of inliers")
     min_inlier_spread: float = _opt(0.08, "inliers whose spread (std along their thinnest direction) "
                                           "is below this fraction of the slice side get a "
                                           "similarity instead of a homography (underdetermined)")
@@ -100,6 +103,9 @@ class RegistrationConfig:
     # -- screening (independent of the SIFT fit) ---------------------------------------------
     max_residual_px: float = _opt(8.0, "reject if screening finds a displacement above this "
                                        "anywhere in the crop, corners included (paper: 8 px)")
+    max_residual_m: float = _opt(0.0, "the screening limit in metres of the grid's CRS (0 = use "
+                                      "max_residual_px); converted with each slice's pixel size, "
+                                      "ignored for a geographic CRS")
     screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8); they "
                                     "tile the whole crop at half-window steps")
     screen_search_px: int = _opt(128, "largest displacement a window searches for when the "
@@ -113,9 +119,22 @@ class RegistrationConfig:
                                            "crop's percentile stretch) both windows need")
     screen_min_assessed: float = _opt(0.15, "fraction of the textured windows that must be "
                                            "measured confidently; below: insufficient evidence")
+    screen_min_windows: int = _opt(6, "agreeing windows screening needs to accept a crop (an "
+                                      "affine field over the crop needs 6); fewer: insufficient "
+                                      "evidence")
+    screen_min_quadrants: int = _opt(3, "crop quadrants (of 4) the agreeing windows must reach; "
+                                        "fewer: insufficient evidence (a far corner is unchecked)")
+    rescue: bool = _opt(True, "refit a crop rejected for a displaced region or corner from its "
+                              "screening shift field when that field is smooth and well "
+                              "supported, then screen the re-warped crop again from scratch")
+    rescue_min_windows: int = _opt(12, "agreeing screening windows a rescue needs")
+    rescue_min_agreement: float = _opt(0.9, "share of those windows one affine (else projective) "
+                                            "field must explain within 2 px (smoothness) for a "
+                                            "rescue")
     # -- regional method ---------------------------------------------------------------------
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
-    tile_context_px: int = _opt(16, "extra pixels read around a tile so SIFT sees past its edges")
+    tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
+                                    "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
                                       "must cover the geocoding error between dates (<= tile_size)")
     keep_features: bool = _opt(False, "keep per-tile SIFT features under _work/features after "
@@ -130,6 +149,9 @@ class RegistrationConfig:
     guided_ratio: float = _opt(0.8, "guided matching: ratio test threshold among the candidates")
     guided_candidates: int = _opt(8, "guided matching: at most this many candidates (the nearest "
                                      "to the prediction) per feature")
+    guided_max_distance: float = _opt(350.0, "guided matching: a lone candidate (no ratio test "
+                                             "possible) is kept only within this SIFT descriptor "
+                                             "distance (descriptors have norm 512)")
     prior_ransac_px: float = _opt(8.0, "guided matching: RANSAC threshold of the pair/tile affine "
                                        "prior fitted to the first-pass matches")
     prior_min_inliers: int = _opt(12, "guided matching: inliers a pair (or a tile neighbourhood) "
@@ -152,6 +174,8 @@ class RegistrationConfig:
             raise ValueError("search_margin_px must be within [0, tile_size]")
         if self.guided_radius_px <= 0 or self.guided_candidates < 2:
             raise ValueError("guided_radius_px must be positive and guided_candidates >= 2")
+        if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
+            raise ValueError("screen_min_quadrants must be within [1, 4] and screen_min_windows >= 1")
         if self.sift_normalisation not in ("percentile", "clahe"):
             raise ValueError("sift_normalisation must be 'percentile' or 'clahe'")
 
@@ -310,6 +334,11 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
     n_in = int(inliers.sum())
     if n_in < cfg.min_inliers:
         return HomographyFit(None, n, n_in, f"too few inliers ({n_in} < {cfg.min_inliers})")
+    need = confidence_inliers(n, cfg)
+    if n_in <= need:
+        return HomographyFit(None, n, n_in, f"low fit confidence: {n_in} inliers of {n} matches "
+                                            f"(<= 8 + {cfg.min_inlier_ratio:g} x matches = "
+                                            f"{need:.0f})")
     if not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
         return HomographyFit(None, n, n_in, "degenerate homography (not finite)")
     keep = inliers.ravel().astype(bool)
@@ -320,6 +349,13 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
             return HomographyFit(None, n, n_in, "inliers too concentrated for any fit")
         return HomographyFit(S, n, n_in)
     return HomographyFit(H / H[2, 2], n, n_in)
+
+
+def confidence_inliers(n_matches: int, cfg: RegistrationConfig) -> float:
+    """Inliers a fit must exceed (Brown and Lowe 2007, OpenCV stitching's match confidence
+    ``inliers / (8 + 0.3 matches) > 1``): RANSAC's inlier count alone means little when the
+    matches were drawn near a prior, where wrong matches agree with it by chance."""
+    return 8.0 + float(cfg.min_inlier_ratio) * int(n_matches)
 
 
 def inlier_spread(xy: np.ndarray) -> float:

@@ -20,9 +20,11 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
   same wrong peak (a new building beside an old one, field rows), while a displaced region of the
   scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
-* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little of
-  the textured area measured ("insufficient evidence", with the fraction): nothing passes
-  unchecked.
+* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little
+  evidence ("insufficient evidence"): too little of the textured area measured, fewer than
+  ``screen_min_windows`` agreeing windows, or agreeing windows in fewer than
+  ``screen_min_quadrants`` quadrants of the crop (a scale or rotation error grows towards a far
+  corner that no window sees). Nothing passes unchecked.
 
 ``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
 when at least 90 % of it is usable, and unusable pixels are set to the window mean.
@@ -60,6 +62,7 @@ class ScreeningResult:
     reject_reason: Optional[str] = None
     assessed_fraction: float = 0.0        # n_confident / n_windows
     shifts: list = field(default_factory=list)  # WindowShift per trusted window, for diagnostics
+    measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -306,7 +309,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {fraction:.0%} of the textured area "
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
-                               f"{n_textured} windows)", fraction, trusted)
+                               f"{n_textured} windows)", fraction, trusted, shifts)
+    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants:
+        return ScreeningResult(None, None, n_textured, n,
+                               f"insufficient evidence: {n} agreeing windows in {quadrants} "
+                               f"quadrant(s) of the crop (needs {cfg.screen_min_windows} in "
+                               f"{cfg.screen_min_quadrants})", fraction, trusted, shifts)
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
@@ -320,4 +329,68 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     elif corner > cfg.max_residual_px:
         reason = f"residual {corner:.1f} px at a crop corner > {cfg.max_residual_px:g} px"
     return ScreeningResult(max(residual, corner), median, n_textured, n, reason, fraction,
-                           trusted)
+                           trusted, shifts)
+
+
+RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
+
+
+def rescue_field(result: ScreeningResult, w: int, h: int,
+                 cfg: RegistrationConfig) -> Optional[tuple[np.ndarray, float]]:
+    """The crop's correction from a rejected screening: a projective field fitted to the
+    agreeing windows (crop px -> where their content sits in the post crop), when the field is
+    smooth and well supported, else None. Returns (3x3 field, largest correction at the crop's
+    corners in px).
+
+    Smooth and well supported: at least ``rescue_min_windows`` agreeing windows reaching
+    ``screen_min_quadrants`` quadrants, of which ``rescue_min_agreement`` lie within ``AGREE_PX``
+    of the one field. A displaced region (a building, a landslide, a wrong peak group) leaves
+    windows the field cannot explain and is not rescued.
+    """
+    if not cfg.rescue or not result.reject_reason or \
+            not result.reject_reason.startswith(RESCUABLE):
+        return None
+    trusted = result.shifts
+    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    if len(trusted) < max(cfg.rescue_min_windows, 8) or quadrants < cfg.screen_min_quadrants:
+        return None
+    src = np.array([[s.x, s.y] for s in trusted], np.float64)
+    dst = src + np.array([[s.dx, s.dy] for s in trusted])
+    # The simplest field that explains the windows: affine (exact for a shift, rotation or
+    # scale error, and stable when extrapolated to the corners), else projective.
+    G = None
+    for fit in ("affine", "projective"):
+        cv2.setRNGSeed(0)
+        if fit == "affine":
+            A, inl = cv2.estimateAffine2D(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
+                                          method=cv2.RANSAC, ransacReprojThreshold=AGREE_PX)
+            M = None if A is None else np.vstack([A, [0.0, 0.0, 1.0]])
+        else:
+            M, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
+                                        cv2.RANSAC, AGREE_PX)
+        if M is not None and inl is not None and np.all(np.isfinite(M)) and \
+                inl.sum() >= cfg.rescue_min_agreement * len(trusted):
+            G = M
+            break
+    if G is None:
+        return None
+    corners = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    moved = cv2.perspectiveTransform(corners.reshape(-1, 1, 2), G).reshape(-1, 2)
+    shift = float(np.hypot(*(moved - corners).T).max())
+    if not np.isfinite(shift) or shift > cfg.screen_search_px:
+        return None
+    return G / G[2, 2], shift
+
+
+def rescued_homography(H: np.ndarray, field: np.ndarray, offset: int) -> np.ndarray:
+    """The slice homography corrected by a crop's screening field.
+
+    Pre content at crop pixel p sits in the post crop at G(p); the post crop's pixel q shows the
+    post slice at H^-1(q + offset). So the post slice point showing pre crop pixel p is
+    H^-1(G(p) + offset), and the corrected mapping (post slice -> pre slice) is
+    H' = T(offset) G^-1 T(-offset) H.
+    """
+    T = np.array([[1, 0, offset], [0, 1, offset], [0, 0, 1]], np.float64)
+    Ti = np.array([[1, 0, -offset], [0, 1, -offset], [0, 0, 1]], np.float64)
+    out = T @ np.linalg.inv(np.asarray(field, np.float64)) @ Ti @ np.asarray(H, np.float64)
+    return out / out[2, 2]

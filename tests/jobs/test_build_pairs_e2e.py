@@ -308,3 +308,28 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
         assert sorted(r.split("/")[-1][:-4] for r in store.list(folder)) == accepted
     # The tile audit of every window of the rerun that had slices to fit.
     assert store.exists(f"_work/tile_runs/{summary['run_id']}.json")
+
+
+@pytest.mark.slow
+def test_rerun_with_other_bands_recomputes_matches_and_verdicts(tmp_path, ray_session):
+    """Finished slices are skipped only under the settings and inputs that decided them: other
+    --rgb-bands redo every slice and its tiles' matches (stored under a new inputs hash)."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for year in ("2016", "2020"):
+        shutil.copy(NAIP[year], archive / NAIP[year].name)
+    out = tmp_path / "out"
+    pairing, reg = PairingConfig(reference_date="2021-01-01"), RegistrationConfig(crop_size=CROP)
+    first = run(small_job(archive, out), pairing, reg)
+    n = first["slices_this_run"]
+    assert n == 6
+    again = run(small_job(archive, out), pairing, reg)
+    assert again["slices_this_run"] == 0 and again["slices_skipped_as_finished"] == n
+    other = run(small_job(archive, out, rgb_bands=(4, 3, 2)), pairing, reg)
+    assert other["slices_this_run"] == n and other["slices_skipped_as_finished"] == 0
+    meta = read_table(Store(str(out)), "metadata").to_pylist()
+    hist = read_table(Store(str(out)), "metadata", current=False).to_pylist()
+    assert len(meta) == n and len(hist) == 2 * n
+    assert len({m["settings_key"] for m in hist}) == 2 * n    # per slice, per setting
+    work = {p.parent.name for p in (out / "_work" / "guided").glob("*/*/*.npz")}
+    assert len(work) == 2, work                # one pair, two inputs hashes

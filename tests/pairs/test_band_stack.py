@@ -116,3 +116,24 @@ def test_band_manifest_stacks_like_stac(tmp_path):
     assert rec["acquired"] == "2023-08-13" and rec["transform"][0] == 120.0
     with pytest.raises(ValueError, match="no band 'nir'"):
         group_record(key, groups[key], ["nir"], CloudConfig())
+
+
+def test_nan_nodata_is_invalid_in_band_and_plain_reads(tmp_path):
+    """A float band with NaN as nodata (and one without any nodata declared): NaN pixels are no
+    data in a stacked read and in a plain window read."""
+    from operators.pairs.raster_io import read_window
+    data = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    data[10:20, 5:30] = np.nan
+    nan_px = np.isnan(data)
+    tr = Affine(10, 0, 500000, 0, -10, 5000000)
+    for name, nodata in (("declared.tif", float("nan")), ("undeclared.tif", None)):
+        path = tmp_path / name
+        with rasterio.open(path, "w", driver="GTiff", width=64, height=64, count=1,
+                           dtype="float32", crs="EPSG:32633", transform=tr, nodata=nodata) as dst:
+            dst.write(data, 1)
+        band = BandAsset(name="b", href=str(path), crs="EPSG:32633", transform=tuple(tr)[:6],
+                         width=64, height=64, nodata=nodata, dtype="float32")
+        _, valid = read_band(band, (0, 0, 64, 64), band.grid)
+        assert np.array_equal(valid, ~nan_px), name
+        _, valid = read_window(str(path), (0, 0, 64, 64))
+        assert np.array_equal(valid, ~nan_px), name

@@ -129,3 +129,52 @@ def test_without_a_prior_the_first_pass_is_used_and_the_prior_round_trips():
     back = MatchPrior.from_bytes(MatchPrior(np.eye(2, 3), 40, {(1, 2): np.eye(2, 3) * 2}).to_bytes())
     assert back.pair_inliers == 40 and np.allclose(back.for_tile(1, 2), np.eye(2, 3) * 2)
     assert np.allclose(back.for_tile(0, 0), np.eye(2, 3))
+
+
+def test_all_wrong_matches_near_the_prior_give_no_fit():
+    """3,000 look-alike partners, each 4-15 px from where its pre feature really is (repeated
+    texture, a changed scene): guided matching keeps them all (they sit within the radius of an
+    identity prior) and RANSAC finds a hundred-odd chance inliers; the fit's confidence (inliers
+    relative to matches) must reject it."""
+    rng = np.random.default_rng(3)
+    n, side = 3000, 512
+    pre_xy = rng.uniform(0, side - 1, (n, 2)).astype(np.float32)
+    ang, rad = rng.uniform(0, 2 * np.pi, n), np.sqrt(rng.uniform(16, 225, n))
+    post_xy = (pre_xy + np.stack([rad * np.cos(ang), rad * np.sin(ang)], 1)).astype(np.float32)
+    desc = rng.integers(0, 255, (n, 128)).astype(np.uint8)
+    cfg = RegistrationConfig(crop_size=256)
+    qi, ti, _ = guided_match(pre_xy, desc, post_xy, desc, np.eye(2, 3), cfg)
+    assert len(qi) > 2500                                 # the prior lets them all through
+    # Independent oracle: none of them is within 3 px of its pre feature.
+    assert np.all(np.hypot(*(post_xy[ti] - pre_xy[qi]).T) > 3.0)
+    fit = fit_slice(TileMatches(pre_xy[qi], post_xy[ti], np.zeros(len(qi), np.float32)),
+                    (0, 0, side, side), cfg)
+    assert fit.homography is None, (fit.n_matches, fit.n_inliers)
+    assert fit.n_inliers >= 30 and "confidence" in fit.reject_reason
+
+
+def test_guided_matches_are_mutual_and_lone_candidates_need_a_close_descriptor():
+    rng = np.random.default_rng(1)
+    base = rng.integers(60, 190, 128).astype(np.int16)
+
+    def like(delta):                                   # base, the first dims moved by delta
+        d = base.copy()
+        d[:len(delta)] += np.asarray(delta, np.int16)
+        return d.astype(np.uint8)
+
+    # Pre 1 looks most like post 0 (distance 10) but also like post 1 (12): no ratio-test pass.
+    # Pre 0's lone candidate is post 0, at distance 50. Not mutual: post 0 is closest to pre 1.
+    pre_desc = np.stack([like([50]), like([])])
+    post_desc = np.stack([like([0, 10]), like([0, 0, 12])])
+    pre_xy = np.array([[90, 100], [106, 100]], np.float32)     # pre 0 sees post 0 only
+    post_xy = np.array([[104, 100], [110, 100]], np.float32)
+    qi, ti, _ = guided_match(pre_xy, pre_desc, post_xy, post_desc, np.eye(2, 3), CFG)
+    assert qi.tolist() == [] and ti.tolist() == []
+    # Alone, pre 0 and post 0 are mutual (distance 50 < the cap) ...
+    qi, ti, d = guided_match(pre_xy[:1], pre_desc[:1], post_xy[:1], post_desc[:1], np.eye(2, 3),
+                             CFG)
+    assert qi.tolist() == [0] and ti.tolist() == [0] and abs(d[0] - np.hypot(50, 10)) < 1e-3
+    # ... but a lone candidate far away in descriptor space is no match.
+    other = rng.integers(0, 255, (1, 128)).astype(np.uint8)
+    qi, _, _ = guided_match(pre_xy[:1], pre_desc[:1], post_xy[:1], other, np.eye(2, 3), CFG)
+    assert len(qi) == 0

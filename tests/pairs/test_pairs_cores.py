@@ -335,3 +335,27 @@ def test_post_in_another_crs_is_read_onto_the_pre_grid(tmp_path):
     [pair] = select_pairs([pre, dict(post, acquired="2021-06-01")], PairingConfig(reference_date="2022-01-01"))
     assert pair["status"] == "accepted" and pair["iou"] > 0.9
     assert len(slice_windows(pre, post, 512, 256)) == 6
+
+
+def test_footprint_iou_uses_stac_geometry_not_the_tile_bounds():
+    """Two items of one Sentinel-2 tile (same bounds, 109.8 km): one full, one an orbit's
+    10 % sliver along the tile's west edge. Their bounding boxes agree (IoU 1); their footprints
+    overlap by 10 %, and the pair is not the same place."""
+    import json
+    from rasterio.warp import transform as warp
+    left, bottom, right, top = 500000.0, 5090200.0, 609800.0, 5200000.0
+    cut = left + 0.1 * (right - left)
+
+    def lonlat_ring(x0, x1):
+        xs, ys = warp("EPSG:32633", "EPSG:4326", [x0, x1, x1, x0, x0], [bottom, bottom, top, top, bottom])
+        return json.dumps({"type": "Polygon", "coordinates": [list(map(list, zip(xs, ys)))]})
+
+    full = scene("full", "2023-08-13", bounds=(left, bottom, right, top), crs="EPSG:32633")
+    sliver = scene("sliver", "2023-08-18", bounds=(left, bottom, right, top), crs="EPSG:32633")
+    full["geometry"], sliver["geometry"] = lonlat_ring(left, right), lonlat_ring(left, cut)
+    assert footprint_iou(full, sliver) == pytest.approx(0.1, abs=0.01)
+    assert footprint_iou(full, dict(full, geometry=lonlat_ring(left, right))) == pytest.approx(1.0, abs=1e-3)
+    for s in (full, sliver):
+        s["location"] = "x"
+    (pair,) = select_pairs([full, sliver], PairingConfig(reference_date="2024-01-01", min_gap_days=1))
+    assert pair["status"] == "rejected" and "IoU 0.1" in pair["reason"]

@@ -112,7 +112,12 @@ def test_slice_with_no_matches_is_rejected_with_reason():
 def test_tile_geometry():
     assert tiles_for_window((0, 0, 512, 512), 256) == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert tiles_for_window((100, 0, 300, 10), 256) == [(0, 0), (1, 0)]
-    assert tile_read_window(1, 2, CFG) == (256 - 16, 512 - 16, 256 + 32, 256 + 32)
+    ctx = CFG.tile_context_px
+    assert tile_read_window(1, 2, CFG) == (256 - ctx, 512 - ctx, 256 + 2 * ctx, 256 + 2 * ctx)
+    # SIFT detects nothing within 5 octave pixels of an image edge (SIFT_IMG_BORDER): 5 x 2^o px
+    # at octave o. The context must cover that border at octave 3, else keypoints of octaves
+    # >= 3 near a tile core's edge are found by no tile.
+    assert RegistrationConfig().tile_context_px >= 5 * 2 ** 3
     assert search_window(1, 2, CFG) == (256 - 32, 512 - 32, 256 + 64, 256 + 64)
     assert neighbour_tiles(1, 1, CFG) == [(c, r) for r in range(3) for c in range(3)]
     xy = np.array([[-0.5, 0], [255.49, 10], [255.5, 10]], np.float32)

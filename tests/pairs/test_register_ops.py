@@ -18,11 +18,11 @@ from rasterio.enums import ColorInterp
 from operators.io.images import decode_image
 from operators.pairs.radiometry import scene_stretch
 from operators.pairs.regional_ops import (guided_rel, matches_rel, plan_tiles, prior_rel,
-                                          run_tile_stage)
+                                          run_tile_stage, work_id)
 from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
 from operators.pairs.registration import RegistrationConfig, translation
 from operators.pairs.raster_io import Grid, read_window
-from operators.pairs.slice_io import read_registered_post
+from operators.pairs.slice_io import SHIFTS_SCHEMA, read_registered_post, screening_limit
 from operators.io.storage import Store
 from operators.io.tables import records_to_table, split_envelopes
 from tests.pairs.test_registration import NAIP, corner_errors, known_homography, make_post
@@ -120,12 +120,26 @@ def test_stage_end_to_end(ray_session, scenes, tmp_path, method):
         b = decode_image(store.read_bytes(rec["image_b"]), grey=True).astype(float)
         assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.8
 
+    # The shift field: one row per screening window with a peak, in px and metres (5 m NAIP).
+    shifts = tables["shifts"]
+    for row in good:
+        mine = [s for s in shifts if s["slice_id"] == row["slice_id"]]
+        kept = [s for s in mine if s["status"] == "kept"]
+        assert len(kept) == meta[row["slice_id"]]["screen_windows"] >= 6
+        assert all(s["shift_m"] == pytest.approx(5.0 * s["shift_px"]) for s in mine)
+        assert max(s["shift_px"] for s in kept) <= meta[row["slice_id"]]["residual_px"] + 1e-9
+        rmse = np.sqrt(np.mean([s["shift_px"] ** 2 for s in kept]))
+        assert meta[row["slice_id"]]["shift_rmse_px"] == pytest.approx(rmse)
+        assert meta[row["slice_id"]]["pixel_size_m"] == pytest.approx(5.0)
+    assert records_to_table(shifts, SHIFTS_SCHEMA).num_rows == len(shifts)
+
     rec = meta[noise[0]["slice_id"]]
     assert rec["status"] == "rejected" and rec["reject_reason"]
     assert not store.exists(f"A/{rec['slice_id']}.png") and not store.exists(f"B/{rec['slice_id']}.png")
 
     err = errors[broken[0]["slice_id"]]
     assert err["stage"] == "registration" and err["message"]
+    assert err["job"] == "build_pairs"       # the job that resolves it on a rerun
 
     # Records fit the declared schema (what the job's TableSink writes).
     table = records_to_table(list(meta.values()), METADATA_SCHEMA)
@@ -142,10 +156,12 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
     first = run_tile_stage(tiles, cfg, out, "r1")
     assert all(not t["reused"] and t["n"] > 0 and t["error"] is None for t in first)
     store = Store(out)
-    assert store.exists(matches_rel(cfg, "good", 0, 0))
+    pair = work_id(good[0])
+    assert pair.startswith("good-")
+    assert store.exists(matches_rel(cfg, pair, 0, 0))
     # The pair's prior and every tile's guided matches (what slices fit) are stored too.
-    assert store.exists(prior_rel(cfg, "good"))
-    assert all(store.exists(guided_rel(cfg, "good", t["tile_col"], t["tile_row"])) for t in tiles)
+    assert store.exists(prior_rel(cfg, pair))
+    assert all(store.exists(guided_rel(cfg, pair, t["tile_col"], t["tile_row"])) for t in tiles)
     assert not store.list("_work/features")  # dropped once the pair's matches are complete
     audit = json.loads(store.read_bytes("_work/tile_runs/r1.json"))
     assert len(audit["features"]) == len(audit["matches"]) == len(audit["guided"]) == len(tiles)
@@ -157,6 +173,9 @@ def test_regional_matches_are_reused_on_resume(ray_session, scenes, tmp_path):
                                search_margin_px=32, ratio=0.7)
     assert other.features_key() != cfg.features_key()
     assert not any(t["reused"] for t in run_tile_stage(tiles, other, out, "r3"))
+    # Nor other bands read from the same scenes.
+    rgb = plan_tiles([{**r, "bands_pre": [3, 2, 1], "bands_post": [3, 2, 1]} for r in good], cfg)
+    assert not any(t["reused"] for t in run_tile_stage(rgb, cfg, out, "r4"))
 
 
 def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
@@ -167,7 +186,7 @@ def test_regional_stage_writes_to_s3(ray_session, scenes, s3_bucket):
     assert rec["status"] == "accepted", rec["reject_reason"]
     store = Store(out)
     assert store.exists(rec["image_a"]) and store.exists(rec["image_b"])
-    assert any("/good/" in rel for rel in store.list("_work/matches", suffixes=(".npz",)))
+    assert any("/good-" in rel for rel in store.list("_work/matches", suffixes=(".npz",)))
     assert json.dumps(rec)  # plain JSON-able record
 
 
@@ -237,3 +256,66 @@ def test_post_scene_with_alpha_band_registers(ray_session, scenes, tmp_path):
         assert not tables.get("errors"), tables.get("errors")
         (rec,) = tables["metadata"]
         assert rec["status"] == "accepted", rec["reject_reason"]
+
+
+def test_screening_limit_in_metres_follows_the_pixel_size():
+    row = {"crs": "EPSG:32633", "transform": [10.0, 0, 500000, 0, -10.0, 5000000]}
+    assert screening_limit(row, RegistrationConfig()) == 8.0                  # the px default
+    assert screening_limit(row, RegistrationConfig(max_residual_m=25.0)) == 2.5
+    geo = {"crs": "EPSG:4326", "transform": [0.0001, 0, 15, 0, -0.0001, 45]}
+    assert screening_limit(geo, RegistrationConfig(max_residual_m=25.0)) == 8.0  # no metres
+
+
+@pytest.mark.parametrize("spoil", ["rotation", "shift"])
+def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
+    """Real NAIP with a known warp; the true slice homography spoiled by a rotation about the
+    slice centre (11 px at the crop corners) or a 10 px shift: screening rejects it, the rescue
+    refits it from the shift field, and the re-warped crop passes a second screening. The
+    accepted homography is within 1 px of the truth at the crop corners; without rescue the
+    crop is rejected."""
+    from operators.pairs.registration import HomographyFit
+    from operators.pairs.slice_io import Clock, crop_window, finish_crop, read_pre
+    paths, crs, transform = scenes
+    row = slice_row(paths, crs, transform, "good", "post", (256, 200, SLICE, SLICE))
+    W_slice = translation(-256, -200) @ W_TRUE @ translation(256, 200)
+    c = (SLICE - 1) / 2
+    t = 11.0 / np.hypot(CROP / 2, CROP / 2)
+    R = np.array([[np.cos(t), -np.sin(t), 0], [np.sin(t), np.cos(t), 0], [0, 0, 1.0]])
+    P = translation(c, c) @ R @ translation(-c, -c) if spoil == "rotation" else translation(10, 0)
+    fit = HomographyFit(P @ W_slice, 500, 400)
+    assert corner_errors(fit.homography, W_slice, SLICE, CROP).max() > 9.0
+    pre, pre_valid = read_pre(row, crop_window(row, RegistrationConfig(crop_size=CROP)))
+    recs = {}
+    for rescue in (False, True):
+        cfg = RegistrationConfig(crop_size=CROP, rescue=rescue)
+        post, post_valid = read_registered_post(row, fit.homography, cfg)
+        env = finish_crop(row, cfg, str(tmp_path / "out"), "r", Clock(), fit, pre, pre_valid,
+                          post, post_valid)
+        recs[rescue] = json.loads(env["_record"])
+    assert recs[False]["status"] == "rejected" and not recs[False]["rescued"]
+    rec = recs[True]
+    assert rec["status"] == "accepted" and rec["rescued"], rec["reject_reason"]
+    assert rec["rescue_reason"] == recs[False]["reject_reason"]
+    assert 9.0 < rec["rescue_px"] < 13.0
+    H = np.asarray(rec["homography"]).reshape(3, 3)
+    assert corner_errors(H, W_slice, SLICE, CROP).max() < 1.0
+    assert rec["residual_px"] < 2.0      # the second screening's own measurement, corners included
+
+
+def test_finer_post_scene_is_low_passed_before_point_sampling(tmp_path):
+    """A post scene at half the pre grid's pixel size holding a one-pixel checkerboard (all of
+    its detail above the pre grid's Nyquist): sampled onto the pre grid it must come out as the
+    pattern's mean grey, not as an aliased pattern of 0 and 255."""
+    tr = Affine(1.0, 0, 500000, 0, -1.0, 5000000)
+    fine = Affine(0.5, 0, 500000, 0, -0.5, 5000000)
+    board = (np.indices((1200, 1200)).sum(axis=0) % 2 * 254 + 1).astype(np.uint8)[None]
+    path = str(tmp_path / "fine.tif")
+    with rasterio.open(path, "w", driver="GTiff", width=1200, height=1200, count=1,
+                       dtype="uint8", crs="EPSG:32633", transform=fine) as dst:
+        dst.write(board)
+    row = {"window": [0, 0, 256, 256], "post_uri": path, "bands_post": [1],
+           "crs": "EPSG:32633", "transform": list(tr)[:6]}
+    cfg = RegistrationConfig(crop_size=128)
+    out, valid = read_registered_post(row, translation(0.3, 0.2), cfg)
+    assert valid.all()
+    assert abs(float(out.mean()) - 127.5) < 5 and float(out.std()) < 8

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from operators.pairs.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening import WindowShift, confirmed, screen_alignment, window_starts
+from operators.pairs.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
+                                       window_starts)
 from tests.pairs.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
@@ -61,6 +62,8 @@ def test_locally_displaced_patch_is_rejected(scene):
     r = screen(pre, post)
     assert r.reject_reason is not None and "displaced region" in r.reject_reason
     assert abs(r.residual_px - 85) < 1.0
+    # The patch is no smooth field over the crop: nothing to rescue.
+    assert rescue_field(r, C, C, CFG) is None
 
 
 def test_displaced_strip_between_coarse_windows_is_rejected(scene):
@@ -102,12 +105,16 @@ def test_invalid_pixels_are_not_assessed(scene):
     valid = np.zeros((C, C), bool)                       # ...but nothing is usable
     r = screen(pre, post, valid)
     assert r.n_windows == 0 and "insufficient evidence" in r.reject_reason
-    # Clouds given as invalid over the displaced half keep it out of the verdict.
-    half = pre.copy()
-    half[:, 512:] = post[:, 512:]
+    # Clouds given as invalid over the displaced quarter keep it out of the verdict ...
+    quarter = pre.copy()
+    quarter[512:, 512:] = post[512:, 512:]
+    valid = np.ones((C, C), bool)
+    valid[480:, 480:] = False
+    assert screen(pre, quarter, valid).reject_reason is None
+    # ... while clouds over half the crop leave two quadrants unseen: no verdict either way.
     valid = np.ones((C, C), bool)
     valid[:, 480:] = False
-    assert screen(pre, half, valid).reject_reason is None
+    assert screen(pre, pre, valid).reject_reason.startswith("insufficient evidence")
 
 
 def test_windows_tile_the_whole_side():
@@ -150,3 +157,23 @@ def test_a_displacement_above_the_limit_needs_a_group_of_windows():
     # Three windows that disagree (or lie far apart) are still no region.
     scattered = [shift(2, 2, 12.0), shift(2, 4, -12.0), shift(9, 9, 12.0)]
     assert confirmed(calm + scattered, 8.0) == calm
+
+
+def test_low_texture_crop_with_a_scale_error_is_not_accepted_on_a_few_windows():
+    """A desert-like 512 px crop (flat, faint noise) with one textured strip in a corner, the
+    post date scaled 1.5 % about the crop's top-left corner: the strip's windows agree within
+    4 px, while the far corner is 0.015 x 724 = 10.9 px off. Four windows in one quadrant cannot
+    vouch for that corner: insufficient evidence."""
+    c = 512
+    grey = grey_from_bands(naip_rgb(), [[0, 255]] * 3)
+
+    def crop(F):
+        return cv2.warpPerspective(grey, F, (c, c), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+
+    pre_t, post_t = crop(translation(100, 60)), crop(translation(100, 60) @ np.diag([1.015, 1.015, 1]))
+    flat = (0.5 + 0.003 * np.random.default_rng(0).standard_normal((c, c))).astype(np.float32)
+    pre, post = flat.copy(), flat.copy()
+    pre[:64, :250], post[:64, :250] = pre_t[:64, :250], post_t[:64, :250]
+    r = screen_alignment(pre, post, np.ones((c, c), bool), RegistrationConfig(crop_size=c))
+    assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
+    assert 0 < r.n_confident < 6
