@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-USER_REGISTRATION_OPTIONS = {"crop_size", "max_residual_px", "max_crop_cloud", "tile_size", "search_margin_px"}
+USER_REGISTRATION_OPTIONS = {"crop_size", "max_residual_px", "max_residual_m", "max_crop_cloud", "tile_size",
+                             "search_margin_px", "rescue"}
 
 # --preset: the paper's geometry, and the bundled demo's (its NAIP scenes are 934 x 723 px, so every
 # size shrinks; its 2016-2020 dates need a reference date inside the 10-year lookback).
