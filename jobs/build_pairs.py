@@ -410,8 +410,11 @@ def main(argv=None) -> dict:
         print("[build_pairs] reject reasons: " + ", ".join(
             f"{k}: {v}" for k, v in sorted(summary["reject_reasons"].items())), flush=True)
     print(f"[build_pairs] splits (accepted slices): {summary['splits']}", flush=True)
-    print(f"[build_pairs] outputs: {summary['output']}/A, /B, /label, /list; tables: metadata/, shifts/, "
-          f"pairs/, scenes/, labels/, errors/ (Parquet)", flush=True)
+    out = Store(summary["output"])
+    folders = [f for f in ("A", "B", "label", "list") if out.list(f)]
+    tables = [t for t in ("metadata", "pairs", "scenes", "shifts", "labels", "errors", "runs") if out.list(t)]
+    print(f"[build_pairs] outputs in {summary['output']}: {', '.join(f + '/' for f in folders)}; tables: "
+          f"{', '.join(t + '/' for t in tables)} (Parquet)", flush=True)
     return summary
 
 

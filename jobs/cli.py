@@ -9,6 +9,7 @@ import importlib
 import sys
 
 from operators.io import cli
+from operators.optional import MissingExtra
 
 # subcommand -> (module, what it makes); the order is the chain's.
 JOBS: dict[str, tuple[str, str]] = {
@@ -36,14 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
-        return 0
+        return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in JOBS:
         print(f"changeforge: unknown job {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(JOBS[name][0])
     cli.PROG = f"changeforge {name}"
-    result = module.main(rest)
+    try:
+        result = module.main(rest)
+    except MissingExtra as exc:   # a one-line hint, not a traceback
+        print(f"changeforge {name}: {exc}", file=sys.stderr)
+        return 2
     return result if isinstance(result, int) else 0
 
 

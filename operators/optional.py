@@ -29,4 +29,5 @@ def require(module: str) -> ModuleType:
         top = module.split(".")[0]
         extra, what = EXTRAS[top]
         raise MissingExtra(f"{what} need{'s' if not what.endswith('s') else ''} {top}: "
-                           f"pip install 'changeforge[{extra}]'") from exc
+                           f"pip install 'changeforge[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
+                           ) from exc

@@ -198,13 +198,17 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     pre.add_argument("--config")
     pre.add_argument("--preset")
     known, _ = pre.parse_known_args(argv[at + 1:])
+    run_file = _read_run_file(known.config) if known.config else {}
+    # A run file may name the preset too (the command line's --preset wins); its values come first.
+    preset = known.preset or run_file.pop("preset", None)
     tokens: list[str] = []
-    if known.preset:
-        if not presets or known.preset not in presets:
-            target.error(f"--preset: choose from {', '.join(sorted(presets or ()))}")
-        tokens += _option_tokens(target, presets[known.preset][1], f"preset {known.preset}")
-    if known.config:
-        tokens += _option_tokens(target, _read_run_file(known.config), known.config)
+    if preset:
+        if not presets or preset not in presets:
+            target.error(f"preset {preset!r}: " + (f"choose from {', '.join(sorted(presets))}" if presets
+                                                     else "this job has no presets"))
+        tokens += _option_tokens(target, presets[preset][1], f"preset {preset}")
+    if run_file:
+        tokens += _option_tokens(target, run_file, known.config)
     return parser.parse_args(argv[:at + 1] + _replace_deprecated(target, tokens + argv[at + 1:]))
 
 

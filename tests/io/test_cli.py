@@ -54,6 +54,17 @@ def test_defaults_preset_run_file_and_command_line_in_that_order(tmp_path):
     assert (args.size, args.cache, args.output) == (9, True, "cli")
 
 
+def test_a_run_file_may_name_the_preset_and_the_command_line_s_preset_wins(tmp_path, capsys):
+    run = tmp_path / "run.yaml"
+    run.write_text("preset: small\noutput: o\nsize: 600\n")
+    args = _parse(["--config", str(run)])
+    assert (args.size, args.mode) == (600, "b")           # the preset's mode, the file's size
+    run.write_text("preset: large\noutput: o\n")
+    with pytest.raises(SystemExit):
+        _parse(["--config", str(run)])
+    assert "preset 'large': choose from small" in capsys.readouterr().err
+
+
 def test_run_file_values_are_checked_like_typed_options(tmp_path, capsys):
     for text, message in (("mode: c\n", "invalid choice"), ("size: big\n", "invalid int"),
                           ("colour: red\n", "unknown option 'colour'"), ("cache: maybe\n", "true or false")):
@@ -149,6 +160,19 @@ def test_changeforge_runs_every_job_s_help():
     out = subprocess.run([sys.executable, "-m", "jobs.cli", "nonsense"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "unknown job 'nonsense'" in out.stderr
+
+
+def test_a_missing_extra_is_one_line_not_a_traceback(monkeypatch, capsys):
+    from jobs import cli as changeforge
+    from jobs import validate
+    from operators.optional import require
+
+    monkeypatch.setitem(sys.modules, "wordcloud", None)
+    monkeypatch.setattr(validate, "main", lambda argv: require("wordcloud"))
+    assert changeforge.main(["validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("changeforge validate: the report's word cloud needs wordcloud: pip install "
+                          "'changeforge[report]'") and "Traceback" not in err and err.count("\n") == 1
 
 
 def _reference_options(markdown: str) -> dict[str, set[str]]:
