@@ -175,7 +175,7 @@ def test_cloud_masking_on_the_cloudy_pair(tmp_path, ray_session):
     kinds = {}
     for m in meta:
         kinds.setdefault(m["reject_reason"].split(" ")[0] if m["reject_reason"] else "accepted", []).append(m)
-    assert {k: len(v) for k, v in kinds.items()} == {"cloud": 9, "nodata": 5, "too": 11}, \
+    assert {k: len(v) for k, v in kinds.items()} == {"cloud": 8, "nodata": 5, "too": 12}, \
         {k: [m["reject_reason"] for m in v] for k, v in kinds.items()}
     assert masked["accepted_total"] == plain["accepted_total"] == 0
     for m in kinds["cloud"]:
