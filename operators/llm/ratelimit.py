@@ -1,29 +1,23 @@
-"""Pool-wide rate limits, counted the way providers count them, kept in state that heals itself.
+"""Pool-wide rate limits, counted the way providers count them, in state that heals itself.
 
-One :class:`RateLimiter` actor per account (named by endpoint and a hash of endpoint and key, in a
-fixed namespace: every job against that account on the cluster shares one budget) grants permits;
-each LLM actor asks through a :class:`LeaseClient`.
+One :class:`RateLimiter` actor per account (named by endpoint and a hash of endpoint and key, in one
+namespace: every job against that account on the cluster shares one budget) grants permits; each LLM
+actor asks through a :class:`LeaseClient`. The limiter keeps a rolling log of its grants (time,
+requests, tokens), the pause/slow-down state, what each client last said it holds, and the quirks the
+pool learnt per model. A grant is charged when made (prompt + images + the completion cap, as a
+provider charges on arrival) and leaves the log with its window; nothing is released. So a lost or
+repeated call, a dead actor or a restarted limiter costs at most one window of budget and needs no
+repair: holdings are absolute counts, a give-back names its grant, a client silent for
+``client_silence_s`` stops counting.
 
-State. The limiter keeps a rolling log of its grants (time, requests, tokens) over the trailing
-window, the pause/slow-down state, how many permits each client last said it holds (with the time it
-said so) and the quirks the pool learnt per model. Nothing is "released": a grant is charged when it
-is made, at the prompt (text + images) plus the completion cap, and leaves the log when it is older
-than the window, as a provider's count does. So a lost, repeated or never-made call, a dead actor or
-a restarted limiter costs at most one window of budget and needs no repair: every call is safe to
-repeat (holdings are absolute counts, a give-back names its grant), and a client silent for
-``client_silence_s`` stops counting against the in-flight cap.
-
-Pace. A grant needs room in the window (``rpm``/``tpm`` less ``safety``) and in the trailing
-``burst_s`` (that second's share of the limits), so a pool starts at its pace, not with a minute's
-budget at once. Permits expire: one that reaches its actor more than ``permit_ttl_s`` after it was
-asked for (a CPU-starved actor) is given back and asked for again, so stale grants never go out
-together; the window is ``60 s + permit_ttl_s`` long, so any 60 s of arrivals at the provider holds
-grants of one window only.
-
-429s. A storm (at least ``storm_share`` of the grants of the last ``storm_window_s``, or too few
-grants to tell) pauses every grant for the ``Retry-After`` the provider sent, then runs the pool at
-``backoff_factor`` of its limits (of its in-flight cap when no rate is set), recovering by
-``recover_step`` every ``recover_s`` without a storm. A scattered 429 makes only its own request wait.
+A grant needs room in the window (``rpm``/``tpm`` less ``safety``) and in the trailing ``burst_s`` (its
+share of the limits), so a pool starts at its pace. A permit reaching its actor more than
+``permit_ttl_s`` after it was asked for (a CPU-starved actor) is given back and asked again, and the
+window is ``60 s + permit_ttl_s`` long: any 60 s of arrivals holds one window's grants. A 429 storm (at
+least ``storm_share`` of the last ``storm_window_s``'s grants, or too few grants to tell) pauses every
+grant for the provider's ``Retry-After``, then runs the pool at ``backoff_factor`` of its limits (of
+its in-flight cap when no rate is set), recovering by ``recover_step`` every ``recover_s``. A scattered
+429 makes only its own request wait.
 """
 from __future__ import annotations
 
@@ -64,23 +58,18 @@ class RateLimits:
     storm_share: float = 0.2      # 429s at or above this share of recent grants: the pool pauses and slows
     storm_window_s: float = 10.0  # "recent"
     storm_min_requests: int = 20  # fewer grants than this: too little to tell, every 429 is a storm
-    client_silence_s: float = 30.0   # a client holding permits reports every few seconds; silent this
-                                     # long, it is gone (its actor or node lost) and its permits stop counting
+    client_silence_s: float = 30.0   # clients holding permits report often; one silent this long is gone
+                                     # (its actor or node lost) and its permits stop counting
 
 
 def _fits(used: float, recent: float, amount: float, cap: float, burst: float) -> bool:
-    """``amount`` more fits the window (``used`` of ``cap``) and the burst (``recent`` of ``burst``: the
-    last request may cross it, so that requests larger than a fraction of it are not paced below the
-    limit). A request over the whole cap goes alone, into an empty window."""
-    if used + amount <= cap:
-        return recent < burst
-    return used == 0
+    """``amount`` more fits the window (``used`` of ``cap``; a request over the whole cap goes alone)
+    and the burst (the last request may cross it: large requests are not paced below the limit)."""
+    return recent < burst if used + amount <= cap else used == 0
 
 
 class RateLimiterCore:
     """The bookkeeping, without Ray (unit-testable with a fake clock; also usable in-process)."""
-
-    HEARTBEAT_S = 5.0   # clients holding permits report at least this often
 
     def __init__(self, limits: RateLimits, clock=time.monotonic):
         self.clock = clock
@@ -89,7 +78,7 @@ class RateLimiterCore:
         self.in_log = [0, 0.0]                               # requests, tokens in the log
         self.held: dict[str, tuple[int, float]] = {}         # client -> (permits held, when it said so)
         self.recent_429: collections.deque = collections.deque()
-        self.quirks: dict[str, list] = {}                    # model -> [learnt set, confirmed set or None]
+        self.learnt: dict[str, list] = {}                    # model -> [quirks, confirmed quirks or None]
         self.epoch = uuid.uuid4().hex[:12]                   # this instance (a restart is a new one)
         self.started = time.time()
         self.totals = {"granted": 0, "released": 0, "throttled": 0, "tokens_charged": 0.0, "given_back": 0}
@@ -100,28 +89,17 @@ class RateLimiterCore:
         """A job (re)started against this account with these limits: they hold from now on (what was
         granted stays in the log and counts)."""
         if limits != self.limits:
-            if self.limits is not None:
-                log.info("rate limits changed: %s -> %s", self.limits, limits)
             self.limits = limits
-            self.window_s = 60.0 + limits.permit_ttl_s
+            self.window_s = max(60.0 + limits.permit_ttl_s, limits.storm_window_s)
             self.factor, self.paused_until = 1.0, -math.inf
             self.last_storm = self.clock()
 
     # -- the log ---------------------------------------------------------------------------------
-    def _caps(self, per_minute: float) -> tuple[float, float, float]:
-        """(window cap, its span, burst cap) for a per-minute limit at the current factor. A limit under
-        one request per window stretches the window instead (rpm=1 grants once a minute)."""
-        cap = per_minute * (1.0 - self.limits.safety) * self.factor
-        return max(1.0, cap), self.window_s * max(1.0, 1.0 / cap), max(1.0, cap / 60.0 * self.limits.burst_s)
-
     def _trim(self, now: float) -> None:
-        spans = [self._caps(x)[1] for x in (self.limits.rpm, self.limits.tpm) if x > 0]
-        self.kept_s = max(spans + [self.window_s, self.limits.storm_window_s])
-        while self.log and self.log[0][0] <= now - self.kept_s:
+        while self.log and self.log[0][0] <= now - self.window_s:
             _, n, tokens = self.log.popleft()
             self.first_id += 1
-            self.in_log[0] -= n
-            self.in_log[1] -= tokens
+            self.in_log[0], self.in_log[1] = self.in_log[0] - n, self.in_log[1] - tokens
 
     def _since(self, start: float) -> tuple[int, float]:
         """Requests and tokens granted after ``start`` (the log's tail)."""
@@ -133,13 +111,14 @@ class RateLimiterCore:
         return n, tokens
 
     def _budgets(self, now: float) -> list[tuple]:
-        """Per limit set: (which: 0 requests / 1 tokens, used in its window, used in the burst, caps)."""
+        """Per limit set: (0 requests / 1 tokens, used in the window, used in the burst, window cap,
+        burst cap) at the current factor. A limit under one request per window counts as one."""
+        recent = self._since(now - self.limits.burst_s)
         out = []
         for which, per_minute in ((0, self.limits.rpm), (1, self.limits.tpm)):
             if per_minute > 0:
-                cap, span, burst = self._caps(per_minute)
-                used = self.in_log[which] if span >= self.kept_s else self._since(now - span)[which]
-                out.append((which, used, self._since(now - self.limits.burst_s)[which], cap, burst))
+                cap = max(1.0, per_minute * (1.0 - self.limits.safety) * self.factor)
+                out.append((which, self.in_log[which], recent[which], cap, max(1.0, cap / 60 * self.limits.burst_s)))
         return out
 
     def in_flight(self, now: float) -> int:
@@ -177,25 +156,21 @@ class RateLimiterCore:
         if not granted:
             return 0, 0.05 if room <= 0 else min(0.25, max(0.01, self.limits.burst_s / 4)), None, ttl
         self.log.append([now, granted, tokens])
-        self.in_log[0] += granted
-        self.in_log[1] += tokens
+        self.in_log[0], self.in_log[1] = self.in_log[0] + granted, self.in_log[1] + tokens
         if client is not None:
             self.held[client] = (max(0, int(holding)) + granted, now)
         self.totals["granted"] += granted
         self.totals["tokens_charged"] += tokens
         return granted, 0.0, self.first_id + len(self.log) - 1, ttl
 
-    def give_back(self, grant_id: int | None, client: str | None = None, holding: int | None = None) -> None:
+    def give_back(self, grant_id: int) -> None:
         """The permits of grant ``grant_id`` were not sent (they reached their actor too late)."""
-        index = -1 if grant_id is None else grant_id - self.first_id
+        index = grant_id - self.first_id
         if 0 <= index < len(self.log):
             entry = self.log[index]
-            self.in_log[0] -= entry[1]
-            self.in_log[1] -= entry[2]
+            self.in_log[0], self.in_log[1] = self.in_log[0] - entry[1], self.in_log[1] - entry[2]
             self.totals["given_back"] += entry[1]
             entry[1], entry[2] = 0, 0.0
-        if client is not None and holding is not None:
-            self.report(client, holding)
 
     def report(self, client: str, holding: int, extra_tokens: float = 0.0, usage: dict | None = None) -> str:
         """``client`` holds ``holding`` permits now; its replies used ``extra_tokens`` more than
@@ -245,7 +220,7 @@ class RateLimiterCore:
         """What requests to ``model`` must leave out or change (learnt from 400s by any actor), and the
         set some request was answered with (None: none yet). ``learnt``: what the caller knows;
         ``confirmed``: a request sent with exactly that was answered."""
-        book = self.quirks.setdefault(model, [set(), None])
+        book = self.learnt.setdefault(model, [set(), None])
         book[0] |= set(learnt)
         if confirmed:
             book[1] = set(learnt)
@@ -305,6 +280,15 @@ def _retryable() -> tuple:
         return (asyncio.TimeoutError,)
 
 
+async def _bounded(awaitable, seconds: float):
+    """``awaitable`` within ``seconds``. asyncio.timeout where there is one: wait_for can swallow a
+    cancellation (a reporter task then never ends)."""
+    if not hasattr(asyncio, "timeout"):  # pragma: no cover - Python 3.10
+        return await asyncio.wait_for(awaitable, seconds)
+    async with asyncio.timeout(seconds):
+        return await awaitable
+
+
 class LeaseClient:
     """An actor's side of the limiter: one lease call for every request waiting (each with its own
     estimate); what this actor holds, its under-estimates and usage counters reported in the
@@ -324,8 +308,8 @@ class LeaseClient:
         self._queue: collections.deque = collections.deque()   # (estimate, future)
         self._fetcher: asyncio.Task | None = None
         self._reporter: asyncio.Task | None = None
-        self._news: asyncio.Event | None = None
         self._extra_tokens, self._usage = 0.0, {}
+        self._reported = (0, 0.0)            # holding as last reported, and when
         self._lock: asyncio.Lock | None = None
 
     async def _call(self, method: str, *args, wait_s: float | None = None):
@@ -336,7 +320,7 @@ class LeaseClient:
         while True:
             left = deadline - time.monotonic()
             try:
-                return await asyncio.wait_for(getattr(self.limiter, method).remote(*args), max(0.05, min(left, 30.0)))
+                return await _bounded(getattr(self.limiter, method).remote(*args), max(0.05, min(left, 30.0)))
             except _retryable() as exc:
                 if time.monotonic() + delay > deadline:
                     raise LimiterUnavailable(f"rate limiter unavailable ({type(exc).__name__}) for "
@@ -380,7 +364,7 @@ class LeaseClient:
                 # Reached us too late (a CPU-starved actor): sent now, it would join a bunch of stale
                 # grants at the provider. Given back (best effort: if lost, it costs one window).
                 self.stale += granted
-                asyncio.ensure_future(self._quietly("give_back", grant_id, self.client_id, self.holding))
+                asyncio.ensure_future(self._quietly("give_back", grant_id))
                 continue
             for estimate, fut in batch[:granted]:
                 self._queue.remove((estimate, fut))
@@ -407,30 +391,23 @@ class LeaseClient:
             return
         for k, v in (usage or {}).items():
             self._usage[k] = self._usage.get(k, 0) + v
-        self._wake(news=True)
+        self._wake()
 
-    def _wake(self, news: bool = False) -> None:
+    def _wake(self) -> None:
         try:
-            asyncio.get_running_loop()
+            if self._reporter is None or self._reporter.done():
+                self._reporter = asyncio.ensure_future(self._report_loop())
         except RuntimeError:
-            return                    # outside a loop: the next flush reports
-        if self._news is None:
-            self._news = asyncio.Event()
-        if news:
-            self._news.set()
-        if self._reporter is None or self._reporter.done():
-            self._reporter = asyncio.ensure_future(self._report_loop())
+            pass                      # outside an event loop: the next flush reports
 
     async def _report_loop(self) -> None:
-        """Reports soon after news, and every heartbeat while holding permits (else this client's
-        permits would stop counting while its requests are still out)."""
-        while self.holding or self._usage or self._extra_tokens:
-            try:
-                await asyncio.wait_for(self._news.wait(), RateLimiterCore.HEARTBEAT_S)
-            except asyncio.TimeoutError:
-                pass
+        """Reports every ``report_every_s`` while there is news or this client holds permits (else
+        they would stop counting while its requests are still out)."""
+        while self.holding or self._usage or self._extra_tokens or self._reported[0]:
             await asyncio.sleep(self.report_every_s)
-            await self.flush()
+            if self._usage or self._extra_tokens or self._reported[0] != self.holding \
+                    or time.monotonic() - self._reported[1] > 2.0:
+                await self.flush()
 
     async def _quietly(self, method: str, *args) -> bool:
         try:
@@ -448,11 +425,12 @@ class LeaseClient:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._news is not None:
-                self._news.clear()
             extra, usage = self._extra_tokens, self._usage
             self._extra_tokens, self._usage = 0.0, {}
-            if not await self._quietly("report", self.client_id, self.holding, extra, usage):
+            holding = self.holding
+            if await self._quietly("report", self.client_id, holding, extra, usage):
+                self._reported = (holding, time.monotonic())
+            else:
                 self._extra_tokens += extra
                 for k, v in usage.items():
                     self._usage[k] = self._usage.get(k, 0) + v

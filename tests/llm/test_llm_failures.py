@@ -91,6 +91,17 @@ def test_a_reasoning_endpoint_costs_a_few_400s_per_pool_with_64_requests_in_flig
     assert last["response_format"]["json_schema"]["strict"] is True
     assert "max_completion_tokens" in last and "max_tokens" not in last and "temperature" not in last
 
+    async def later_actor():          # an actor that starts later learns from the pool: no 400 at all
+        caller = LLMCaller(LLMConfig(model="o-model", base_url=openai_server.base_url, temperature=0.7),
+                           Secret(KEY), lease=LeaseClient(core))
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(caller.call(ask(i, "late")) for i in range(16))), 60)
+        finally:
+            await caller.aclose()
+    late = asyncio.run(later_actor())
+    assert all(r.ok and r.attempts == 1 for r in late)
+    assert openai_server.stats()["by_status"].get("400", 0) == stats["by_status"].get("400", 0)
+
 
 # -- the limiter down, slow, or answering twice -----------------------------------------------------
 def test_limiter_unreachable_past_its_wait_then_back_loses_no_capacity():
