@@ -121,6 +121,17 @@ class RateLimiterCore:
                 out.append((which, self.in_log[which], recent[which], cap, max(1.0, cap / 60 * self.limits.burst_s)))
         return out
 
+    def _next_change(self, now: float) -> float:
+        """Seconds until the oldest grant of the burst, or of the window, leaves it (room may open)."""
+        first = None
+        for t, _, _ in reversed(self.log):
+            if t <= now - self.limits.burst_s:
+                break
+            first = t
+        exits = ([self.log[0][0] + self.window_s] if self.log else []) + \
+            ([first + self.limits.burst_s] if first is not None else [])
+        return min(exits, default=now + 0.05) - now
+
     def in_flight(self, now: float) -> int:
         horizon = now - self.limits.client_silence_s
         for client in [c for c, (n, seen) in self.held.items() if seen < horizon or n <= 0]:
@@ -154,7 +165,7 @@ class RateLimiterCore:
                 break
             granted, tokens = granted + 1, tokens + cost
         if not granted:
-            return 0, 0.05 if room <= 0 else min(0.25, max(0.01, self.limits.burst_s / 4)), None, ttl
+            return 0, 0.05 if room <= 0 else min(0.25, max(0.005, self._next_change(now))), None, ttl
         self.log.append([now, granted, tokens])
         self.in_log[0], self.in_log[1] = self.in_log[0] + granted, self.in_log[1] + tokens
         if client is not None:
