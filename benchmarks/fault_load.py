@@ -24,7 +24,8 @@ needs a type and a message. Ends with one line:
     python -m benchmarks.fault_load --pairs 300 --rpm 600   # a quick look
     python -m benchmarks.fault_load --cpu-hogs 12        # the pool starved of CPU in bursts
 
-``--cpu-hogs N`` runs N busy processes that spin ``--hog-on-s`` and rest ``--hog-off-s``, in step: the
+``--cpu-hogs N`` runs N busy processes that spin ``--hog-on-s`` and rest ``--hog-off-s``, in step, from
+``--hog-delay-s`` on (once the job's Ray is up): the
 job's actors stall and then catch up, which is when granted requests go out in a bunch. The test server
 then runs at a higher CPU priority (when allowed), so that it timestamps arrivals as promptly as a
 provider's front door would, rather than bunching them itself.
@@ -76,6 +77,7 @@ def requests_over_limit(times: list[float], limit: float, window_s: float = 60.0
 def _hog(on_s: float, off_s: float, start: float) -> None:
     """Spin ``on_s``, rest ``off_s``, in step with every other hog (all start from ``start``)."""
     period = on_s + off_s
+    time.sleep(max(0.0, start - time.time()))
     while True:
         phase = (time.time() - start) % period
         if phase < on_s:
@@ -86,8 +88,8 @@ def _hog(on_s: float, off_s: float, start: float) -> None:
             time.sleep(period - phase)
 
 
-def start_hogs(n: int, on_s: float, off_s: float) -> list:
-    start = time.time()
+def start_hogs(n: int, on_s: float, off_s: float, delay_s: float = 0.0) -> list:
+    start = time.time() + delay_s
     hogs = [multiprocessing.Process(target=_hog, args=(on_s, off_s, start), daemon=True) for _ in range(n)]
     for h in hogs:
         h.start()
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-hogs", type=int, default=0, help="busy processes that starve the job in bursts")
     ap.add_argument("--hog-on-s", type=float, default=4.0)
     ap.add_argument("--hog-off-s", type=float, default=3.0)
+    ap.add_argument("--hog-delay-s", type=float, default=60.0,
+                    help="the hogs start this late (Ray's start-up on a busy machine times out under them)")
     ap.add_argument("--runs", default="faults,no_faults", help="which runs, comma-separated")
     args = ap.parse_args(argv)
 
@@ -164,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             os.setpriority(os.PRIO_PROCESS, server.proc.pid, -10)
         except OSError as exc:
             print(f"test server priority unchanged ({exc}): arrival times may bunch with the job's", flush=True)
-        hogs = start_hogs(args.cpu_hogs, args.hog_on_s, args.hog_off_s)
-        print(f"{args.cpu_hogs} CPU hogs: {args.hog_on_s:g} s on, {args.hog_off_s:g} s off", flush=True)
+        hogs = start_hogs(args.cpu_hogs, args.hog_on_s, args.hog_off_s, args.hog_delay_s)
+        print(f"{args.cpu_hogs} CPU hogs: {args.hog_on_s:g} s on, {args.hog_off_s:g} s off, from "
+              f"{args.hog_delay_s:g} s on", flush=True)
     runs = [r for r in (("faults", FAULTS), ("no_faults", [])) if r[0] in args.runs.split(",")]
     results = {}
     try:

@@ -354,14 +354,12 @@ def account_limiter(cfg: CaptionJobConfig, base_url: str, run_id: str, job: str,
     themselves from ``--api-key-source``. Detached and in a fixed namespace: every job against this
     endpoint and key on the cluster shares it (one account, one budget), and it is left running for
     the next job (it holds no CPU). (Shared with the QA job.)"""
-    from operators.llm.ratelimit import NAMESPACE, limiter_name, start_rate_limiter
+    from operators.llm.ratelimit import limiter_name, limiter_namespace, start_rate_limiter
     api_key = Secret.from_source(cfg.api_key_source)
-    name = limiter_name(base_url, api_key.get())
-    # An actor silent for several request timeouts while holding permits was lost with its node.
-    limits = RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight,
-                        client_silence_s=max(600.0, 5 * cfg.timeout_s))
-    limiter = start_rate_limiter(name, limits, namespace=NAMESPACE, detached=True)
-    common = dict(limiter_name=name, limiter_namespace=NAMESPACE, cache_root=cache_root, api_key=api_key,
+    name, namespace = limiter_name(base_url, api_key.get()), limiter_namespace()
+    limits = RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight)
+    limiter = start_rate_limiter(name, limits, namespace=namespace, detached=True)
+    common = dict(limiter_name=name, limiter_namespace=namespace, cache_root=cache_root, api_key=api_key,
                   run_id=run_id, job=job)
     return limiter, common
 

@@ -28,7 +28,9 @@ Provider behaviour, also set through ``/control/faults``:
     {"rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60,   # 429 (with Retry-After) over either limit
      "image_base": 85, "image_per_tile": 170,                # how an image is counted (tile rule)
      "reject_params": ["max_tokens", "temperature"],         # 400s as OpenAI's reasoning models send them
-     "reject_strict": false, "omit_usage": false}
+     "reject_strict": false, "omit_usage": false,
+     "reasoning": false,                                     # 400 for max_tokens and for temperature != 1
+     "usage_values": {}}                                     # override fields of every reply's usage
 
 Tokens are counted as providers count them against TPM: on arrival, prompt (text + images by the
 tile rule, each at its size and detail) plus the request's completion cap (``max_tokens`` or
@@ -73,7 +75,7 @@ def _digest(*parts: object) -> int:
 DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s": 1, "timeout_s": 30.0,
                   "faults": [], "rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60.0, "image_base": 85,
                   "image_per_tile": 170, "reject_params": [], "reject_strict": False, "omit_usage": False,
-                  "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent"}
+                  "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent"}
 
 
 class ServerState:
@@ -310,14 +312,17 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     state.items_by_key[key] = item
     state.times_by_key[key].append(state.timestamps[-1])
     cfg = state.config
-    for param in cfg.get("reject_params") or []:
-        if param in body:
-            state.by_status[400] += 1
-            if param == "max_tokens":
-                return _error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                                   "Use 'max_completion_tokens' instead.")
-            return _error(400, f"Unsupported value: '{param}' does not support {body[param]} with this model. "
-                               "Only the default (1) value is supported.")
+    rejected = [p for p in cfg.get("reject_params") or [] if p in body]
+    if cfg.get("reasoning"):   # a reasoning model: no max_tokens, and temperature only at its default 1
+        rejected += [p for p in ("max_tokens",) if p in body]
+        rejected += [p for p in ("temperature",) if p in body and body[p] != 1]
+    for param in rejected[:1]:
+        state.by_status[400] += 1
+        if param == "max_tokens":
+            return _error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                               "Use 'max_completion_tokens' instead.")
+        return _error(400, f"Unsupported value: '{param}' does not support {body[param]} with this model. "
+                           "Only the default (1) value is supported.")
     if rf.get("type") == "json_schema" and cfg.get("reject_json_schema"):
         state.by_status[400] += 1
         return _error(400, "response_format json_schema is not supported by this endpoint")
@@ -377,7 +382,7 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     }
     if not cfg.get("omit_usage"):
         reply["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}
+                          "total_tokens": prompt_tokens + completion_tokens, **(cfg.get("usage_values") or {})}
     return web.json_response(reply)
 
 

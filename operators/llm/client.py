@@ -10,8 +10,10 @@ For each :class:`LLMRequest` it
    text + images by the model family's rule + the completion cap), sends the request with
    ``response_format`` json_schema in strict mode (or plain json_schema, or JSON mode with the schema in
    the prompt, after the endpoint rejected the former with 400 once);
-3. adapts once to 400s naming ``max_tokens`` (-> ``max_completion_tokens``) or ``temperature`` (left
-   out); reports 429s to the limiter, which pauses and slows the whole pool; retries 5xx/timeouts/
+3. adapts to 400s naming ``max_tokens`` (-> ``max_completion_tokens``), ``temperature`` (left out) or
+   strict mode (dropped), judged against what *that attempt* sent, and shares what it learnt with the
+   pool through the limiter (until a request is answered, one attempt at a time goes out, so a first
+   wave costs a 400 per quirk, not one per request); reports 429s to the limiter, which pauses and slows the whole pool; retries 5xx/timeouts/
    connection errors with exponential backoff and jitter; re-asks a bounded number of times when the
    reply is not JSON or violates the schema (telling the model what was wrong), or with twice the room
    when it was cut off at the cap; and then gives up with an error result, never an exception.
@@ -25,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -265,6 +268,17 @@ def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
     return out
 
 
+def _count(value) -> int | None:
+    """A token count as reported, or None when there is none or it is not a count."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number >= 0 else None
+
+
 def _mentions(message: str, *words: str) -> bool:
     low = message.lower()
     return any(w in low for w in words)
@@ -280,14 +294,21 @@ class LLMCaller:
         self.base_url = (config.base_url or os.environ.get("OPENAI_BASE_URL") or "").rstrip("/")
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.image_rule = image_token_rule(config.model, config.image_token_rule)
-        # What this endpoint accepts, learnt from its 400s (each adaptation happens once per actor).
-        self.response_format = config.response_format
-        self.strict = config.strict_schema
-        self.max_tokens_field = config.max_tokens_field
-        self.send_temperature = config.temperature is not None
+        # What this endpoint does not accept (QUIRKS), from the settings and from its 400s, shared with
+        # the pool; confirmed once a request sent with exactly these was answered.
+        self.quirks = {q for q, on in (("max_completion_tokens", config.max_tokens_field == "max_completion_tokens"),
+                                       ("no_temperature", config.temperature is None),
+                                       ("no_strict", not config.strict_schema),
+                                       ("json_object", config.response_format != "json_schema")) if on}
+        self.confirmed = False
+        self._probe: asyncio.Lock | None = None
         if not self.base_url:
             raise ValueError("no endpoint: set base_url or OPENAI_BASE_URL")
         self.transport = ChatTransport(self.base_url, self.secret.get(), config.timeout_s, max_connections)
+
+    @property
+    def response_format(self) -> str:
+        return "json_object" if "json_object" in self.quirks else "json_schema"
 
     def key_for(self, request: LLMRequest) -> str:
         """Everything that determines the answer: endpoint, model, the rendered messages (images by
@@ -301,10 +322,14 @@ class LLMCaller:
         key = self.key_for(request)
         result = LLMResult(item=request.item, ok=False, cache_key=key)
         if self.cache is not None:
-            hit = await self.cache.aget(key)
-            if hit is not None and not schema_errors(hit.get("value"), request.schema):
+            try:
+                hit = await self.cache.aget(key)
+            except Exception as exc:  # noqa: BLE001 - a cache that fails is a miss
+                log.warning("cache read for %s failed (%s): asking the endpoint", request.item, type(exc).__name__)
+                hit = None
+            if isinstance(hit, dict) and not schema_errors(hit.get("value"), request.schema):
                 result.ok, result.value, result.cached = True, hit["value"], True
-                result.response_format = hit.get("response_format", "")
+                result.response_format = str(hit.get("response_format", ""))
                 self.lease.add_usage({"cached": 1})
                 return result
         try:
@@ -332,34 +357,78 @@ class LLMCaller:
                 log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
         return result
 
-    def _adapt_to_400(self, message: str, fmt: str) -> str | None:
-        """Change what we send after a 400 that names a parameter this model rejects. Returns what was
-        adapted, or None when the 400 is not one we know how to adapt to."""
-        if self.max_tokens_field == "max_tokens" and "max_tokens" in message and \
+    def _quirk_of_400(self, message: str, sent: frozenset, fmt: str) -> str | None:
+        """The quirk a 400 names that the attempt did not have (already learnt since, or new), or None
+        when it is not one we know how to adapt to."""
+        if "max_completion_tokens" not in sent and "max_tokens" in message and \
                 _mentions(message, "max_completion_tokens", "unsupported parameter", "not supported"):
-            self.max_tokens_field = "max_completion_tokens"
-            return "max_tokens -> max_completion_tokens"
-        if self.send_temperature and _mentions(message, "temperature"):
-            self.send_temperature = False
-            return "temperature left to the endpoint"
-        if fmt == "json_schema" and self.strict and _mentions(message, "strict"):
-            self.strict = False
-            return "json_schema without strict"
+            return "max_completion_tokens"
+        if "no_temperature" not in sent and _mentions(message, "temperature"):
+            return "no_temperature"
+        if fmt == "json_schema" and "no_strict" not in sent and _mentions(message, "strict"):
+            return "no_strict"
         return None
+
+    async def _learn(self, quirk: str | None = None, answered: frozenset | None = None) -> None:
+        """Add ``quirk`` and share it with the pool, or (``answered``: the quirks of an attempt that was
+        answered) confirm; then take what the pool learnt."""
+        if quirk in self.quirks:
+            return                                   # learnt since this attempt went out: just send again
+        if quirk:
+            log.warning("endpoint rejected a parameter of %s; adapting: %s", self.config.model, quirk)
+            self.quirks.add(quirk)
+        self.confirmed = self.confirmed or answered is not None
+        pool = await self.lease.quirks(self.config.model, self.quirks, answered == self.quirks)
+        if pool:
+            learnt, confirmed = pool
+            self.quirks |= set(learnt)
+            self.confirmed = self.confirmed or (confirmed is not None and set(confirmed) == self.quirks)
+
+    async def _probe_turn(self) -> bool:
+        """Until a request has been answered, attempts go out one at a time (each learning from the 400s
+        of the one before, or from the pool). True: this attempt holds the turn (released after sending)."""
+        if self.confirmed:
+            return False
+        if self._probe is None:
+            self._probe = asyncio.Lock()
+        try:
+            await asyncio.wait_for(self._probe.acquire(), self.config.timeout_s + 5.0)
+        except asyncio.TimeoutError:
+            return False                             # bounded: go without the turn
+        if not self.confirmed:
+            await self._learn()
+        if self.confirmed:
+            self._probe.release()
+            return False
+        return True
+
+    async def _send(self, body: dict, item: str, estimate: float, probing: bool) -> dict:
+        try:
+            await self.lease.acquire(estimate)
+            try:
+                return await self.transport.post(body, {ITEM_HEADER: header_safe(item)})
+            except BaseException:
+                self.lease.release()   # refused, failed or cancelled: the permit is done with
+                raise
+        finally:
+            if probing:
+                self._probe.release()
 
     async def _call_endpoint(self, request: LLMRequest, result: LLMResult) -> None:
         cfg = self.config
         conversation = list(request.messages)
-        retries = rate_limited = reasks = 0
-        fmt = self.response_format
-        schema_rejected = ""   # the endpoint's 400 to json_schema, while we try JSON mode instead
+        retries = rate_limited = reasks = adaptations = 0
+        json_fallback = ""   # the endpoint's 400 to json_schema, while this request tries JSON mode
         max_tokens = cfg.max_tokens
         ceiling = cfg.max_tokens_ceiling or 4 * cfg.max_tokens
         image_tokens = max(request.image_tokens, request_image_tokens(request.messages, self.image_rule))
         while True:
+            probing = await self._probe_turn()
+            sent = frozenset(self.quirks)            # what this attempt sends: its 400 is judged against it
+            fmt = "json_object" if json_fallback or "json_object" in sent else "json_schema"
             if fmt == "json_schema":
                 messages = conversation
-                strict = self._strict_schema(request.schema) if self.strict else None
+                strict = self._strict_schema(request.schema) if "no_strict" not in sent else None
                 response_format = {"type": "json_schema", "json_schema": {
                     "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}
             else:
@@ -367,33 +436,30 @@ class LLMCaller:
                 response_format = {"type": "json_object"}
             # What the provider charges against TPM on arrival: prompt (text + images) + the completion cap.
             prompt_estimate = estimate_text_tokens(messages) + image_tokens
-            estimate = prompt_estimate + max_tokens
-            await self.lease.acquire(estimate)
+            body = {"model": cfg.model, "messages": messages, "response_format": response_format,
+                    ("max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"): max_tokens}
+            if cfg.temperature is not None and "no_temperature" not in sent:
+                body["temperature"] = cfg.temperature
             result.attempts += 1
             result.response_format = fmt
             try:
-                body = {"model": cfg.model, "messages": messages, "response_format": response_format,
-                        self.max_tokens_field: max_tokens}
-                if self.send_temperature:
-                    body["temperature"] = cfg.temperature
-                reply = await self.transport.post(body, {ITEM_HEADER: header_safe(request.item)})
+                reply = await self._send(body, request.item, prompt_estimate + max_tokens, probing)
             except HTTPStatus as exc:
-                self.lease.release()
                 status = exc.status_code
                 if status == 400:
                     message = self._message(exc)
-                    adapted = self._adapt_to_400(message, fmt)
-                    if adapted:
-                        log.warning("endpoint rejected a parameter (%s); adapting: %s", message[:200], adapted)
+                    quirk = self._quirk_of_400(message, sent, fmt)
+                    if quirk and adaptations < 8:
+                        adaptations += 1
+                        await self._learn(quirk)
                         continue
                 if status == 400 and fmt == "json_schema":
                     # Perhaps an endpoint without json_schema support: try JSON mode. Only if that is
-                    # accepted does this actor switch for good (a 400 can have other causes).
-                    schema_rejected = self._message(exc)
-                    fmt = "json_object"
+                    # accepted is it learnt for good (a 400 can have other causes).
+                    json_fallback = self._message(exc)
                     continue
-                if status == 400 and schema_rejected:
-                    raise RequestRejected(f"HTTP 400: {schema_rejected}") from None
+                if status == 400 and json_fallback:
+                    raise RequestRejected(f"HTTP 400: {json_fallback}") from None
                 if status == 429:
                     rate_limited += 1
                     if rate_limited > cfg.max_rate_limit_retries:
@@ -415,27 +481,27 @@ class LLMCaller:
                     continue
                 raise RequestRejected(f"HTTP {status}: {self._message(exc)}") from None
             except (Timeout, ConnectionFailed) as exc:
-                self.lease.release()
                 retries += 1
                 if retries > cfg.max_retries:
                     kind = "timeout" if isinstance(exc, Timeout) else "connection error"
                     raise TransportError(f"{kind} after {retries} attempts") from None
                 await self._backoff(retries, None)
                 continue
-            except BaseException:
-                self.lease.release()  # cancelled or unexpected: the permit still goes back
-                raise
-            if schema_rejected and self.response_format == "json_schema":
+            if json_fallback and "json_object" not in self.quirks:
                 log.warning("endpoint rejected response_format json_schema (%s); using JSON mode",
-                            schema_rejected[:200])
-                self.response_format = "json_object"
+                            json_fallback[:200])
+                self.quirks.add("json_object")
+            if not self.confirmed:
+                await self._learn(answered=sent | ({"json_object"} if json_fallback else set()))
             usage = reply.get("usage") if isinstance(reply, dict) else None
-            if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
-                # No usage reported: unknown (cost null), not zero. The estimate stays charged.
+            p, c = (_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens") or 0)) \
+                if isinstance(usage, dict) else (None, None)
+            if p is None or c is None:
+                # No usage reported (or none we can read): unknown (cost null), not zero. The estimate
+                # stays charged.
                 result.prompt_tokens = result.completion_tokens = None
                 self.lease.release()
             else:
-                p, c = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                 if result.prompt_tokens is not None:
                     result.prompt_tokens += p
                     result.completion_tokens += c

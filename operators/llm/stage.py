@@ -9,7 +9,10 @@ pools of their own. Each actor runs ``asyncio.gather`` over its batch and severa
 the pool shares one rate limiter.
 
 Every logical request also yields one ``usage`` row; a request that fails for good yields an ``errors``
-row for its item (the handler is not called), so no row is ever lost or crashes the pipeline.
+row for its item (the handler is not called), so no row is ever lost or crashes the pipeline. Nothing
+raises out of a batch: a limiter that cannot be found or reached, a key that cannot be read, a broken
+cache entry each become the error rows of the items they concern, and the batch's other rows are
+returned as usual.
 """
 from __future__ import annotations
 
@@ -85,7 +88,9 @@ class StageRunner:
         self.caller: LLMCaller | None = None
 
     def _caller(self) -> LLMCaller:
-        if self.caller is None:  # built inside the actor's event loop
+        """Built inside the actor's event loop, at the first request; if that fails (the limiter not
+        found, the key unreadable) the request's row is an error row and the next request tries again."""
+        if self.caller is None:
             import ray
             limiter = ray.get_actor(self.spec.limiter_name, namespace=self.spec.limiter_namespace) \
                 if self.spec.limiter_name else None
@@ -98,10 +103,12 @@ class StageRunner:
         item = item_name(record)
         try:
             request = spec.build_request(record)
-        except Exception as exc:  # noqa: BLE001
-            return [error_envelope(item, spec.name, exc, job=spec.job, run_id=spec.run_id)]
-        caller = self._caller()
-        result = await caller.call(request)
+            item = request.item
+            caller = self._caller()
+            result = await caller.call(request)
+        except Exception as exc:  # noqa: BLE001 - this row's failure is this row's error row
+            return [error_envelope(item, spec.name, redact(str(exc) or repr(exc)), error_type=type(exc).__name__,
+                                   job=spec.job, run_id=spec.run_id)]
         result.extras["worker"] = caller.worker
         out = [envelope("usage", usage_record(spec, result))]
         if not result.ok:

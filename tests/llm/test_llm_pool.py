@@ -6,11 +6,12 @@ small tolerance for network jitter); nothing here asserts that anything is fast.
 
 
 import pickle
+import threading
 
 import pytest
 
 from operators.llm.client import LLMConfig, LLMRequest, Secret
-from operators.llm.ratelimit import RateLimits, limiter_name, start_rate_limiter
+from operators.llm.ratelimit import RateLimits, limiter_name, limiter_namespace, start_rate_limiter
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.io.tables import envelope, split_envelopes
 
@@ -33,23 +34,34 @@ KEY = "sk-pool-test-key-0123456789"
 def pool_spec(server, limiter_name, key_file):
     return StageSpec(name="test_stage", input_table="_ask", build_request=build_request, handle_result=handle_result,
                      llm=LLMConfig(model="test-model", base_url=server.base_url, timeout_s=5, backoff_base_s=0.05),
-                     limiter_name=limiter_name, api_key=Secret.from_source(f"file:{key_file}"), run_id="pooltest")
+                     limiter_name=limiter_name, api_key=Secret.from_source(f"file:{key_file}"), run_id="pooltest",
+                     limiter_namespace=limiter_namespace())
 
 
-def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None):
+def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None, bound_s=240.0):
+    """The rows out of a pool of ``actors``, and the limiter's stats at the end (``out["_limiter"]``).
+    Fails (does not hang) if the rows are not all out within ``bound_s``."""
     import ray
     import ray.data
-    limiter = start_rate_limiter(limiter_name, limits)  # keep the handle: the actor lives while it does
+    # Keep the handle: the actor lives while it does. In this test's namespace (llm_namespace).
+    limiter = start_rate_limiter(limiter_name, limits, namespace=limiter_namespace())
     spec = pool_spec(server, limiter_name, key_file)
     rows = [envelope("_ask", {"item": f"q{i}"}) for i in range(n)] + [envelope("other", {"x": 1})]
     ds = ray.data.from_items(rows, override_num_blocks=16)
     ds = apply_llm_stage(ds, spec, PoolConfig(actors=actors, concurrent_batches=4, batch_size=4))
     taken = []
-    for row in ds.iter_rows():
-        taken.append(row)
-        if on_row:
-            on_row(len(taken), limiter)
+
+    def take():
+        for row in ds.iter_rows():
+            taken.append(row)
+            if on_row:
+                on_row(len(taken), limiter)
+    reader = threading.Thread(target=take, daemon=True)
+    reader.start()
+    reader.join(bound_s)
+    assert not reader.is_alive(), f"the pool did not finish within {bound_s} s ({len(taken)} rows out)"
     out = split_envelopes(taken)
+    out["_limiter"] = ray.get(limiter.stats.remote(), timeout=60)
     ray.kill(limiter)
     return out
 
@@ -61,7 +73,7 @@ def key_file(tmp_path):
     return path
 
 
-def test_pool_answers_every_row_and_passes_others_through(ray_session, openai_server, key_file):
+def test_pool_answers_every_row_and_passes_others_through(ray_session, openai_server, key_file, llm_namespace):
     out = run_pool(openai_server, 40, RateLimits(max_in_flight=32), "limiter-rows", key_file)
     assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(40))
     assert out["other"] == [{"x": 1}]
@@ -69,7 +81,7 @@ def test_pool_answers_every_row_and_passes_others_through(ray_session, openai_se
     assert "errors" not in out
 
 
-def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server, key_file):
+def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server, key_file, llm_namespace):
     rpm = 600                                   # 10 requests/s for the whole pool
     limits = RateLimits(rpm=rpm, max_in_flight=64)
     out = run_pool(openai_server, 90, limits, "limiter-rpm", key_file, actors=2)
@@ -89,21 +101,25 @@ def test_pool_rate_stays_within_rpm_across_actors(ray_session, openai_server, ke
     assert len(times) <= burst + refill * span + tolerance
 
 
-def test_pool_survives_the_limiter_actor_dying(ray_session, openai_server, key_file):
-    """Killing the limiter mid-run: Ray restarts it, callers wait and carry on, no row is lost."""
+def test_pool_survives_the_limiter_actor_dying(ray_session, openai_server, key_file, llm_namespace):
+    """Killing the limiter mid-run: Ray restarts it, callers wait and carry on through the new
+    instance, no row is lost, nothing hangs."""
     import ray
     openai_server.configure(latency_ms=30)
     killed = []
 
     def kill_once(n, limiter):
         if n == 10 and not killed:
+            killed.append(ray.get(limiter.stats.remote(), timeout=30))
             ray.kill(limiter, no_restart=False)
-            killed.append(n)
     out = run_pool(openai_server, 60, RateLimits(rpm=6000, max_in_flight=16), "limiter-restart", key_file,
                    on_row=kill_once)
     assert killed
     assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(60))
     assert "errors" not in out
+    after = out["_limiter"]
+    assert after["epoch"] != killed[0]["epoch"]                 # a new instance ...
+    assert after["granted"] > 0 and after["released"] > 0       # ... through which requests went
 
 
 def test_limiter_name_and_spec_carry_no_key(openai_server, key_file):

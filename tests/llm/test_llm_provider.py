@@ -74,10 +74,10 @@ def test_tpm_as_the_provider_counts_it_never_overruns_a_minute():
     estimate, used = 500 + 1500, 500 + 200     # prompt + max_tokens; prompt + actual completion
     charges = []
     while clock.t < 1000 + 240:
-        granted, _ = core.acquire(4, estimate)
+        granted = core.lease([estimate] * 4)[0]
         charges += [(clock.t, estimate)] * granted
-        if granted:
-            core.release(granted, token_correction=granted * (used - estimate))
+        if granted:    # replies far below the cap: nothing is refunded
+            core.report("client", 0, extra_tokens=granted * (used - estimate))
         clock.t += 0.05
     assert busiest_minute(charges) <= tpm
     assert sum(n for _, n in charges) >= 0.95 * tpm * 4     # and the budget is used
@@ -155,16 +155,16 @@ def test_a_429_slows_the_whole_pool(openai_server):
 def test_throttle_pauses_then_recovers():
     clock = Clock()
     core = RateLimiterCore(RateLimits(rpm=600, max_in_flight=0, recover_s=10, recover_step=0.1), clock)
-    assert core.acquire(5, 0)[0] == 5
+    assert core.lease([0.0] * 5)[0] == 5
     core.throttle(2.0)
     core.throttle(2.0)                                      # the same storm lowers the rate once
     assert core.factor == pytest.approx(0.7)
-    n, wait = core.acquire(1, 0)
+    n, wait = core.lease([0.0])[:2]
     assert n == 0 and wait == pytest.approx(2.0)
     clock.t += 2.2
-    assert core.acquire(10, 0)[0] <= 2                      # resumes at a pace, not with a burst
+    assert core.lease([0.0] * 20)[0] <= 600 / 60 * 0.7     # resumes at the lower pace, not with a burst
     clock.t += 31
-    core.acquire(1, 0)
+    core.lease([0.0])
     assert core.factor == pytest.approx(1.0)
 
 
@@ -176,19 +176,17 @@ def test_scattered_429s_do_not_collapse_the_pool_but_a_storm_still_does():
     core = RateLimiterCore(RateLimits(rpm=2400, max_in_flight=0), clock)   # room for 40/s
     for _ in range(4):                                      # 20 requests/s
         clock.t += 0.5
-        core.release(core.acquire(10, 0)[0])
+        assert core.lease([0.0] * 10)[0] == 10
     for _ in range(60):                                     # ... then one in ten refused
         clock.t += 0.5
-        granted = core.acquire(10, 0)[0]
-        core.release(granted)
+        assert core.lease([0.0] * 9)[0] == 9
         assert core.throttle(1.0) == pytest.approx(1.0)     # the refused request waits alone
-        assert core.acquire(1, 0)[0] == 1                   # ... and the pool is not paused
-        core.release(1)
+        assert core.lease([0.0])[0] == 1                    # ... and the pool is not paused
     assert core.factor == 1.0
     own_waits = [core.throttle(2.0) for _ in range(60)]     # then 60 refused at once: a storm
     assert own_waits[-1] == 0.0                             # the pool's pause covers the request
     assert core.factor == pytest.approx(0.7)
-    n, wait = core.acquire(1, 0)
+    n, wait = core.lease([0.0])[:2]
     assert n == 0 and wait == pytest.approx(2.0)
 
 
