@@ -146,8 +146,21 @@ def openai_test_server_process():
 
 
 @pytest.fixture()
-def openai_server(openai_test_server_process):
-    """The test server with counters cleared and no faults, no latency, json_schema accepted."""
+def llm_namespace(monkeypatch):
+    """A fresh Ray namespace for this test's account limiters (jobs and run_pool find them there), so
+    limits a test sets, or lowers after 429s, never reach another test's pool."""
+    import uuid
+
+    from operators.llm.ratelimit import NAMESPACE_ENV
+    namespace = f"changeforge-llm-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(NAMESPACE_ENV, namespace)
+    return namespace
+
+
+@pytest.fixture()
+def openai_server(openai_test_server_process, llm_namespace):
+    """The test server with counters cleared and no faults, no latency, json_schema accepted; the test
+    gets limiters of its own (llm_namespace)."""
     server = openai_test_server_process
     server.restore_defaults()
     server.reset()
