@@ -185,6 +185,7 @@ class LLMStageActor:
         return await run_chain(await self._prepared(item_json), self.runners)
 
     async def __call__(self, batch: dict) -> dict:
+        self._loop = asyncio.get_running_loop()   # the actor's loop, where its HTTP sessions live
         if self.prepare is not None:
             work = [self._item(s) for s in batch[ITEM_COLUMN]]
         else:
@@ -195,6 +196,28 @@ class LLMStageActor:
             await runner.flush()
         rows = [env for group in results for env in group]
         return {"_table": [r["_table"] for r in rows], "_record": [r["_record"] for r in rows]}
+
+
+    def __del__(self):
+        """Ray Data deletes the callable when it shuts the pool down gracefully: close the HTTP
+        sessions on the loop they belong to (unclosed, aiohttp warns about each at exit)."""
+        loop = getattr(self, "_loop", None)
+        if loop is None or loop.is_closed():
+            return
+        for runner in self.runners:
+            if runner.caller is None:
+                continue
+            try:
+                try:
+                    in_loop = asyncio.get_running_loop() is loop
+                except RuntimeError:
+                    in_loop = False
+                if in_loop:
+                    loop.create_task(runner.caller.aclose())
+                else:
+                    asyncio.run_coroutine_threadsafe(runner.caller.aclose(), loop).result(timeout=5)
+            except Exception:  # noqa: BLE001 - closing is best effort at exit
+                pass
 
 
 def apply_llm_stage(ds, specs: StageSpec | Sequence[StageSpec], pool: PoolConfig, prepare: Callable | None = None,

@@ -167,3 +167,30 @@ def test_chained_stages_in_one_actor_after_prepare(openai_server, key_file):
     assert "unreadable pair" in broken["message"] and broken["run_id"] == "pooltest"
     assert sorted(r["stage"] for r in tables["usage"]) == ["again"] * 6 + ["test_stage"] * 6
     assert set(tables) == {"answers", "errors", "usage"}   # no _ask/_again row left unanswered
+
+
+def test_the_actor_closes_its_http_sessions_when_deleted():
+    """Ray Data deletes the callable at a graceful shutdown: the sessions close on their own loop."""
+    import asyncio
+    import threading
+
+    from operators.llm.stage import LLMStageActor
+
+    closed = []
+
+    class Caller:
+        async def aclose(self):
+            closed.append(threading.get_ident())
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        actor = LLMStageActor.__new__(LLMStageActor)
+        actor.runners = [type("Runner", (), {"caller": Caller()})(), type("Runner", (), {"caller": None})()]
+        actor._loop = loop
+        actor.__del__()
+        assert closed == [thread.ident]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
