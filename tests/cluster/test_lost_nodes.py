@@ -132,8 +132,11 @@ def assert_nothing_paid_twice(server, answered_before_kill: int) -> None:
 
 
 def in_flight_at_kill(cluster, jobs: dict, server) -> int:
-    """Both jobs still running and LLM work still to do when the kill comes: the replies so far."""
-    assert {name: cluster.status(job) for name, job in jobs.items()} == {"pairs": "RUNNING", "captions": "RUNNING"}
+    """The captions job still running with LLM work left when the kill comes: the replies so far. (The
+    pairs job, about 20 s of work, may already have finished on a quiet machine: its output is checked
+    either way, but only a slower run kills it mid-graph.)"""
+    status = {name: cluster.status(job) for name, job in jobs.items()}
+    assert status["captions"] == "RUNNING" and status["pairs"] in ("RUNNING", "SUCCEEDED"), status
     answered = sum(server.stats()["ok_by_key"].values())
     assert answered < REQUESTS, "the captions job had finished its requests before the kill"
     return answered

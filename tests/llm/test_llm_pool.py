@@ -7,6 +7,7 @@ small tolerance for network jitter); nothing here asserts that anything is fast.
 
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -61,7 +62,15 @@ def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None, b
     reader.join(bound_s)
     assert not reader.is_alive(), f"the pool did not finish within {bound_s} s ({len(taken)} rows out)"
     out = split_envelopes(taken)
-    out["_limiter"] = ray.get(limiter.stats.remote(), timeout=60)
+    deadline = time.time() + 60
+    while True:   # a limiter killed near the end may still be restarting: ask it again, for a bounded time
+        try:
+            out["_limiter"] = ray.get(limiter.stats.remote(), timeout=60)
+            break
+        except ray.exceptions.ActorUnavailableError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
     ray.kill(limiter)
     return out
 
@@ -112,14 +121,14 @@ def test_pool_survives_the_limiter_actor_dying(ray_session, openai_server, key_f
         if n == 10 and not killed:
             killed.append(ray.get(limiter.stats.remote(), timeout=30))
             ray.kill(limiter, no_restart=False)
-    out = run_pool(openai_server, 60, RateLimits(rpm=6000, max_in_flight=16), "limiter-restart", key_file,
+    out = run_pool(openai_server, 200, RateLimits(rpm=6000, max_in_flight=16), "limiter-restart", key_file,
                    on_row=kill_once)
     assert killed
-    assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(60))
+    assert sorted(r["item"] for r in out["answers"]) == sorted(f"q{i}" for i in range(200))
     assert "errors" not in out
     after = out["_limiter"]
     assert after["epoch"] != killed[0]["epoch"]                 # a new instance ...
-    assert after["granted"] > 0 and after["released"] > 0       # ... through which requests went
+    assert after["granted"] > 0 and after["released"] > 0, (killed, after)   # ... through which requests went
 
 
 def test_limiter_name_and_spec_carry_no_key(openai_server, key_file):
