@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -51,7 +52,12 @@ class LocalRayCluster:
 
     def __post_init__(self):
         base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
+        # Token authentication as on a real cluster, with a token of the cluster's own (never one that a
+        # ~/.ray of this machine happens to hold: a new machine has none, and `ray start` creates none).
+        token = os.path.join(self.temp_dir, "auth_token")
+        with open(token, "w") as f:
+            f.write(secrets.token_hex(32))
+        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token, "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_free_objects_period_milliseconds": "100", **self.env}   # as cluster.yaml
         self._ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                   "--num-cpus", str(self.head_cpus), "--dashboard-host", "127.0.0.1",
