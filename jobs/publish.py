@@ -243,11 +243,13 @@ def _pair_row(out: Recorder, p, caps, qa) -> tuple[dict, dict]:
            "new_pixels": p.stats.get("new_pixels"), "demolished_pixels": p.stats.get("demolished_pixels")}
     for col in IMAGE_COLUMNS:
         row.setdefault(col, None)
+    # With a language source, a pair it kept nothing for gets an empty list, not null: Croissant readers
+    # turn a null list into one record of null fields.
     c = caps.by_pair.get(p.pair_id) if caps else None
-    row["captions"] = c["captions"] if c else None
+    row["captions"] = (c["captions"] if c else []) if caps else None
     row["caption_perspectives"] = (c["perspectives"] or None) if c else None
     q = qa.by_pair.get(p.pair_id) if qa else None
-    row["qa"] = q["qa"] if q else None
+    row["qa"] = (q["qa"] if q else []) if qa else None
     for k in ("location", "pre_date", "post_date", "sensor", "crs", "bounds", "pre_source", "post_source",
               "source_run_id"):
         row[k] = p.meta.get(k)

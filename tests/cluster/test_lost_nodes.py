@@ -69,17 +69,19 @@ def wait_for_replies(server, n: int, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
-def finish(cluster: LocalRayCluster, jobs: dict, cmds: dict, env: dict) -> dict:
-    """Wait for each job; resubmit the same command once if it did not succeed."""
-    results = {}
-    for name, job in jobs.items():
-        result = cluster.wait(job, timeout=900)
-        if result.status != "SUCCEEDED":
-            again = cluster.submit(cmds[name], working_dir=str(REPO), env_vars=env[name], wait=False)
-            result = cluster.wait(again, timeout=900)
-        assert result.status == "SUCCEEDED", result.logs[-4000:]
-        results[name] = result
-    return results
+def finish(cluster: LocalRayCluster, jobs: dict, cmds: dict, env: dict) -> tuple[dict, set[str]]:
+    """Wait for each job; resubmit the same command once for every job that did not succeed (the
+    resubmissions run side by side). Returns the results and the names of the resubmitted jobs."""
+    results = {name: cluster.wait(job, timeout=900) for name, job in jobs.items()}
+    resubmitted = {name for name, r in results.items() if r.status != "SUCCEEDED"}
+    again = {name: cluster.submit(cmds[name], working_dir=str(REPO), env_vars=env[name], wait=False)
+             for name in sorted(resubmitted)}
+    results.update({name: cluster.wait(job, timeout=900) for name, job in again.items()})
+    for name, r in results.items():
+        print(f"[finish] {name}{' (resubmitted)' if name in resubmitted else ''}: {r.status}, "
+              f"{r.seconds:.0f}s", flush=True)
+        assert r.status == "SUCCEEDED", r.logs[-4000:]
+    return results, resubmitted
 
 
 def assert_exactly_once(store: Store, table: str, expected: int | None = None,
@@ -161,6 +163,18 @@ def drivers(cluster: LocalRayCluster, script: str) -> list[psutil.Process]:
     return out
 
 
+def kill_all(procs: list[psutil.Process]) -> int:
+    """SIGKILL each process still alive; how many were killed (a driver that has exited is not an error)."""
+    n = 0
+    for p in procs:
+        try:
+            p.kill()
+            n += 1
+        except psutil.NoSuchProcess:
+            continue
+    return n
+
+
 def start_both(cluster, s3_client, s3_bucket, openai_server):
     """Upload the inputs, submit both jobs, return once ten LLM replies are in (work in flight)."""
     archive, levir, names = upload_inputs(s3_client, s3_bucket)
@@ -185,14 +199,34 @@ def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, ope
     assert_nothing_paid_twice(s3_bucket)
 
 
+def wait_for_shard(bucket_store: Store, table: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not bucket_store.list(table):
+        if time.time() > deadline:
+            raise TimeoutError(f"no {table}/ shard after {timeout}s")
+        time.sleep(0.2)
+
+
 def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, openai_server):
-    names, cmds, env, jobs = start_both(cluster, s3_client, s3_bucket, openai_server)
-    victims = drivers(cluster, "jobs/caption.py") + drivers(cluster, "jobs/build_pairs.py")
-    assert len(victims) >= 2, "no driver process found for each job"
-    answered = in_flight_at_kill(cluster, jobs, openai_server)
-    for p in victims:
-        p.kill()
-    results = finish(cluster, jobs, cmds, env)
+    archive, levir, names = upload_inputs(s3_client, s3_bucket)
+    cmds = commands(archive, levir, s3_bucket)
+    openai_server.configure(latency_ms=LATENCY_MS)
+    env = {"pairs": s3_env(), "captions": {**s3_env(), "OPENAI_BASE_URL": openai_server.base_url,
+                                           "OPENAI_API_KEY": "test-key"}}
+    jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
+            for name, cmd in cmds.items()}
+    # Each driver is killed mid-run: the pairs driver once its scenes are catalogued (slices still to
+    # register), the captions driver with LLM replies in and more to come.
+    wait_for_shard(Store(f"s3://{s3_bucket}/pairs"), "scenes")
+    assert cluster.status(jobs["pairs"]) == "RUNNING", "the pairs job ended before its driver could be killed"
+    assert kill_all(drivers(cluster, "jobs/build_pairs.py")), "no live pairs driver to kill"
+    wait_for_replies(openai_server, 10)
+    assert cluster.status(jobs["captions"]) == "RUNNING"
+    answered = sum(openai_server.stats()["ok_by_key"].values())
+    assert answered < REQUESTS, "the captions job had finished its requests before the kill"
+    assert kill_all(drivers(cluster, "jobs/caption.py")), "no live captions driver to kill"
+    results, resubmitted = finish(cluster, jobs, cmds, env)
+    assert resubmitted == {"pairs", "captions"}, f"only {resubmitted} failed at the kill and were resubmitted"
     assert_work_after_kill(openai_server, answered)
     assert all("test-key" not in r.logs for r in results.values())
     check_outputs(s3_bucket, names)

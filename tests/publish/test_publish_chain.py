@@ -163,6 +163,31 @@ def test_croissant_validates_and_iterates_pairs(chain):
     assert got == {k: vqa.get(k, []) for k in chain["labelled"]}
 
 
+def test_croissant_pairs_without_qa_iterate_as_empty_lists(chain, tmp_path):
+    """A QA source that kept nothing for some labelled pairs: those pairs read back with no QA (a null list
+    would come back from mlcroissant as one record of null fields)."""
+    import mlcroissant as mlc
+    doc = json.loads((chain["qa"] / "VQA.json").read_text())
+    dropped = set(chain["labelled"][:2])
+    doc["images"] = [i for i in doc["images"] if Path(i["filename"]).stem not in dropped]
+    (tmp_path / "vqa").mkdir()
+    (tmp_path / "vqa" / "VQA.json").write_text(json.dumps(doc))
+    publish(PublishConfig(input=str(chain["pairs"]), captions=str(chain["caps"]), qa=str(tmp_path / "vqa"),
+                          output=str(tmp_path / "rel"), name="naip-demo", version="1.0.0", licence="CC0-1.0",
+                          date="2026-01-01"))
+    v = tmp_path / "rel" / "1.0.0"
+    got = {r["qa/id"].decode(): r["qa/qa"] for r in mlc.Dataset(str(v / "croissant.json")).records("qa")}
+    assert set(got) == set(chain["labelled"]) | set(chain["added"])     # the pairs folder as it is now
+    for sid in dropped:
+        assert got[sid] == [], (sid, got[sid])
+    kept = {Path(i["filename"]).stem: i["qa"] for i in doc["images"]}
+    for sid in set(got) - dropped:
+        assert [{k: q[f"qa/qa/{k}"].decode() for k in ("type", "question", "answer")} for q in got[sid]] \
+            == kept.get(sid, [])
+    rows = [r for f in sorted((v / "data").glob("*.parquet")) for r in pq.read_table(f, columns=["id", "qa"]).to_pylist()]
+    assert all(r["qa"] == [] for r in rows if r["id"] in dropped)
+
+
 class BitemporalFolder:
     """A LEVIR-CD loader as open-cd and torchgeo write it: <root>/<split>/{A,B,label}/<name>.png,
     masks read as single channel and turned to class ids by ``mask // 255`` (0 = no change, 1 = change)."""
