@@ -17,10 +17,10 @@ from jobs.build_pairs import PairsJobConfig, run
 from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table
-from operators.pairs.band_scene_ops import BandsConfig
-from operators.pairs.cloud_masks import CloudConfig
-from operators.pairs.pairing import PairingConfig
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.catalogue.band_scene_ops import BandsConfig
+from operators.pairs.imagery.cloud_masks import CloudConfig
+from operators.pairs.selection.pairing import PairingConfig
+from operators.pairs.registration.registration import RegistrationConfig
 from tests.pairs.stac_zagreb import PRODUCTS, build_catalogue, hand_stacked, upload
 
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ import rasterio
 from affine import Affine
 from rasterio.enums import Resampling
 
-from operators.pairs.band_manifest import group_record, group_rows, has_band_column
-from operators.pairs.band_stack import BandAsset, Stack, read_band, read_stack, stack_stretch
-from operators.pairs.cloud_masks import CloudConfig
-from operators.pairs.raster_io import Grid
+from operators.pairs.catalogue.band_manifest import group_record, group_rows, has_band_column
+from operators.pairs.catalogue.band_stack import BandAsset, Stack, read_band, read_stack, stack_stretch
+from operators.pairs.imagery.cloud_masks import CloudConfig
+from operators.pairs.imagery.raster_io import Grid
 from tests.pairs.stac_zagreb import PRODUCTS, file_grid
 
 P13 = PRODUCTS["20230813"]
@@ -82,7 +82,7 @@ def test_cloud_layer_is_read_nearest_and_makes_pixels_unusable():
     p18 = PRODUCTS["20230818"]
     stack = Stack((asset(p18 / "B04.tif"), asset(p18 / "B03.tif")),
                   cloud=None)
-    from operators.pairs.band_stack import CloudLayer
+    from operators.pairs.catalogue.band_stack import CloudLayer
     cloudy = Stack(stack.bands, CloudLayer(asset(p18 / "SCL.tif", "scl"), "scl", (3, 8, 9, 10)))
     got = read_stack(cloudy, (0, 0, 915, 915), stack.finest().grid)
     scl = plain(p18 / "SCL.tif")
@@ -121,7 +121,7 @@ def test_band_manifest_stacks_like_stac(tmp_path):
 def test_nan_nodata_is_invalid_in_band_and_plain_reads(tmp_path):
     """A float band with NaN as nodata (and one without any nodata declared): NaN pixels are no
     data in a stacked read and in a plain window read."""
-    from operators.pairs.raster_io import read_window
+    from operators.pairs.imagery.raster_io import read_window
     data = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
     data[10:20, 5:30] = np.nan
     nan_px = np.isnan(data)

@@ -6,7 +6,7 @@ import rasterio
 from affine import Affine
 from rasterio.enums import ColorInterp
 
-from operators.pairs.catalogue import SceneInput, default_rgb_bands, read_scene_header
+from operators.pairs.catalogue.catalogue import SceneInput, default_rgb_bands, read_scene_header
 
 
 def write(path, count, descriptions=None, colorinterp=None):

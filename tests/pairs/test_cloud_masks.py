@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from operators.pairs.cloud_masks import CloudConfig, cloud_pixels, filter_pairs_by_cloud_cover
+from operators.pairs.imagery.cloud_masks import CloudConfig, cloud_pixels, filter_pairs_by_cloud_cover
 
 
 def test_scl_classes():
@@ -56,10 +56,10 @@ def test_post_cloud_crop_is_judged_by_its_cloud_fraction_not_as_nodata(tmp_path,
     import rasterio
     from affine import Affine
 
-    from operators.pairs.band_stack import BandAsset, CloudLayer, Stack
-    from operators.pairs.registration import HomographyFit, RegistrationConfig, translation
-    from operators.pairs.slice_io import (Clock, crop_window, finish_crop, read_pre,
-                                          read_registered_post)
+    from operators.pairs.catalogue.band_stack import BandAsset, CloudLayer, Stack
+    from operators.pairs.registration.registration import HomographyFit, RegistrationConfig, translation
+    from operators.pairs.crops.slice_io import (Clock, crop_window, finish_crop, read_pre,
+                                                read_registered_post)
     from tests.pairs.test_registration import naip_rgb
 
     grey = naip_rgb()[0][:300, :300]

@@ -10,11 +10,11 @@ import pytest
 import rasterio
 from rasterio.vrt import WarpedVRT
 
-from operators.pairs.guided_matching import MatchPrior, fit_match_prior, guided_match
-from operators.pairs.regional import (TileMatches, fit_slice, guided_match_tile, match_tile,
-                                      neighbour_tiles, tile_core, tile_features, tile_read_window,
-                                      tiles_for_window)
-from operators.pairs.registration import RegistrationConfig, apply_homography, feature_grey
+from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior, guided_match
+from operators.pairs.regional.regional import (TileMatches, fit_slice, guided_match_tile, match_tile,
+                                               neighbour_tiles, tile_core, tile_features, tile_read_window,
+                                               tiles_for_window)
+from operators.pairs.registration.registration import RegistrationConfig, apply_homography, feature_grey
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "naip"
 D = np.array([37.0, -23.0])          # pre pixel p shows what post shows at p - D

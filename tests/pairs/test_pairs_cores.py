@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import rasterio
 
-from operators.pairs.catalogue import (SceneInput, date_from_name, list_scene_inputs, parse_date,
-                                 read_scene_header)
-from operators.pairs.labels import merge_label_maps
-from operators.pairs.pairing import PairingConfig, box_iou, footprint_iou, group_by_location, select_pairs
-from operators.pairs.radiometry import band_percentiles, scene_stretch, to_uint8
-from operators.pairs.slicing import axis_starts, intersection_window, slice_rows, slice_windows
-from operators.pairs.splits import assign_splits, list_files, parse_fractions
+from operators.pairs.catalogue.catalogue import (SceneInput, date_from_name, list_scene_inputs, parse_date,
+                                                 read_scene_header)
+from operators.pairs.labels.labels import merge_label_maps
+from operators.pairs.selection.pairing import PairingConfig, box_iou, footprint_iou, group_by_location, select_pairs
+from operators.pairs.imagery.radiometry import band_percentiles, scene_stretch, to_uint8
+from operators.pairs.selection.slicing import axis_starts, intersection_window, slice_rows, slice_windows
+from operators.pairs.selection.splits import assign_splits, list_files, parse_fractions
 from tests.conftest import DATA
 
 NAIP = sorted((DATA / "naip").glob("*.tif"))
@@ -312,7 +312,7 @@ def test_post_in_another_crs_is_read_onto_the_pre_grid(tmp_path):
     import cv2
     from rasterio.warp import Resampling, calculate_default_transform, reproject
 
-    from operators.pairs.raster_io import Grid, read_window
+    from operators.pairs.imagery.raster_io import Grid, read_window
 
     src_path = NAIP[2]
     dst_path = tmp_path / "web_mercator_20200101.tif"

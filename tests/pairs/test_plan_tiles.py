@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from operators.pairs.regional_ops import plan_tiles
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.regional.regional_ops import plan_tiles
+from operators.pairs.registration.registration import RegistrationConfig
 
 KEYS = dict(pre_uri="a.tif", post_uri="b.tif", crs="EPSG:32633", transform=[10, 0, 0, 0, -10, 0],
             bands_pre=[1, 2, 3], bands_post=[1, 2, 3], stretch_pre=[[0, 1]] * 3,

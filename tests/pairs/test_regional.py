@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, inside, match_tile,
-                                neighbour_tiles, search_window, tile_core, tile_features,
-                                tile_read_window, tiles_for_window)
-from operators.pairs.registration import RegistrationConfig, grey_from_bands, register_slice_pair, \
+from operators.pairs.regional.regional import (TileFeatures, TileMatches, fit_slice, inside, match_tile,
+                                               neighbour_tiles, search_window, tile_core, tile_features,
+                                               tile_read_window, tiles_for_window)
+from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, register_slice_pair, \
     translation
 from tests.pairs.test_registration import corner_errors, known_homography, make_post, naip_rgb
 

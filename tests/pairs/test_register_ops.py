@@ -16,13 +16,13 @@ from affine import Affine
 from rasterio.enums import ColorInterp
 
 from operators.io.images import decode_image
-from operators.pairs.radiometry import scene_stretch
-from operators.pairs.regional_ops import (guided_rel, matches_rel, plan_tiles, prior_rel,
-                                          run_tile_stage, work_id)
-from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage
-from operators.pairs.registration import RegistrationConfig, translation
-from operators.pairs.raster_io import Grid, read_window
-from operators.pairs.slice_io import SHIFTS_SCHEMA, read_registered_post, screening_limit
+from operators.pairs.imagery.radiometry import scene_stretch
+from operators.pairs.regional.regional_ops import (guided_rel, matches_rel, plan_tiles, prior_rel,
+                                                   run_tile_stage, work_id)
+from operators.pairs.stage.register_stage import METADATA_SCHEMA, registration_stage
+from operators.pairs.registration.registration import RegistrationConfig, translation
+from operators.pairs.imagery.raster_io import Grid, read_window
+from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, read_registered_post, screening_limit
 from operators.io.storage import Store
 from operators.io.tables import records_to_table, split_envelopes
 from tests.pairs.test_registration import NAIP, corner_errors, known_homography, make_post
@@ -273,8 +273,8 @@ def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
     refits it from the shift field, and the re-warped crop passes a second screening. The
     accepted homography is within 1 px of the truth at the crop corners; without rescue the
     crop is rejected."""
-    from operators.pairs.registration import HomographyFit
-    from operators.pairs.slice_io import Clock, crop_window, finish_crop, read_pre
+    from operators.pairs.registration.registration import HomographyFit
+    from operators.pairs.crops.slice_io import Clock, crop_window, finish_crop, read_pre
     paths, crs, transform = scenes
     row = slice_row(paths, crs, transform, "good", "post", (256, 200, SLICE, SLICE))
     W_slice = translation(-256, -200) @ W_TRUE @ translation(256, 200)

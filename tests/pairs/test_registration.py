@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import rasterio
 
-from operators.pairs.registration import (RegistrationConfig, apply_homography, crop_corners,
-                                          crop_offset, crop_positions_on_grid, detect_features,
-                                          feature_grey, fit_homography, grey_from_bands,
-                                          homography_problem, match_descriptors,
-                                          register_slice_pair, remap_bands, translation)
+from operators.pairs.registration.registration import (RegistrationConfig, apply_homography, crop_corners,
+                                                       crop_offset, crop_positions_on_grid, detect_features,
+                                                       feature_grey, fit_homography, grey_from_bands,
+                                                       homography_problem, match_descriptors,
+                                                       register_slice_pair, remap_bands, translation)
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 NAIP = DATA / "naip" / "m_4709963_se_14_1_20160816.tif"

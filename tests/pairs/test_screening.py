@@ -7,9 +7,9 @@ import cv2
 import numpy as np
 import pytest
 
-from operators.pairs.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
-                                       window_starts)
+from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
+from operators.pairs.screening.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
+                                                 window_starts)
 from tests.pairs.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps

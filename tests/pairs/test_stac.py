@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from operators.pairs.cloud_masks import CloudConfig
-from operators.pairs.stac import (absolute_href, find_asset, is_stac_source, stac_scene_records,
-                                  write_items_geoparquet)
+from operators.pairs.imagery.cloud_masks import CloudConfig
+from operators.pairs.catalogue.stac import (absolute_href, find_asset, is_stac_source, stac_scene_records,
+                                            write_items_geoparquet)
 from tests.pairs.stac_zagreb import PRODUCTS, build_catalogue, item_dict
 
 DATES = ["20230810", "20230813"]

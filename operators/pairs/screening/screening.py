@@ -37,7 +37,7 @@ from typing import Optional
 import cv2
 import numpy as np
 
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.registration.registration import RegistrationConfig
 
 MIN_USABLE = 0.9          # usable fraction a window needs in both dates
 AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this

@@ -32,10 +32,10 @@ from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
 from operators.io.storage import gdal_env, gdal_path
-from operators.pairs.cloud_masks import cloud_pixels
-from operators.pairs.radiometry import DEFAULT_PERCENTILES, band_percentiles
-from operators.pairs.raster_io import Grid, grid_bbox, holds_data
-from operators.pairs.registration import crop_offset, crop_positions_on_grid, remap_bands
+from operators.pairs.imagery.cloud_masks import cloud_pixels
+from operators.pairs.imagery.radiometry import DEFAULT_PERCENTILES, band_percentiles
+from operators.pairs.imagery.raster_io import Grid, grid_bbox, holds_data
+from operators.pairs.registration.registration import crop_offset, crop_positions_on_grid, remap_bands
 
 
 def raster_path(href: str) -> str:
@@ -200,7 +200,7 @@ def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTIL
                   max_side: int = 1024) -> list[list[float]]:
     """Per-band [lo, hi] of a stacked scene from a decimated read, clouds excluded.
 
-    Same recipe as :func:`operators.pairs.radiometry.scene_stretch` for one multi-band file: the
+    Same recipe as :func:`operators.pairs.imagery.radiometry.scene_stretch` for one multi-band file: the
     scene (finest grid) is read at most ``max_side`` pixels a side, nearest neighbour, and the
     percentiles are taken over pixels where some band is valid.
     """

@@ -17,13 +17,13 @@ from affine import Affine
 from operators.io.images import write_png
 from operators.io.storage import Store
 from operators.io.tables import envelope
-from operators.pairs.band_stack import crop_clouds, lineage_columns, read_stacked_side
-from operators.pairs.radiometry import to_uint8
-from operators.pairs.raster_io import Grid, grid_bbox, read_at, read_window_anywhere
-from operators.pairs.registration import (HomographyFit, RegistrationConfig, crop_offset,
-                                          crop_positions_on_grid, feature_grey, homography_problem,
-                                          nodata_fraction, remap_bands)
-from operators.pairs.screening import rescue_field, rescued_homography, screen_alignment
+from operators.pairs.catalogue.band_stack import crop_clouds, lineage_columns, read_stacked_side
+from operators.pairs.imagery.radiometry import to_uint8
+from operators.pairs.imagery.raster_io import Grid, grid_bbox, read_at, read_window_anywhere
+from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, crop_offset,
+                                                       crop_positions_on_grid, feature_grey, homography_problem,
+                                                       nodata_fraction, remap_bands)
+from operators.pairs.screening.screening import rescue_field, rescued_homography, screen_alignment
 
 STAGE = "registration"
 JOB = "build_pairs"         # the job name error rows carry (jobs.build_pairs.JOB)

@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 import cv2
 import numpy as np
 
-from operators.pairs.radiometry import local_unit, stretch_to_unit
+from operators.pairs.imagery.radiometry import local_unit, stretch_to_unit
 
 METHODS = ("regional", "per-slice")
 

@@ -27,8 +27,8 @@ import posixpath
 from typing import Iterable, Optional, Sequence
 
 from operators.io.storage import split_uri
-from operators.pairs.band_stack import BandAsset, CloudLayer, Stack, header_record
-from operators.pairs.cloud_masks import CloudConfig
+from operators.pairs.catalogue.band_stack import BandAsset, CloudLayer, Stack, header_record
+from operators.pairs.imagery.cloud_masks import CloudConfig
 
 DEFAULT_BANDS = ("red", "green", "blue")
 JSON_SUFFIXES = (".json", ".geojson")
@@ -197,7 +197,7 @@ def band_asset(item: dict, key: str, base: Optional[str]) -> BandAsset:
     nodata = meta.get("nodata")
     dtype = meta.get("data_type")
     if not (crs and transform and shape):
-        from operators.pairs.band_manifest import band_from_header
+        from operators.pairs.catalogue.band_manifest import band_from_header
         return band_from_header(key, href, nodata=nodata)
     return BandAsset(name=key, href=href, crs=crs, transform=tuple(float(v) for v in transform[:6]),
                      width=int(shape[1]), height=int(shape[0]),

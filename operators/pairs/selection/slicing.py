@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from operators.pairs.pairing import footprint
+from operators.pairs.selection.pairing import footprint
 
 
 def axis_starts(begin: int, end: int, size: int, stride: int) -> list[int]:

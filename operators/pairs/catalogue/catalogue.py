@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import rasterio
 
-from operators.pairs.radiometry import scene_stretch
+from operators.pairs.imagery.radiometry import scene_stretch
 from operators.io.storage import Store, gdal_env, gdal_path, is_s3, split_uri
 
 # Sidecars GDAL keeps next to rasters; trying to open them as scenes only produces noise.

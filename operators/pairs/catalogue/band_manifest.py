@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import rasterio
 
 from operators.io.storage import gdal_env, split_uri
-from operators.pairs.band_stack import BandAsset, CloudLayer, Stack, header_record, raster_path
-from operators.pairs.catalogue import _resolve, parse_date, scene_id_for
-from operators.pairs.cloud_masks import CloudConfig
+from operators.pairs.catalogue.band_stack import BandAsset, CloudLayer, Stack, header_record, raster_path
+from operators.pairs.catalogue.catalogue import _resolve, parse_date, scene_id_for
+from operators.pairs.imagery.cloud_masks import CloudConfig
 
 # Common names (STAC eo) of the band ids products use in file names.
 SENTINEL2_BANDS = {"b01": "coastal", "b02": "blue", "b03": "green", "b04": "red",

@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 from scipy.spatial import cKDTree
 
-from operators.pairs.registration import RegistrationConfig, seed_flann
+from operators.pairs.registration.registration import RegistrationConfig, seed_flann
 
 Cell = tuple[int, int]
 

@@ -7,11 +7,11 @@ from dataclasses import asdict
 import numpy as np
 
 from operators.io.tables import envelope, error_envelope
-from operators.pairs.registration import (RegistrationConfig, crop_offset, feature_grey,
-                                          register_slice_pair)
-from operators.pairs.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
-                                      read_pre, read_registered_post, single_thread, slice_record,
-                                      with_shift_envelopes)
+from operators.pairs.registration.registration import (RegistrationConfig, crop_offset, feature_grey,
+                                                       register_slice_pair)
+from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
+                                            read_pre, read_registered_post, single_thread, slice_record,
+                                            with_shift_envelopes)
 
 
 def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,

@@ -3,10 +3,10 @@ configured method (``per_slice_ops``: the paper's recipe; ``regional_ops``: tile
 between overlapping slices)."""
 from __future__ import annotations
 
-from operators.pairs.per_slice_ops import per_slice_stage, register_slice_per_slice
-from operators.pairs.regional_ops import regional_stage, register_slice_regional
-from operators.pairs.registration import RegistrationConfig
-from operators.pairs.slice_io import METADATA_SCHEMA  # noqa: F401 - the stage's output table
+from operators.pairs.stage.per_slice_ops import per_slice_stage, register_slice_per_slice
+from operators.pairs.regional.regional_ops import regional_stage, register_slice_regional
+from operators.pairs.registration.registration import RegistrationConfig
+from operators.pairs.crops.slice_io import METADATA_SCHEMA  # noqa: F401 - the stage's output table
 
 
 def register_slice_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:

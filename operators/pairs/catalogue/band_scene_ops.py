@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from operators.io.tables import error_record
-from operators.pairs.band_manifest import group_record, group_rows, has_band_column
-from operators.pairs.band_stack import Stack, stack_stretch
-from operators.pairs.catalogue import SCENES_SCHEMA
-from operators.pairs.cloud_masks import CloudConfig, filter_pairs_by_cloud_cover
-from operators.pairs.stac import is_stac_source, parse_bands, stac_scene_records
+from operators.pairs.catalogue.band_manifest import group_record, group_rows, has_band_column
+from operators.pairs.catalogue.band_stack import Stack, stack_stretch
+from operators.pairs.catalogue.catalogue import SCENES_SCHEMA
+from operators.pairs.imagery.cloud_masks import CloudConfig, filter_pairs_by_cloud_cover
+from operators.pairs.catalogue.stac import is_stac_source, parse_bands, stac_scene_records
 
 JOB = "build_pairs"
 

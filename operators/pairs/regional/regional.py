@@ -32,9 +32,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from operators.pairs.guided_matching import MatchPrior, guided_match
-from operators.pairs.registration import (HomographyFit, RegistrationConfig, checked_fit,
-                                          detect_features, match_descriptors)
+from operators.pairs.registration.guided_matching import MatchPrior, guided_match
+from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, checked_fit,
+                                                       detect_features, match_descriptors)
 
 
 @dataclass

@@ -1,16 +1,16 @@
 """Thin Ray Data operators of the pairs job around the pure cores (catalogue, slicing, labels).
 
-Registration lives in :mod:`operators.pairs.register_stage`. Every operator here turns one input row into
+Registration lives in :mod:`operators.pairs.stage.register_stage`. Every operator here turns one input row into
 envelopes (see :mod:`operators.io.tables`), so whatever happens to a row, it ends in some table.
 """
 from __future__ import annotations
 
 import json
 
-from operators.pairs.catalogue import SceneInput, read_scene_header
+from operators.pairs.catalogue.catalogue import SceneInput, read_scene_header
 from operators.io.images import decode_image, write_png
-from operators.pairs.labels import LABEL_FOLDERS, merge_label_maps
-from operators.pairs.slicing import slice_rows
+from operators.pairs.labels.labels import LABEL_FOLDERS, merge_label_maps
+from operators.pairs.selection.slicing import slice_rows
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope
 

@@ -26,14 +26,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
-from operators.pairs.guided_matching import MatchPrior, fit_match_prior
-from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guided_match_tile,
-                                      match_tile, neighbour_tiles, tile_core, tile_features,
-                                      tile_read_window, tiles_for_window)
-from operators.pairs.registration import RegistrationConfig, feature_grey
-from operators.pairs.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
-                                      plain_row, read_post, read_pre, read_registered_post,
-                                      single_thread, slice_record, with_shift_envelopes)
+from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior
+from operators.pairs.regional.regional import (TileFeatures, TileMatches, fit_slice, guided_match_tile,
+                                               match_tile, neighbour_tiles, tile_core, tile_features,
+                                               tile_read_window, tiles_for_window)
+from operators.pairs.registration.registration import RegistrationConfig, feature_grey
+from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
+                                            plain_row, read_post, read_pre, read_registered_post,
+                                            single_thread, slice_record, with_shift_envelopes)
 
 FEATURES_DIR = "_work/features"
 MATCHES_DIR = "_work/matches"
