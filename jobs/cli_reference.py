@@ -1,7 +1,7 @@
 """The CLI reference page (docs/cli-reference.md), generated from the jobs' own parsers so that it
 cannot drift from them:
 
-    python -m operators.io.cli_reference > docs/cli-reference.md
+    python -m jobs.cli_reference > docs/cli-reference.md
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def reference_markdown() -> str:
     from jobs.cli import JOBS
 
     out = ["# CLI reference", "",
-           "Generated from the jobs' parsers (`python -m operators.io.cli_reference`); a test fails when it "
+           "Generated from the jobs' parsers (`python -m jobs.cli_reference`); a test fails when it "
            "differs from them. Every job also runs as `python -m <module>`. Options marked *tuning* are "
            "hidden by `--help` and shown by `--help-all`.", ""]
     for name, (module_name, text) in JOBS.items():
