@@ -90,6 +90,24 @@ def test_manifest_csv_with_relative_uris(tmp_path):
     assert read_scene_header(rows[1])["acquired"] == "2016-08-16"  # falls back to the file name
 
 
+def test_manifest_parquet_and_csv_with_bom_read_alike(tmp_path):
+    """Scene manifests and band manifests share one reader: Parquet, and CSV saved with a BOM."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from operators.pairs.catalogue.band_manifest import has_band_column
+
+    pq.write_table(pa.table({"uri": ["a.tif", "/abs/b.tif"], "acquired": ["2020-01-02", None]}),
+                   tmp_path / "m.parquet")
+    (tmp_path / "m.csv").write_bytes("uri,acquired,band\r\na.tif,2020-01-02,B04\r\n".encode("utf-8-sig"))
+    rows = list_scene_inputs(str(tmp_path / "m.parquet"))
+    assert [(r.uri, r.acquired) for r in rows] == [(str(tmp_path / "a.tif"), "2020-01-02"),
+                                                   ("/abs/b.tif", None)]
+    rows = list_scene_inputs(str(tmp_path / "m.csv"))
+    assert [(r.uri, r.acquired) for r in rows] == [(str(tmp_path / "a.tif"), "2020-01-02")]
+    assert has_band_column(str(tmp_path / "m.csv")) and not has_band_column(str(tmp_path / "m.parquet"))
+
+
 def test_folder_listing_skips_sidecars(tmp_path):
     shutil.copy(NAIP[0], tmp_path / NAIP[0].name)
     (tmp_path / "README.md").write_text("x")

@@ -12,17 +12,14 @@ files are allowed for that read, so a CRS kept only in a ``.aux.xml`` sidecar is
 """
 from __future__ import annotations
 
-import csv
-import io
 import posixpath
 from typing import Optional, Sequence
 
-import pyarrow.parquet as pq
 import rasterio
 
-from operators.io.storage import gdal_env, split_uri
+from operators.io.storage import gdal_env
 from operators.pairs.catalogue.band_stack import BandAsset, CloudLayer, Stack, header_record, raster_path
-from operators.pairs.catalogue.catalogue import _resolve, parse_date, scene_id_for
+from operators.pairs.catalogue.catalogue import _resolve, is_manifest, manifest_rows, parse_date, scene_id_for
 from operators.pairs.imagery.cloud_masks import CloudConfig
 
 # Common names (STAC eo) of the band ids products use in file names.
@@ -35,18 +32,9 @@ LANDSAT89_BANDS = {"sr_b1": "coastal", "sr_b2": "blue", "sr_b3": "green", "sr_b4
 COMMON_NAMES = {**SENTINEL2_BANDS, **LANDSAT89_BANDS}
 
 
-def manifest_rows(manifest_uri: str) -> list[dict]:
-    store, name = split_uri(manifest_uri)
-    raw = store.read_bytes(name)
-    if manifest_uri.lower().endswith(".parquet"):
-        return pq.read_table(io.BytesIO(raw)).to_pylist()
-    return list(csv.DictReader(io.StringIO(raw.decode("utf-8-sig"))))
-
-
 def has_band_column(manifest_uri: str) -> bool:
     """A manifest (CSV/Parquet) whose rows are single bands of multi-file products."""
-    low = str(manifest_uri).lower()
-    if not low.endswith((".csv", ".parquet")):
+    if not is_manifest(manifest_uri):
         return False
     rows = manifest_rows(manifest_uri)
     return bool(rows) and "band" in rows[0]

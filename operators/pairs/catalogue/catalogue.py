@@ -62,13 +62,17 @@ def _resolve(uri: str, manifest_uri: str) -> str:
     return store.uri(uri)
 
 
-def read_manifest(manifest_uri: str) -> list[SceneInput]:
+def manifest_rows(manifest_uri: str) -> list[dict]:
+    """The rows of a CSV (UTF-8, a BOM allowed) or Parquet manifest, as dicts."""
     store, name = split_uri(manifest_uri)
     raw = store.read_bytes(name)
     if manifest_uri.lower().endswith(".parquet"):
-        rows = pq.read_table(io.BytesIO(raw)).to_pylist()
-    else:
-        rows = list(csv.DictReader(io.StringIO(raw.decode("utf-8-sig"))))
+        return pq.read_table(io.BytesIO(raw)).to_pylist()
+    return list(csv.DictReader(io.StringIO(raw.decode("utf-8-sig"))))
+
+
+def read_manifest(manifest_uri: str) -> list[SceneInput]:
+    rows = manifest_rows(manifest_uri)
     if rows and "uri" not in rows[0]:
         raise ValueError(f"manifest {manifest_uri} has no 'uri' column (columns: {sorted(rows[0])})")
     out = []
