@@ -38,6 +38,25 @@ def test_native_read_needs_no_sidecar_and_marks_outside_invalid():
     assert valid[:15, 8:].sum() == np.count_nonzero(full[900:915, 0:32])
 
 
+def test_window_in_raster_marks_only_pixels_on_the_raster():
+    from operators.pairs.imagery.raster_io import window_in_raster
+
+    inside = window_in_raster((-2, 3, 5, 4), 4, 5)   # rows 3..6, cols -2..2 of a 4 x 5 raster
+    expected = np.zeros((4, 5), bool)
+    expected[:2, 2:] = True                           # rows 3-4, cols 0-2
+    assert np.array_equal(inside, expected)
+
+
+def test_plain_read_off_the_raster_marks_the_padding_invalid():
+    from operators.pairs.imagery.raster_io import read_window
+
+    path = P13 / "B04.tif"
+    full = plain(path)
+    data, valid = read_window(str(path), (-8, 900, 40, 30), [1])
+    assert np.array_equal(data[0, :15, 8:], full[900:915, 0:32])
+    assert not valid[:, :8].any() and not valid[15:].any() and valid[:15, 8:].any()
+
+
 def test_coarser_band_is_resampled_to_the_finest_grid(tmp_path):
     """A 240 m copy of B04 stacked with the 120 m original: the scene grid is the 120 m one and the
     coarse band comes back upsampled (bilinear) close to the original."""

@@ -34,7 +34,7 @@ from rasterio.windows import Window
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.imagery.cloud_masks import cloud_pixels
 from operators.pairs.imagery.radiometry import DEFAULT_PERCENTILES, band_percentiles
-from operators.pairs.imagery.raster_io import Grid, grid_bbox, holds_data
+from operators.pairs.imagery.raster_io import Grid, common_grid, grid_bbox, holds_data, window_in_raster
 from operators.pairs.registration.registration import crop_offset, crop_positions_on_grid, remap_bands
 
 
@@ -147,10 +147,7 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
             if _same_grid(asset.grid, grid):
                 data = src.read(1, window=Window(col, row, width, height), boundless=True,
                                 fill_value=0 if asset.nodata is None else asset.nodata)
-                rows = np.arange(row, row + height)
-                cols = np.arange(col, col + width)
-                valid = (((rows >= 0) & (rows < asset.height))[:, None]
-                         & ((cols >= 0) & (cols < asset.width))[None, :])
+                valid = window_in_raster(window, asset.width, asset.height)
                 return data, valid & holds_data(data, asset.nodata)
             # A VRT exactly the size of the window, its origin at the window's corner.
             dst = grid.affine @ Affine.translation(col, row)
@@ -268,7 +265,7 @@ def crop_clouds(row: dict, kept: Sequence[int], homography, crop_size: int) -> O
     if (pre_stack is None or pre_stack.cloud is None) and \
             (post_stack is None or post_stack.cloud is None):
         return None
-    grid = Grid(str(row["crs"]), tuple(float(v) for v in row["transform"]))
+    grid = common_grid(row)
     pre = np.zeros((crop_size, crop_size), bool)
     if pre_stack is not None and pre_stack.cloud is not None:
         pre = read_cloud(pre_stack, kept, grid)

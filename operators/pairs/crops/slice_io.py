@@ -19,7 +19,7 @@ from operators.io.storage import Store
 from operators.io.tables import envelope
 from operators.pairs.catalogue.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.imagery.radiometry import to_uint8
-from operators.pairs.imagery.raster_io import Grid, grid_bbox, read_at, read_window_anywhere
+from operators.pairs.imagery.raster_io import common_grid, grid_bbox, read_at, read_window_anywhere
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, crop_offset,
                                                        crop_positions_on_grid, feature_grey, homography_problem,
                                                        nodata_fraction, remap_bands)
@@ -134,10 +134,6 @@ def read_pre(row: dict, window: Sequence[int]):
     if row.get("pre_stack"):  # per-band assets (STAC items, band manifests), stacked; clouds invalid
         return read_stacked_side(row, "pre", window, common_grid(row))
     return read_window_anywhere(row["pre_uri"], window, row["bands_pre"], None)
-
-
-def common_grid(row: dict) -> Grid:
-    return Grid(str(row["crs"]), tuple(float(v) for v in row["transform"]))
 
 
 def read_post(row: dict, window: Sequence[int]):

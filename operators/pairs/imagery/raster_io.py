@@ -37,6 +37,11 @@ class Grid:
         return Affine(*self.transform)
 
 
+def common_grid(row: dict) -> Grid:
+    """The common (pre-date) grid of a pair or slice row: its ``crs`` and ``transform`` columns."""
+    return Grid(str(row["crs"]), tuple(float(v) for v in row["transform"]))
+
+
 def holds_data(data: np.ndarray, nodata: float | None) -> np.ndarray:
     """True where a value is data: not ``nodata`` (a NaN nodata included, which ``!=`` misses)
     and, for floating-point rasters, finite."""
@@ -81,11 +86,11 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
                     _has_internal_mask(src) else None
                 if mask is None:
                     # Boundless reads pad with zeros: mark the padding invalid by geometry.
-                    valid = _inside(col, row, width, height, src.width, src.height) & \
+                    valid = window_in_raster(window, src.width, src.height) & \
                         np.all(holds_data(data, None), axis=0)
                 else:
                     valid = _valid_mask(src, data, mask) & \
-                        _inside(col, row, width, height, src.width, src.height)
+                        window_in_raster(window, src.width, src.height)
                 return data, valid
             # Warp onto the target grid; a large-enough VRT covers the requested window.
             vrt_width = max(col + width, 1)
@@ -228,10 +233,13 @@ def _has_internal_mask(src) -> bool:
     return any(MaskFlags.per_dataset in f or MaskFlags.alpha in f for f in src.mask_flag_enums)
 
 
-def _inside(col: int, row: int, width: int, height: int, src_w: int, src_h: int) -> np.ndarray:
+def window_in_raster(window: Sequence[int], raster_width: int, raster_height: int) -> np.ndarray:
+    """(h, w) bool: the pixels of ``window`` = (col, row, w, h) that lie inside a raster of
+    ``raster_width`` x ``raster_height`` pixels (a window may start at negative offsets)."""
+    col, row, width, height = (int(v) for v in window)
     rows = np.arange(row, row + height)
     cols = np.arange(col, col + width)
-    return ((rows >= 0) & (rows < src_h))[:, None] & ((cols >= 0) & (cols < src_w))[None, :]
+    return ((rows >= 0) & (rows < raster_height))[:, None] & ((cols >= 0) & (cols < raster_width))[None, :]
 
 
 def grid_bbox(gx: np.ndarray, gy: np.ndarray, margin: int = 2) -> list[int]:
