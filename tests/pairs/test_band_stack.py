@@ -57,6 +57,15 @@ def test_plain_read_off_the_raster_marks_the_padding_invalid():
     assert not valid[:, :8].any() and not valid[15:].any() and valid[:15, 8:].any()
 
 
+def test_stretch_reads_are_decimated_to_max_side():
+    """Both stretches (plain scenes and band stacks) measure on this decimated read."""
+    from operators.pairs.imagery.radiometry import decimated_shape
+
+    assert decimated_shape(4000, 2000, 1024) == (512, 1024)
+    assert decimated_shape(300, 200, 1024) == (200, 300)          # never upsampled
+    assert decimated_shape(5000, 3, 1024) == (1, 1024)            # at least one row
+
+
 def test_coarser_band_is_resampled_to_the_finest_grid(tmp_path):
     """A 240 m copy of B04 stacked with the 120 m original: the scene grid is the 120 m one and the
     coarse band comes back upsampled (bilinear) close to the original."""

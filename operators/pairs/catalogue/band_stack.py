@@ -33,7 +33,7 @@ from rasterio.windows import Window
 
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.imagery.cloud_masks import cloud_pixels
-from operators.pairs.imagery.radiometry import DEFAULT_PERCENTILES, band_percentiles
+from operators.pairs.imagery.radiometry import DEFAULT_PERCENTILES, band_percentiles, decimated_shape
 from operators.pairs.imagery.raster_io import Grid, common_grid, grid_bbox, holds_data, window_in_raster
 from operators.pairs.registration.registration import crop_offset, crop_positions_on_grid, remap_bands
 
@@ -202,8 +202,7 @@ def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTIL
     percentiles are taken over pixels where some band is valid.
     """
     f = stack.finest()
-    scale = max(max(f.width, f.height) / max_side, 1)
-    shape = (max(1, int(round(f.height / scale))), max(1, int(round(f.width / scale))))
+    shape = decimated_shape(f.width, f.height, max_side)
     planes, valid, clear = [], np.zeros(shape, bool), np.ones(shape, bool)
     layers = list(stack.bands) + ([stack.cloud.asset] if stack.cloud else [])
     for i, band in enumerate(layers):

@@ -43,15 +43,20 @@ def band_percentiles(data: np.ndarray, valid: np.ndarray | None,
     return out
 
 
+def decimated_shape(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(rows, cols) of a whole-scene read at most ``max_side`` pixels a side (never upsampled):
+    what a scene's stretch is measured on."""
+    scale = max(max(width, height) / max_side, 1)
+    return max(1, int(round(height / scale))), max(1, int(round(width / scale)))
+
+
 def scene_stretch(uri: str, bands: Sequence[int] | None = None, max_side: int = 1024,
                   percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[list[float]]:
     """Per-band stretch of a whole scene from a decimated read (overviews used when present)."""
     with rasterio.Env(**gdal_env()):
         with rasterio.open(gdal_path(uri)) as src:
             idx = list(bands) if bands else list(range(1, src.count + 1))
-            scale = max(src.width, src.height) / max_side
-            shape = (len(idx), max(1, int(round(src.height / max(scale, 1)))),
-                     max(1, int(round(src.width / max(scale, 1)))))
+            shape = (len(idx), *decimated_shape(src.width, src.height, max_side))
             data = src.read(idx, out_shape=shape, resampling=Resampling.nearest)
             mask = src.dataset_mask(out_shape=shape[1:], resampling=Resampling.nearest) > 0
     return band_percentiles(data, mask, percentiles)
