@@ -178,3 +178,17 @@ def test_guided_matches_are_mutual_and_lone_candidates_need_a_close_descriptor()
     other = rng.integers(0, 255, (1, 128)).astype(np.uint8)
     qi, _, _ = guided_match(pre_xy[:1], pre_desc[:1], post_xy[:1], other, np.eye(2, 3), CFG)
     assert len(qi) == 0
+
+
+def test_tile_prior_takes_the_tile_and_its_ring_of_tiles():
+    """A tile's own prior is fitted to the matches of the 3 x 3 tiles around it, edges exact."""
+    cfg = RegistrationConfig(tile_size=100, search_margin_px=50, prior_min_inliers=12)
+    xs, ys = np.meshgrid([20.0, 120.0, 200.0], [30.0, 110.0, 190.0, 260.0])
+    pre = np.c_[xs.ravel(), ys.ravel()]
+    pre[-1] = [299.4, 260.0]               # in the last pixel column of tile (1, 1)'s ring
+    prior = fit_match_prior(pre, pre + [3.0, -2.0], [(1, 1), (3, 3)], cfg)
+    assert prior.pair is not None and sorted(prior.tiles) == [(1, 1)]
+    np.testing.assert_allclose(prior.tiles[(1, 1)], [[1, 0, 3], [0, 1, -2]], atol=1e-6)
+    pre[-1] = [299.6, 260.0]               # one pixel further: outside the ring, 11 matches left
+    prior = fit_match_prior(pre, pre + [3.0, -2.0], [(1, 1)], cfg)
+    assert prior.pair is not None and prior.tiles == {}

@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from operators.pairs.registration.guided_matching import MatchPrior, guided_match
+from operators.pairs.registration.tiles import grow, inside, tile_core, tiles_for_window
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, checked_fit,
                                                        detect_features, match_descriptors)
 
@@ -76,24 +77,6 @@ class TileMatches:
 
 # ---- tile geometry --------------------------------------------------------------------------
 
-def tile_core(tile_col: int, tile_row: int, tile_size: int) -> tuple[int, int, int, int]:
-    """Core window (col_off, row_off, width, height) of tile (tile_col, tile_row)."""
-    return tile_col * tile_size, tile_row * tile_size, tile_size, tile_size
-
-
-def tiles_for_window(window: Sequence[int], tile_size: int) -> list[tuple[int, int]]:
-    """(tile_col, tile_row) of every tile whose core intersects ``window``."""
-    col, row, width, height = (int(v) for v in window)
-    c0, c1 = col // tile_size, (col + width - 1) // tile_size
-    r0, r1 = row // tile_size, (row + height - 1) // tile_size
-    return [(tc, tr) for tr in range(r0, r1 + 1) for tc in range(c0, c1 + 1)]
-
-
-def grow(window: Sequence[int], margin: int) -> tuple[int, int, int, int]:
-    col, row, width, height = (int(v) for v in window)
-    return col - margin, row - margin, width + 2 * margin, height + 2 * margin
-
-
 def tile_read_window(tile_col: int, tile_row: int, cfg: RegistrationConfig):
     """Window to read (either date) for a tile's features, on the common grid."""
     return grow(tile_core(tile_col, tile_row, cfg.tile_size), cfg.tile_context_px)
@@ -107,13 +90,6 @@ def search_window(tile_col: int, tile_row: int, cfg: RegistrationConfig):
 def neighbour_tiles(tile_col: int, tile_row: int, cfg: RegistrationConfig) -> list[tuple[int, int]]:
     """Tiles whose post features can match this tile's pre features (incl. the tile itself)."""
     return tiles_for_window(search_window(tile_col, tile_row, cfg), cfg.tile_size)
-
-
-def inside(xy: np.ndarray, window: Sequence[int]) -> np.ndarray:
-    """Points (pixel-centre coordinates) that fall in a pixel of ``window``."""
-    col, row, width, height = window
-    x, y = xy[:, 0], xy[:, 1]
-    return (x >= col - 0.5) & (x < col + width - 0.5) & (y >= row - 0.5) & (y < row + height - 0.5)
 
 
 # ---- per tile -------------------------------------------------------------------------------

@@ -88,10 +88,7 @@ def plan_tiles(slice_rows: Sequence[dict], cfg: RegistrationConfig) -> list[dict
         entry = by_pair.get(r["pair_id"])
         if entry is None:
             entry = by_pair[r["pair_id"]] = ({k: r.get(k) for k in keys}, set())
-        col, row, width, height = (int(v) for v in r["window"])
-        c0, c1 = col // ts, (col + width - 1) // ts
-        r0, r1 = row // ts, (row + height - 1) // ts
-        entry[1].update((tc, tr) for tr in range(r0, r1 + 1) for tc in range(c0, c1 + 1))
+        entry[1].update(tiles_for_window(r["window"], ts))
     out = []
     for pair in sorted(by_pair):
         shared, cells = by_pair[pair]

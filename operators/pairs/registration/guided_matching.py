@@ -28,6 +28,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from operators.pairs.registration.registration import RegistrationConfig, seed_flann
+from operators.pairs.registration.tiles import grow, inside, tile_core
 
 Cell = tuple[int, int]
 
@@ -95,8 +96,7 @@ def fit_match_prior(pre_xy: np.ndarray, post_xy: np.ndarray, tiles: list[Cell],
     ts = cfg.tile_size
     for tc, tr in tiles:
         # The tile and the ring of tiles around it: enough support, still local.
-        x0, y0, x1, y1 = (tc - 1) * ts - 0.5, (tr - 1) * ts - 0.5, (tc + 2) * ts - 0.5, (tr + 2) * ts - 0.5
-        near = (pre_xy[:, 0] >= x0) & (pre_xy[:, 0] < x1) & (pre_xy[:, 1] >= y0) & (pre_xy[:, 1] < y1)
+        near = inside(pre_xy, grow(tile_core(tc, tr, ts), ts))
         if near.sum() < cfg.prior_min_inliers:
             continue
         L, m = robust_affine(pre_xy[near], post_xy[near], cfg.prior_ransac_px, cfg.flann_seed)
