@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
     print(f"scene {args.size}x{args.size} uint16 (real imagery mosaic, known warp) in "
           f"{time.perf_counter() - t0:.1f}s; {len(rows)} slices of {args.slice_size} at stride "
           f"{args.stride}, crop {args.crop_size}; work dir {work}")
-    print("config:", {k: v for k, v in asdict(regional).items() if k != "method"})
+    print("config:", {k: v for k, v in regional.flat().items() if k != "method"})
 
     results = []
     start_ray(2)

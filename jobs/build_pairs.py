@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(parser, PairingConfig, "pair selection")
     add_config_args(parser, BandsConfig, "STAC and per-band products")
     add_config_args(parser, CloudConfig, "cloud masks")
-    add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",), tuning=True)
+    add_config_args(parser, RegistrationConfig, "registration", skip=("method",), tuning=True)
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),
                         help="regional: features once per region, reused by overlapping slices; "
@@ -200,7 +200,7 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
                "split_fractions": ",".join(f"{f:g}" for f in fractions),
                "location_cell_deg": pairing.location_cell_deg, "method": reg.method,
                "config": json.dumps({"job": dataclasses.asdict(job), "pairing": dataclasses.asdict(pairing),
-                                     "registration": dataclasses.asdict(reg)}, default=str)}
+                                     "registration": reg.flat()}, default=str)}
     _check_split_settings(out, run_row)
     write_table_shard(out, "runs", [run_row], schemas["runs"], run_id)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import fields, replace
 from typing import Any, Optional, Sequence
 
 import cv2
@@ -23,6 +23,7 @@ from operators.pairs.imagery.raster_io import common_grid, grid_bbox, read_at, r
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, crop_offset,
                                                        crop_positions_on_grid, feature_grey, homography_problem,
                                                        nodata_fraction, remap_bands)
+from operators.pairs.registration.config import SchedulingConfig
 from operators.pairs.screening.screening import rescue_field, rescued_homography, screen_alignment
 
 STAGE = "registration"
@@ -92,7 +93,7 @@ SHIFTS_SCHEMA = pa.schema([
 ])
 
 # Settings that only schedule work: changing them changes no result, so no slice is redone.
-SCHEDULING = ("match_tiles_per_task", "slices_per_task", "keep_features")
+SCHEDULING = tuple(f.name for f in fields(SchedulingConfig))   # left out of settings keys
 # What a slice row carries that its result depends on besides its slice id.
 INPUT_KEYS = ("bands_pre", "bands_post", "pre_stack", "post_stack")
 RESULT_KEYS = INPUT_KEYS + ("window", "stretch_pre", "stretch_post", "pre_uri", "post_uri")
@@ -124,7 +125,7 @@ def settings_key(row: dict, cfg: RegistrationConfig) -> str:
     """Hash of every setting and input a slice's verdict depends on. A rerun treats a slice as
     finished only when its recorded key is this one, so changed settings re-evaluate rejected
     slices (and accepted ones) instead of keeping a verdict made under other settings."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in SCHEDULING}
+    settings = {k: v for k, v in cfg.flat().items() if k not in SCHEDULING}
     return _hash({"settings": settings, **{k: row.get(k) for k in RESULT_KEYS}})
 
 
