@@ -9,7 +9,7 @@ from operators.pairs.regional.regional import (TileFeatures, TileMatches, fit_sl
                                                tile_read_window, tiles_for_window)
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, register_slice_pair, \
     translation
-from tests.pairs.test_registration import corner_errors, known_homography, make_post, naip_rgb
+from tests.pairs.registration.test_registration import corner_errors, known_homography, make_post, naip_rgb
 
 CFG = RegistrationConfig(method="regional", crop_size=256, tile_size=256, search_margin_px=32)
 SLICE = 512

@@ -15,7 +15,7 @@ from operators.pairs.registration.registration import (RegistrationConfig, apply
                                                        homography_problem, match_descriptors,
                                                        register_slice_pair, remap_bands, translation)
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 NAIP = DATA / "naip" / "m_4709963_se_14_1_20160816.tif"
 S2 = DATA / "uint16" / "s2_B8A.jp2"
 ZAGREB = DATA / "s2-zagreb"

@@ -25,7 +25,7 @@ from operators.pairs.imagery.raster_io import Grid, read_window
 from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, read_registered_post, screening_limit
 from operators.io.storage import Store
 from operators.io.tables import records_to_table, split_envelopes
-from tests.pairs.test_registration import NAIP, corner_errors, known_homography, make_post
+from tests.pairs.registration.test_registration import NAIP, corner_errors, known_homography, make_post
 
 SLICE, CROP = 512, 256
 W_TRUE = known_homography(dx=-8.6, dy=5.3, degrees=0.4, scale=1.003, about=(467, 362))

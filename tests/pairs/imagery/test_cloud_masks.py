@@ -60,7 +60,7 @@ def test_post_cloud_crop_is_judged_by_its_cloud_fraction_not_as_nodata(tmp_path,
     from operators.pairs.registration.registration import HomographyFit, RegistrationConfig, translation
     from operators.pairs.crops.slice_io import (Clock, crop_window, finish_crop, read_pre,
                                                 read_registered_post)
-    from tests.pairs.test_registration import naip_rgb
+    from tests.pairs.registration.test_registration import naip_rgb
 
     grey = naip_rgb()[0][:300, :300]
     tr = Affine(1.0, 0, 500000, 0, -1.0, 5000000)

@@ -10,7 +10,7 @@ import pytest
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
 from operators.pairs.screening.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
                                                  window_starts)
-from tests.pairs.test_registration import known_homography, naip_rgb
+from tests.pairs.registration.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
 X0, Y0 = 200, 30             # the crop's place in the (upsampled) NAIP scene

@@ -16,7 +16,7 @@ from operators.pairs.regional.regional import (TileMatches, fit_slice, guided_ma
                                                tiles_for_window)
 from operators.pairs.registration.registration import RegistrationConfig, apply_homography, feature_grey
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "naip"
+DATA = Path(__file__).resolve().parents[3] / "data" / "naip"
 D = np.array([37.0, -23.0])          # pre pixel p shows what post shows at p - D
 SLICE, STRIDE = 384, 160
 CFG = RegistrationConfig(crop_size=192, tile_size=256, search_margin_px=64)
