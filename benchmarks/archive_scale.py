@@ -91,11 +91,11 @@ def measure(n_scenes: int, slice_size: int, stride: int, window_slices: int) -> 
     from jobs.build_pairs import table_schemas
     from operators.io.storage import Store
     from operators.io.tables import write_table_shard
-    from operators.pairs.pairing import PairingConfig, lonlat_boxes, scene_locations, select_pairs
-    from operators.pairs.regional_ops import pair_windows, plan_tiles
-    from operators.pairs.registration import RegistrationConfig
-    from operators.pairs.slicing import slice_rows, slice_windows
-    from operators.pairs.splits import assign_splits
+    from operators.pairs.selection.pairing import PairingConfig, lonlat_boxes, scene_locations, select_pairs
+    from operators.pairs.regional.regional_ops import pair_windows, plan_tiles
+    from operators.pairs.registration.registration import RegistrationConfig
+    from operators.pairs.selection.slicing import slice_rows, slice_windows
+    from operators.pairs.selection.splits import assign_splits
 
     pairing = PairingConfig(reference_date="2026-01-01")
     reg = RegistrationConfig()

@@ -21,17 +21,17 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import numpy as np
 
 from benchmarks._scenes import KnownWarp, write_pair
-from operators.pairs.radiometry import scene_stretch
-from operators.pairs.regional_ops import (TILE_RUNS_DIR, plan_tiles, register_slice_regional,
-                                          tile_passes_in_process)
-from operators.pairs.register_stage import registration_stage
-from operators.pairs.registration import (RegistrationConfig, apply_homography, crop_corners,
-                                    crop_offset)
+from operators.pairs.imagery.radiometry import scene_stretch
+from operators.pairs.regional.regional_ops import (TILE_RUNS_DIR, plan_tiles, register_slice_regional,
+                                                   tile_passes_in_process)
+from operators.pairs.stage.register_stage import registration_stage
+from operators.pairs.registration.registration import (RegistrationConfig, apply_homography, crop_corners,
+                                                       crop_offset)
 from operators.io.storage import Store
 from operators.io.tables import split_envelopes
 
@@ -127,7 +127,7 @@ def start_ray(cpus: int):
 
 
 def _warm(row):
-    import operators.pairs.register_stage  # noqa: F401
+    import operators.pairs.stage.register_stage  # noqa: F401
     time.sleep(0.2)
     return row
 
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
     print(f"scene {args.size}x{args.size} uint16 (real imagery mosaic, known warp) in "
           f"{time.perf_counter() - t0:.1f}s; {len(rows)} slices of {args.slice_size} at stride "
           f"{args.stride}, crop {args.crop_size}; work dir {work}")
-    print("config:", {k: v for k, v in asdict(regional).items() if k != "method"})
+    print("config:", {k: v for k, v in regional.flat().items() if k != "method"})
 
     results = []
     start_ray(2)

@@ -44,9 +44,9 @@ from rasterio.vrt import WarpedVRT
 
 from benchmarks._scenes import KnownWarp
 from benchmarks.registration import run_stage, start_ray
-from operators.pairs.radiometry import scene_stretch
-from operators.pairs.registration import (HomographyFit, RegistrationConfig, apply_homography,
-                                          crop_offset, translation)
+from operators.pairs.imagery.radiometry import scene_stretch
+from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, apply_homography,
+                                                       crop_offset, translation)
 
 def _shared_data() -> Path:
     """The nearest ``shared/data`` beside the repository or one of its parent folders."""
@@ -235,7 +235,7 @@ def wrong_matches(matches, seed: int = 0):
     """Every match of a slice moved to a wrong partner 4-15 px from its true one: wrong matches
     that all lie near the pair's prior, as guided matching can return them (repeated texture, a
     changed scene)."""
-    from operators.pairs.regional import TileMatches
+    from operators.pairs.regional.regional import TileMatches
     rng = np.random.default_rng(seed)
     n = len(matches)
     ang, rad = rng.uniform(0, 2 * np.pi, n), np.sqrt(rng.uniform(16, 225, n))
@@ -250,7 +250,7 @@ def perturbed_false_accepts(rows: list[dict], cfg: RegistrationConfig, out_root:
     checks again (in this process, on the stored matches of the run). Returns (accepted spoiled
     crops whose true max error > 8 px, spoiled crops whose true max error > 8 px, spoiled crops
     rescued to a true max error <= 8 px)."""
-    import operators.pairs.regional_ops as ops
+    import operators.pairs.regional.regional_ops as ops
     good_fit = ops.fit_slice
     bad = accepted = rescued = 0
     spoils = list(perturbations(int(rows[0]["window"][2]), crop).values()) + ["wrong matches"]

@@ -42,7 +42,7 @@ from operators.io.storage import Store, read_uri
 from operators.io.tables import (ERRORS_SCHEMA, error_record, new_run_id, prune_shards, read_table,
                                  write_table_shard)
 from operators.language.caption_ops import discover_pairs, is_pairs_output
-from operators.pairs.labels import LABELS_SCHEMA, merge_label_maps
+from operators.pairs.labels.labels import LABELS_SCHEMA, merge_label_maps
 from operators.review.image_urls import ImageUrls
 
 log = logging.getLogger("changeforge.annotate")

@@ -27,20 +27,20 @@ import pyarrow as pa
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.pairs.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
-from operators.pairs.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
-                                            catalogue_band_scenes, is_band_input,
-                                            prepare_band_pairs)
-from operators.pairs.cloud_masks import CloudConfig  # noqa: E402
+from operators.pairs.catalogue.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
+from operators.pairs.catalogue.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
+                                                      catalogue_band_scenes, is_band_input,
+                                                      prepare_band_pairs)
+from operators.pairs.imagery.cloud_masks import CloudConfig  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
-from operators.pairs.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
-from operators.pairs.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
-from operators.pairs.regional_ops import run_regional  # noqa: E402
-from operators.pairs.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
-from operators.pairs.registration import RegistrationConfig  # noqa: E402
-from operators.pairs.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
-from operators.pairs.slicing import slice_rows, slice_windows  # noqa: E402
-from operators.pairs.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
+from operators.pairs.labels.labels import LABEL_FOLDERS, LABELS_SCHEMA  # noqa: E402
+from operators.pairs.selection.pairing import PAIRS_SCHEMA, PairingConfig, lonely_scenes, select_pairs  # noqa: E402
+from operators.pairs.regional.regional_ops import run_regional  # noqa: E402
+from operators.pairs.stage.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
+from operators.pairs.registration.registration import RegistrationConfig  # noqa: E402
+from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
+from operators.pairs.selection.slicing import slice_rows, slice_windows  # noqa: E402
+from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, changed_rows,  # noqa: E402
                                  error_record, keyed, new_run_id, read_table, resolve_errors, split_envelopes,
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(parser, PairingConfig, "pair selection")
     add_config_args(parser, BandsConfig, "STAC and per-band products")
     add_config_args(parser, CloudConfig, "cloud masks")
-    add_config_args(parser, RegistrationConfig, "registration and screening", skip=("method",), tuning=True)
+    add_config_args(parser, RegistrationConfig, "registration", skip=("method",), tuning=True)
     parser.add_argument("--registration", dest="method", default=RegistrationConfig.method,
                         choices=("regional", "per-slice"),
                         help="regional: features once per region, reused by overlapping slices; "
@@ -200,7 +200,7 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
                "split_fractions": ",".join(f"{f:g}" for f in fractions),
                "location_cell_deg": pairing.location_cell_deg, "method": reg.method,
                "config": json.dumps({"job": dataclasses.asdict(job), "pairing": dataclasses.asdict(pairing),
-                                     "registration": dataclasses.asdict(reg)}, default=str)}
+                                     "registration": reg.flat()}, default=str)}
     _check_split_settings(out, run_row)
     write_table_shard(out, "runs", [run_row], schemas["runs"], run_id)
 
@@ -325,17 +325,17 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
 
 
 def _catalogue_fn(row, **kw):
-    from operators.pairs.pairs_ops import catalogue_scene
+    from operators.pairs.stage.pairs_ops import catalogue_scene
     return catalogue_scene(row, **kw)
 
 
 def _cut_fn(row, **kw):
-    from operators.pairs.pairs_ops import cut_pair
+    from operators.pairs.stage.pairs_ops import cut_pair
     return cut_pair(row, **kw)
 
 
 def _labels_fn(row, **kw):
-    from operators.pairs.pairs_ops import merge_slice_labels
+    from operators.pairs.stage.pairs_ops import merge_slice_labels
     return merge_slice_labels(row, **kw)
 
 

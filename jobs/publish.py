@@ -39,7 +39,7 @@ from operators.publish.sources import (declared_licence, read_captions, read_dat
 from operators.publish.stac import CATALOG, catalog, item_path, pair_item
 from operators.publish.versions import (changelog, changelog_entry, code_version, diff_pairs, pair_digest,
                                         parse_version, previous_version, sha256, sha256sums)
-from operators.pairs.splits import SPLITS
+from operators.pairs.selection.splits import SPLITS
 
 VERSIONS_FILE = "versions.json"
 

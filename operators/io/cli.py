@@ -41,6 +41,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | Non
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
+        if dataclasses.is_dataclass(hints[f.name]):   # a nested settings group: its fields, flat
+            add_config_args(parser, hints[f.name], f.metadata.get("title", f.name), skip, tuning)
+            continue
         action = _add_field(group, f, _field_type(hints[f.name]))
         action.tuning = bool(tuning or f.metadata.get("tuning"))
         for old in f.metadata.get("old_flags", ()):
@@ -213,8 +216,15 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides):
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-              if f.init and hasattr(args, f.name)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):   # a nested settings group, from its flat options
+            values[f.name] = config_from_args(hints[f.name], args)
+        elif hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
     values.update(overrides)
     return cls(**values)
 

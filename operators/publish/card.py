@@ -13,7 +13,7 @@ import pandas as pd
 from operators.report.markdown import markdown_table
 from operators.report.stats import (Table, car_stats, car_table, caption_stats, caption_table, pairs_job_stats,
                                     pairs_job_table, qa_stats, qa_table, reject_reason_table)
-from operators.pairs.splits import SPLITS
+from operators.pairs.selection.splits import SPLITS
 from operators.publish.sources import stem
 
 # Hub licence ids are lower-case SPDX ids; others are given as "other" with a name.

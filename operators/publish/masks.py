@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.pairs.labels import binarize
+from operators.pairs.labels.labels import binarize
 
 CHANGED = 255
 INDEX_CLASSES = {0: "no change", 1: "new building", 2: "demolished building"}

@@ -189,7 +189,7 @@ def _reference_options(markdown: str) -> dict[str, set[str]]:
 
 def test_cli_reference_matches_the_parsers():
     from jobs.cli import JOBS
-    from operators.io.cli_reference import _parsers, reference_markdown
+    from jobs.cli_reference import _parsers, reference_markdown
 
     committed = (REPO / "docs" / "cli-reference.md").read_text(encoding="utf-8")
     documented = _reference_options(committed)
@@ -200,5 +200,5 @@ def test_cli_reference_matches_the_parsers():
             parsed[command] = {s for a in parser._actions if a.help != argparse.SUPPRESS
                                for s in a.option_strings if s.startswith("--") and s != "--help"}
     assert documented == parsed, "docs/cli-reference.md differs from the parsers: regenerate it with " \
-        "python -m operators.io.cli_reference > docs/cli-reference.md"
+        "python -m jobs.cli_reference > docs/cli-reference.md"
     assert committed == reference_markdown(), "docs/cli-reference.md is stale: regenerate it"

@@ -16,8 +16,8 @@ import pytest
 
 from jobs.build_pairs import PairsJobConfig, run
 from operators.io.storage import Store
-from operators.pairs.pairing import PairingConfig
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.selection.pairing import PairingConfig
+from operators.pairs.registration.registration import RegistrationConfig
 from tests.conftest import DATA, REPO
 
 # Wall/CPU times and the run id differ between runs by nature; everything else must not.

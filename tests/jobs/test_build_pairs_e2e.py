@@ -11,8 +11,8 @@ import pytest
 
 from jobs.build_pairs import PairsJobConfig, run
 from operators.io.images import decode_image, encode_png
-from operators.pairs.pairing import PairingConfig
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.selection.pairing import PairingConfig
+from operators.pairs.registration.registration import RegistrationConfig
 from operators.io.storage import Store
 from operators.io.tables import read_table
 from tests.conftest import DATA
@@ -284,7 +284,7 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
 
     def wait_then_die(refs, *args, **kw):
         ready, rest = real_wait(refs, *args, **kw)
-        if sys._getframe(1).f_globals["__name__"] == "operators.pairs.regional_ops" and ready:
+        if sys._getframe(1).f_globals["__name__"] == "operators.pairs.regional.regional_ops" and ready:
             seen.extend(ready)
             raise _Killed("driver killed while the regional graph runs")
         return ready, rest

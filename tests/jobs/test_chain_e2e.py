@@ -48,8 +48,8 @@ def masks_of(drawn: dict) -> dict:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, ray_session, openai_test_server_process):
     from jobs import annotate, build_pairs, caption, qa, report, review, score, validate
-    from operators.pairs.pairing import PairingConfig
-    from operators.pairs.registration import RegistrationConfig
+    from operators.pairs.selection.pairing import PairingConfig
+    from operators.pairs.registration.registration import RegistrationConfig
     from tests.review.label_studio_env import LabelStudioServer, venv_dir
 
     base = tmp_path_factory.mktemp("chain")

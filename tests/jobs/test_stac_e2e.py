@@ -17,10 +17,10 @@ from jobs.build_pairs import PairsJobConfig, run
 from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table
-from operators.pairs.band_scene_ops import BandsConfig
-from operators.pairs.cloud_masks import CloudConfig
-from operators.pairs.pairing import PairingConfig
-from operators.pairs.registration import RegistrationConfig
+from operators.pairs.catalogue.band_scene_ops import BandsConfig
+from operators.pairs.imagery.cloud_masks import CloudConfig
+from operators.pairs.selection.pairing import PairingConfig
+from operators.pairs.registration.registration import RegistrationConfig
 from tests.pairs.stac_zagreb import PRODUCTS, build_catalogue, hand_stacked, upload
 
 pytestmark = pytest.mark.slow
@@ -159,7 +159,7 @@ def scl_cloud(date: str, window) -> float:
 def test_cloud_masking_on_the_cloudy_pair(tmp_path, ray_session):
     """08-13 (2 %) vs 08-18 (~46 % cumulus) at 10 m: with the SCL mask every crop's cloud is measured
     and judged by --max-crop-cloud (a crop that passes it is accepted on its clear part: see
-    tests/pairs/test_cloud_masks.py); on this pair every slice is too cloudy or has too few matches,
+    tests/pairs/imagery/test_cloud_masks.py); on this pair every slice is too cloudy or has too few matches,
     and the counts below are exact (the output is deterministic)."""
     build_catalogue(tmp_path / "cat", ["20230813", "20230818"])
     root = str(tmp_path / "cat" / "catalog.json")

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import rasterio
 
-from operators.pairs.catalogue import (SceneInput, date_from_name, list_scene_inputs, parse_date,
-                                 read_scene_header)
-from operators.pairs.labels import merge_label_maps
-from operators.pairs.pairing import PairingConfig, box_iou, footprint_iou, group_by_location, select_pairs
-from operators.pairs.radiometry import band_percentiles, scene_stretch, to_uint8
-from operators.pairs.slicing import axis_starts, intersection_window, slice_rows, slice_windows
-from operators.pairs.splits import assign_splits, list_files, parse_fractions
+from operators.pairs.catalogue.catalogue import (SceneInput, date_from_name, list_scene_inputs, parse_date,
+                                                 read_scene_header)
+from operators.pairs.labels.labels import merge_label_maps
+from operators.pairs.selection.pairing import PairingConfig, box_iou, footprint_iou, group_by_location, select_pairs
+from operators.pairs.imagery.radiometry import band_percentiles, scene_stretch, to_uint8
+from operators.pairs.selection.slicing import axis_starts, intersection_window, slice_rows, slice_windows
+from operators.pairs.selection.splits import assign_splits, list_files, parse_fractions
 from tests.conftest import DATA
 
 NAIP = sorted((DATA / "naip").glob("*.tif"))
@@ -88,6 +88,24 @@ def test_manifest_csv_with_relative_uris(tmp_path):
     assert rows[0].uri == str(tmp_path / NAIP[0].name) and rows[0].acquired == "2010-01-02"
     assert read_scene_header(rows[0])["date_source"] == "manifest"
     assert read_scene_header(rows[1])["acquired"] == "2016-08-16"  # falls back to the file name
+
+
+def test_manifest_parquet_and_csv_with_bom_read_alike(tmp_path):
+    """Scene manifests and band manifests share one reader: Parquet, and CSV saved with a BOM."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from operators.pairs.catalogue.band_manifest import has_band_column
+
+    pq.write_table(pa.table({"uri": ["a.tif", "/abs/b.tif"], "acquired": ["2020-01-02", None]}),
+                   tmp_path / "m.parquet")
+    (tmp_path / "m.csv").write_bytes("uri,acquired,band\r\na.tif,2020-01-02,B04\r\n".encode("utf-8-sig"))
+    rows = list_scene_inputs(str(tmp_path / "m.parquet"))
+    assert [(r.uri, r.acquired) for r in rows] == [(str(tmp_path / "a.tif"), "2020-01-02"),
+                                                   ("/abs/b.tif", None)]
+    rows = list_scene_inputs(str(tmp_path / "m.csv"))
+    assert [(r.uri, r.acquired) for r in rows] == [(str(tmp_path / "a.tif"), "2020-01-02")]
+    assert has_band_column(str(tmp_path / "m.csv")) and not has_band_column(str(tmp_path / "m.parquet"))
 
 
 def test_folder_listing_skips_sidecars(tmp_path):
@@ -312,7 +330,7 @@ def test_post_in_another_crs_is_read_onto_the_pre_grid(tmp_path):
     import cv2
     from rasterio.warp import Resampling, calculate_default_transform, reproject
 
-    from operators.pairs.raster_io import Grid, read_window
+    from operators.pairs.imagery.raster_io import Grid, read_window
 
     src_path = NAIP[2]
     dst_path = tmp_path / "web_mercator_20200101.tif"

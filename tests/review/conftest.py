@@ -92,8 +92,8 @@ def make_qa_output(folder: Path, pair_rows: list[dict], seed: int = 0) -> Path:
 def make_pairs_job_output(folder: Path) -> Path:
     """A pairs-job metadata/ table (accepted and rejected slices with the job's reasons) and candidate
     pairs/, as the pairs job writes them."""
-    from operators.pairs.pairing import PAIRS_SCHEMA
-    from operators.pairs.slice_io import METADATA_SCHEMA
+    from operators.pairs.selection.pairing import PAIRS_SCHEMA
+    from operators.pairs.crops.slice_io import METADATA_SCHEMA
     reasons = [None, None, None, "too few inliers (5 < 20)", "residual 9.3 px > 8 px", "too few inliers (2 < 20)",
                None, "nodata 3.0% of the crop > 0.0%", None, "residual 12.0 px > 8 px"]
     residuals = [0.4, 1.1, 0.7, 35.0, 9.3, 60.2, 2.5, None, 5.9, 12.0]

@@ -1,0 +1,1 @@
+"""Cataloguing scenes: scene inputs and headers, STAC items, per-band manifests and band stacks."""

@@ -1,0 +1,126 @@
+"""Radiometry: per-scene percentile stretch and the 16-bit (or any dtype) to 8-bit conversion, and
+the local normalisation of feature-detection input.
+
+The stretch is computed once per *scene* from a decimated read of the whole raster, never per slice,
+so every slice of a scene shares one mapping and neighbouring crops do not flicker in brightness.
+Default: the 2nd and 98th percentiles of each band's valid pixels map to 0 and 255, linearly, with
+values outside clipped (S2Looking does not state its conversion; this is the common choice).
+
+SIFT's input has another need: local texture must survive. A scene-wide stretch of a cloudy date
+maps the clouds to most of the range and leaves the land texture in a few grey levels, so features
+are computed on a *local* normalisation instead (:func:`local_unit`): per feature tile or slice,
+a robust percentile stretch over the pixels that are valid, not saturated and not otherwise masked
+(clouds, once a cloud mask is given), optionally followed by CLAHE. The 8-bit PNGs keep the
+per-scene stretch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+import rasterio
+from rasterio.enums import Resampling
+
+from operators.io.storage import gdal_env, gdal_path
+
+DEFAULT_PERCENTILES = (2.0, 98.0)
+
+
+def band_percentiles(data: np.ndarray, valid: np.ndarray | None,
+                     percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[list[float]]:
+    """[[lo, hi], ...] per band of a (bands, H, W) array, over valid pixels only."""
+    out = []
+    for band in data:
+        values = band[valid] if valid is not None else band.ravel()
+        if values.size == 0:
+            out.append([0.0, 1.0])
+            continue
+        lo, hi = np.percentile(values.astype(np.float64), list(percentiles))
+        if hi <= lo:  # a flat band: keep the mapping defined
+            hi = lo + 1.0
+        out.append([float(lo), float(hi)])
+    return out
+
+
+def decimated_shape(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(rows, cols) of a whole-scene read at most ``max_side`` pixels a side (never upsampled):
+    what a scene's stretch is measured on."""
+    scale = max(max(width, height) / max_side, 1)
+    return max(1, int(round(height / scale))), max(1, int(round(width / scale)))
+
+
+def scene_stretch(uri: str, bands: Sequence[int] | None = None, max_side: int = 1024,
+                  percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[list[float]]:
+    """Per-band stretch of a whole scene from a decimated read (overviews used when present)."""
+    with rasterio.Env(**gdal_env()):
+        with rasterio.open(gdal_path(uri)) as src:
+            idx = list(bands) if bands else list(range(1, src.count + 1))
+            shape = (len(idx), *decimated_shape(src.width, src.height, max_side))
+            data = src.read(idx, out_shape=shape, resampling=Resampling.nearest)
+            mask = src.dataset_mask(out_shape=shape[1:], resampling=Resampling.nearest) > 0
+    return band_percentiles(data, mask, percentiles)
+
+
+def stretch_to_unit(data: np.ndarray, stretch: Sequence[Sequence[float]]) -> np.ndarray:
+    """(bands, H, W) of any dtype -> float32 in [0, 1] by the per-band [lo, hi] stretch."""
+    lo = np.asarray([s[0] for s in stretch], dtype=np.float32)[:, None, None]
+    hi = np.asarray([s[1] for s in stretch], dtype=np.float32)[:, None, None]
+    out = (data.astype(np.float32) - lo) / (hi - lo)
+    return np.clip(out, 0.0, 1.0, out=out)
+
+
+def to_uint8(data: np.ndarray, stretch: Sequence[Sequence[float]],
+             valid: np.ndarray | None = None) -> np.ndarray:
+    """(bands, H, W) -> (H, W, bands) uint8 with the scene's stretch; invalid pixels become 0."""
+    unit = stretch_to_unit(data, stretch)
+    out = np.rint(unit * 255.0).astype(np.uint8)
+    if valid is not None:
+        out[:, ~valid] = 0
+    return np.moveaxis(out, 0, -1)
+
+
+def usable_pixels(data: np.ndarray, valid: np.ndarray | None,
+                  invalid: np.ndarray | None = None) -> np.ndarray:
+    """Pixels a local statistic may use: valid in every band, not saturated (integer data at its
+    type's maximum in any band), and not flagged by ``invalid`` (e.g. a cloud mask)."""
+    ok = np.ones(data.shape[1:], bool) if valid is None else np.asarray(valid, bool).copy()
+    if np.issubdtype(data.dtype, np.integer):
+        ok &= ~np.any(data >= np.iinfo(data.dtype).max, axis=0)
+    if invalid is not None:
+        ok &= ~np.asarray(invalid, bool)
+    return ok
+
+
+def local_unit(data: np.ndarray, valid: np.ndarray | None, method: str = "clahe",
+               percentiles: Sequence[float] = (1.0, 99.0), clahe_clip: float = 2.0,
+               clahe_tile_px: int = 128, invalid: np.ndarray | None = None,
+               min_pixels: int = 64) -> np.ndarray:
+    """(bands, H, W) any dtype -> (H, W) float32 grey in [0, 1] normalised on this window alone.
+
+    Each band is stretched by its own ``percentiles`` over :func:`usable_pixels` and the bands are
+    averaged; ``method="clahe"`` then equalises contrast locally (CLAHE on a 16-bit copy, tiles of
+    about ``clahe_tile_px``, clip limit ``clahe_clip``), which lifts land texture next to bright
+    clouds or in haze. Unusable pixels are filled with the median grey so they draw no edge
+    (keypoints there are also kept out by the detection mask).
+    """
+    if method not in ("percentile", "clahe"):
+        raise ValueError(f"normalisation must be 'percentile' or 'clahe', got {method!r}")
+    ok = usable_pixels(data, valid, invalid)
+    h, w = data.shape[1:]
+    if ok.sum() < min_pixels:
+        return np.zeros((h, w), np.float32)
+    grey = np.zeros((h, w), np.float32)
+    for band in data:
+        lo, hi = np.percentile(band[ok].astype(np.float32), list(percentiles))
+        grey += np.clip((band.astype(np.float32) - lo) / max(float(hi - lo), 1e-6), 0.0, 1.0)
+    grey /= len(data)
+    fill = float(np.median(grey[ok]))
+    grey[~ok] = fill
+    if method == "clahe":
+        grid = (max(1, int(round(w / clahe_tile_px))), max(1, int(round(h / clahe_tile_px))))
+        u16 = np.rint(grey * 65535.0).astype(np.uint16)
+        grey = cv2.createCLAHE(clipLimit=float(clahe_clip), tileGridSize=grid).apply(u16)
+        grey = grey.astype(np.float32) / 65535.0
+        grey[~ok] = float(np.median(grey[ok]))
+    return grey

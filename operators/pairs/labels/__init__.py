@@ -1,0 +1,1 @@
+"""Change labels: the annotators' label maps and their merge into one change map."""

@@ -1,0 +1,1 @@
+"""The registration core: SIFT features, matching (plain and guided), the checked homography fit."""

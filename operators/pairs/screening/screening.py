@@ -1,0 +1,396 @@
+"""Screening of a registered crop pair (S2Looking step 5), independent of the SIFT fit.
+
+The paper screens out a slice whose misregistration exceeds 8 px *anywhere*. The check here uses
+the pixels themselves (pre crop vs registered post crop), not the matches the homography came from:
+
+* The whole crop is tiled by windows of at most 1/8 of its side, at half-window steps, flush with
+  its edges (so a strip or a patch of that scale cannot fall between windows).
+* Each window that is valid and textured in both dates is matched by normalised cross-correlation
+  (pre window as template in the post crop), first within ``2 x max_residual_px`` of where it
+  should be, then, if that gives no confident peak, within ``screen_search_px``, so a region
+  displaced by tens of pixels is found rather than just failing to correlate. A peak is trusted
+  when its correlation reaches ``screen_min_ncc`` and it stands out from the rest of the search area.
+* ``residual_px`` is the largest displacement anywhere in the crop: the largest trusted window
+  displacement, and the displacement at the crop's four corners extrapolated from an affine field
+  fitted to the windows (window centres sit half a window inside the corners, where a rotation's
+  error is largest).
+* Only displacements a neighbouring window agrees with count (one window alone may have latched
+  onto a repeated texture or a change); that is what "confidently measured" means below. A
+  displacement above ``max_residual_px`` must be shared by a connected group of at least
+  ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
+  same wrong peak (a new building beside an old one, field rows), while a displaced region of the
+  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
+* Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little
+  evidence ("insufficient evidence"): too little of the textured area measured, fewer than
+  ``screen_min_windows`` agreeing windows, or agreeing windows in fewer than
+  ``screen_min_quadrants`` quadrants of the crop (a scale or rotation error grows towards a far
+  corner that no window sees). Nothing passes unchecked.
+
+``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
+when at least 90 % of it is usable, and unusable pixels are set to the window mean.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import cv2
+import numpy as np
+
+from operators.pairs.registration.registration import RegistrationConfig
+
+MIN_USABLE = 0.9          # usable fraction a window needs in both dates
+AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this
+REGION_WINDOWS = 3        # windows a displacement above the limit needs (connected, agreeing)
+
+@dataclass
+class WindowShift:
+    x: float              # window centre in crop pixel coordinates
+    y: float
+    dx: float             # where the pre window's content sits in the post crop, minus where it should
+    dy: float
+    ncc: float
+    row: int              # grid position
+    col: int
+
+@dataclass
+class ScreeningResult:
+    residual_px: Optional[float]          # largest displacement anywhere in the crop (None: unknown)
+    residual_median_px: Optional[float]
+    n_windows: int                        # textured windows (both dates)
+    n_confident: int                      # windows whose displacement was trusted
+    reject_reason: Optional[str] = None
+    assessed_fraction: float = 0.0        # n_confident / n_windows
+    shifts: list = field(default_factory=list)  # WindowShift per trusted window, for diagnostics
+    measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
+
+def window_starts(size: int, window: int) -> list[int]:
+    """Window starts along a side at half-window steps, the last flush with the far edge."""
+    if window > size:
+        return []
+    step = max(1, window // 2)
+    starts = list(range(0, size - window + 1, step))
+    if starts[-1] != size - window:
+        starts.append(size - window)
+    return starts
+
+def _subpixel(surface: np.ndarray, y: int, x: int) -> tuple[float, float]:
+    """Parabolic refinement of a peak at (y, x) of a correlation surface."""
+    def vertex(m, c, p):
+        d = m - 2 * c + p
+        return 0.0 if abs(d) < 1e-12 else float(np.clip(0.5 * (m - p) / d, -0.5, 0.5))
+    h, w = surface.shape
+    fx = vertex(surface[y, x - 1], surface[y, x], surface[y, x + 1]) if 0 < x < w - 1 else 0.0
+    fy = vertex(surface[y - 1, x], surface[y, x], surface[y + 1, x]) if 0 < y < h - 1 else 0.0
+    return x + fx, y + fy
+
+def match_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
+                 min_ncc: float, peak_margin: float = 0.05) -> Optional[tuple[float, float, float]]:
+    """Find ``template`` (taken at (x0, y0) of the pre crop) in ``post`` within ``radius`` px.
+
+    Returns (dx, dy, ncc) of a trusted peak, else None. A peak is trusted when its NCC reaches
+    ``min_ncc``, it is not on the edge of the search area (the true match may lie beyond), and the
+    best NCC farther than a quarter window from it is at least ``peak_margin`` lower.
+    """
+    return search_window(template, post, x0, y0, radius, min_ncc, peak_margin)[0]
+
+
+def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
+                  min_ncc: float, peak_margin: float) -> tuple[Optional[tuple], bool]:
+    """:func:`match_window`, plus whether the best peak lay on the search area's edge (a hint
+    that the content sits farther away)."""
+    win = template.shape[0]
+    h, w = post.shape
+    sx0, sy0 = max(0, x0 - radius), max(0, y0 - radius)
+    sx1, sy1 = min(w, x0 + win + radius), min(h, y0 + win + radius)
+    region = post[sy0:sy1, sx0:sx1]
+    if region.shape[0] < win or region.shape[1] < win:
+        return None, False
+    surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
+    cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
+    _, peak, _, (px, py) = cv2.minMaxLoc(surface)
+    sh, sw = surface.shape
+    # On the search area's edge the peak may be cut off; unless that edge is the crop's edge.
+    if (px == 0 and sx0 > 0) or (py == 0 and sy0 > 0) or \
+            (px == sw - 1 and sx1 < w) or (py == sh - 1 and sy1 < h):
+        return None, True
+    if peak < min_ncc:
+        return None, False
+    guard = max(2, win // 4)
+    rest = surface.copy()
+    rest[max(0, py - guard):py + guard + 1, max(0, px - guard):px + guard + 1] = -1.0
+    if rest.size and rest.max() > peak - peak_margin:
+        return None, False
+    fx, fy = _subpixel(surface, py, px)
+    return (sx0 + fx - x0, sy0 + fy - y0, float(peak)), False
+
+
+def affine_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
+    """(3, 2) least-squares affine displacement field d(x, y) = [1, x, y] @ A over the windows,
+    refitted once without windows more than 2 px off; None with fewer than 6 windows."""
+    if len(shifts) < 6:
+        return None
+    X = np.array([[1.0, s.x, s.y] for s in shifts])
+    D = np.array([[s.dx, s.dy] for s in shifts])
+    keep = np.ones(len(shifts), bool)
+    for _ in range(2):
+        if keep.sum() < 6:
+            return None
+        A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
+        keep = np.hypot(*(X @ A - D).T) <= AGREE_PX
+    if keep.sum() < 6 or np.linalg.matrix_rank(X[keep]) < 3:
+        return None
+    A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
+    return A
+
+def projective_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
+    """3x3 homography from window centres to where their content sits in the post crop (RANSAC
+    within ``AGREE_PX``); None with fewer than 8 windows or too few agreeing."""
+    if len(shifts) < 8:
+        return None
+    src = np.array([[s.x, s.y] for s in shifts], np.float64)
+    dst = src + np.array([[s.dx, s.dy] for s in shifts])
+    cv2.setRNGSeed(0)  # RANSAC sampling: same windows, same verdict
+    H, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2), cv2.RANSAC, AGREE_PX)
+    if H is None or inl is None or inl.sum() < 8 or not np.all(np.isfinite(H)):
+        return None
+    return H
+
+
+def corner_residual(shifts: list[WindowShift], w: int, h: int) -> float:
+    """Largest displacement at the crop's outer corners extrapolated from the windows: the larger
+    of an affine and a projective field (a fit wrong by a homography moves one corner most; an
+    affine field spreads that over the crop and underestimates it)."""
+    xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    out = 0.0
+    A = affine_field(shifts)
+    if A is not None:
+        out = float(np.hypot(*(np.hstack([np.ones((4, 1)), xy]) @ A).T).max())
+    H = projective_field(shifts)
+    if H is not None:
+        moved = cv2.perspectiveTransform(xy.reshape(-1, 1, 2), H).reshape(-1, 2)
+        d = np.hypot(*(moved - xy).T)
+        if np.all(np.isfinite(d)):
+            out = max(out, float(d.max()))
+    return out
+
+
+def supported(shifts: list[WindowShift]) -> list[WindowShift]:
+    """Windows whose displacement an adjacent, non-overlapping window agrees with (within
+    ``AGREE_PX``): two grid steps away, so the two share no pixels.
+
+    One window alone may have latched onto a repeated texture or a change (and its overlapping
+    neighbours share half its pixels, so they would agree for the same reason); a region of the
+    crop moving as a whole shows in independent windows alike.
+    """
+    by_pos = {(s.row, s.col): s for s in shifts}
+    out = []
+    for s in shifts:
+        for dr in (-2, -1, 0, 1, 2):
+            for dc in (-2, -1, 0, 1, 2):
+                if max(abs(dr), abs(dc)) != 2:
+                    continue
+                t = by_pos.get((s.row + dr, s.col + dc))
+                if t is not None and t is not s and np.hypot(t.dx - s.dx, t.dy - s.dy) <= AGREE_PX:
+                    out.append(s)
+                    break
+            else:
+                continue
+            break
+    return out
+
+
+def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int],
+                 win: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(usable pixel count, mean, std over usable pixels) of every window, by integral images."""
+    v = valid.astype(np.float64)
+    x = img.astype(np.float64) * v
+    n_i, s_i, q_i = (cv2.integral(a) for a in (v, x, x * x))
+    y0, x0 = np.asarray(ys)[:, None], np.asarray(xs)[None, :]
+
+    def box(ii):
+        return ii[y0 + win, x0 + win] - ii[y0, x0 + win] - ii[y0 + win, x0] + ii[y0, x0]
+
+    n = box(n_i)
+    safe = np.maximum(n, 1.0)
+    mean = box(s_i) / safe
+    var = np.maximum(box(q_i) / safe - mean * mean, 0.0)
+    return n, mean, np.sqrt(var)
+
+
+def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
+    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
+    share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    group = {id(s): i for i, s in enumerate(big)}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    parent = list(range(len(big)))
+    for i, a in enumerate(big):
+        for j in range(i + 1, len(big)):
+            b = big[j]
+            if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
+                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= AGREE_PX:
+                parent[root(i)] = root(j)
+    sizes: dict[int, int] = {}
+    for i in range(len(big)):
+        sizes[root(i)] = sizes.get(root(i), 0) + 1
+    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= REGION_WINDOWS]
+
+
+def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
+                     cfg: RegistrationConfig) -> ScreeningResult:
+    """Measure the residual misregistration of a crop pair over the whole crop.
+
+    ``pre_grey`` / ``post_grey``: (H, W) float grey of the kept crop (post already registered), each
+    normalised on the crop; ``valid``: pixels usable in both dates (nodata, clouds excluded).
+    """
+    h, w = pre_grey.shape
+    win = int(min(cfg.screen_window(), h, w))
+    valid = np.asarray(valid, bool)
+    pre = np.where(valid, pre_grey, 0).astype(np.float32)
+    post = np.where(valid, post_grey, 0).astype(np.float32)
+    near = int(np.ceil(2 * cfg.max_residual_px))
+    # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
+    # windows that match nowhere (insufficient evidence), not as a region to find.
+    far = max(near, min(int(cfg.screen_search_px), min(h, w) // 4))
+    # Pass 1, every window: the near search (displacements up to twice the limit).
+    templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+    found: dict[tuple[int, int], tuple[float, float, float]] = {}
+    far_queue: list[tuple[int, int]] = []
+    ys, xs = window_starts(h, win), window_starts(w, win)
+    count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
+    _, _, post_std = window_stats(post, valid, ys, xs, win)
+    usable = (count >= MIN_USABLE * win * win) & (pre_std >= cfg.screen_min_texture) & \
+        (post_std >= cfg.screen_min_texture)
+    for i, j in zip(*np.nonzero(usable)):
+        i, j, y, x = int(i), int(j), ys[i], xs[j]
+        a = pre[y:y + win, x:x + win]
+        if count[i, j] < win * win:     # unusable pixels take the window's mean
+            a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
+        templates[(i, j)] = (a, x, y)
+        hit, _ = search_window(a, post, x, y, near, cfg.screen_min_ncc,
+                               cfg.screen_peak_margin)
+        if hit is not None:
+            found[(i, j)] = hit
+        elif far > near and i % 2 == 0 and j % 2 == 0:
+            far_queue.append((i, j))
+    # Pass 2, the far search (the cost of screening): on every other window in each direction (a
+    # displaced region of a quarter of the crop side contains one), then around every window it
+    # finds displaced, step by step, until no new window shows the region.
+    searched: set[tuple[int, int]] = set()
+    while far_queue:
+        key = far_queue.pop()
+        if key in searched or key in found:
+            continue
+        searched.add(key)
+        a, x, y = templates[key]
+        hit, _ = search_window(a, post, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin)
+        if hit is None:
+            continue
+        found[key] = hit
+        if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
+            far_queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                             if (key[0] + di, key[1] + dj) in templates)
+    n_textured = len(templates)
+    shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
+              for (i, j), (dx, dy, ncc) in sorted(found.items())
+              for (_, x, y) in [templates[(i, j)]]]
+    agreed = supported(shifts)
+    trusted = confirmed(agreed, cfg.max_residual_px)
+    n = len(trusted)
+    fraction = n / n_textured if n_textured else 0.0
+    if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
+        return ScreeningResult(None, None, n_textured, n,
+                               f"insufficient evidence: {fraction:.0%} of the textured area "
+                               f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
+                               f"{n_textured} windows)", fraction, trusted, shifts)
+    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants:
+        return ScreeningResult(None, None, n_textured, n,
+                               f"insufficient evidence: {n} agreeing windows in {quadrants} "
+                               f"quadrant(s) of the crop (needs {cfg.screen_min_windows} in "
+                               f"{cfg.screen_min_quadrants})", fraction, trusted, shifts)
+    mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
+    worst = trusted[int(np.argmax(mags))]
+    residual, median = float(mags.max()), float(np.median(mags))
+    # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
+    # ones out, and near a corner a real error may show in too few windows to form a region.
+    corner = corner_residual(agreed, w, h)
+    reason = None
+    if residual > cfg.max_residual_px:
+        reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
+                  f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
+    elif corner > cfg.max_residual_px:
+        reason = f"residual {corner:.1f} px at a crop corner > {cfg.max_residual_px:g} px"
+    return ScreeningResult(max(residual, corner), median, n_textured, n, reason, fraction,
+                           trusted, shifts)
+
+
+RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
+
+
+def rescue_field(result: ScreeningResult, w: int, h: int,
+                 cfg: RegistrationConfig) -> Optional[tuple[np.ndarray, float]]:
+    """The crop's correction from a rejected screening: a projective field fitted to the
+    agreeing windows (crop px -> where their content sits in the post crop), when the field is
+    smooth and well supported, else None. Returns (3x3 field, largest correction at the crop's
+    corners in px).
+
+    Smooth and well supported: at least ``rescue_min_windows`` agreeing windows reaching
+    ``screen_min_quadrants`` quadrants, of which ``rescue_min_agreement`` lie within ``AGREE_PX``
+    of the one field. A displaced region (a building, a landslide, a wrong peak group) leaves
+    windows the field cannot explain and is not rescued.
+    """
+    if not cfg.rescue or not result.reject_reason or \
+            not result.reject_reason.startswith(RESCUABLE):
+        return None
+    trusted = result.shifts
+    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    if len(trusted) < max(cfg.rescue_min_windows, 8) or quadrants < cfg.screen_min_quadrants:
+        return None
+    src = np.array([[s.x, s.y] for s in trusted], np.float64)
+    dst = src + np.array([[s.dx, s.dy] for s in trusted])
+    # The simplest field that explains the windows: affine (exact for a shift, rotation or
+    # scale error, and stable when extrapolated to the corners), else projective.
+    G = None
+    for fit in ("affine", "projective"):
+        cv2.setRNGSeed(0)
+        if fit == "affine":
+            A, inl = cv2.estimateAffine2D(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
+                                          method=cv2.RANSAC, ransacReprojThreshold=AGREE_PX)
+            M = None if A is None else np.vstack([A, [0.0, 0.0, 1.0]])
+        else:
+            M, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
+                                        cv2.RANSAC, AGREE_PX)
+        if M is not None and inl is not None and np.all(np.isfinite(M)) and \
+                inl.sum() >= cfg.rescue_min_agreement * len(trusted):
+            G = M
+            break
+    if G is None:
+        return None
+    corners = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    moved = cv2.perspectiveTransform(corners.reshape(-1, 1, 2), G).reshape(-1, 2)
+    shift = float(np.hypot(*(moved - corners).T).max())
+    if not np.isfinite(shift) or shift > cfg.screen_search_px:
+        return None
+    return G / G[2, 2], shift
+
+
+def rescued_homography(H: np.ndarray, field: np.ndarray, offset: int) -> np.ndarray:
+    """The slice homography corrected by a crop's screening field.
+
+    Pre content at crop pixel p sits in the post crop at G(p); the post crop's pixel q shows the
+    post slice at H^-1(q + offset). So the post slice point showing pre crop pixel p is
+    H^-1(G(p) + offset), and the corrected mapping (post slice -> pre slice) is
+    H' = T(offset) G^-1 T(-offset) H.
+    """
+    T = np.array([[1, 0, offset], [0, 1, offset], [0, 0, 1]], np.float64)
+    Ti = np.array([[1, 0, -offset], [0, 1, -offset], [0, 0, 1]], np.float64)
+    out = T @ np.linalg.inv(np.asarray(field, np.float64)) @ Ti @ np.asarray(H, np.float64)
+    return out / out[2, 2]

@@ -1,0 +1,179 @@
+"""Screening over the whole crop, independent of the SIFT fit: real NAIP texture with known local
+displacements (a patch, a strip between where a coarse grid would look, a rotation whose error is
+largest at the corners), each rejected; clean and radiometrically changed crops accepted."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
+from operators.pairs.screening.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
+                                                 window_starts)
+from tests.pairs.registration.test_registration import known_homography, naip_rgb
+
+C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
+X0, Y0 = 200, 30             # the crop's place in the (upsampled) NAIP scene
+CFG = RegistrationConfig(crop_size=C)
+
+
+@pytest.fixture(scope="module")
+def scene():
+    """NAIP grey upsampled 1.5x (cubic) so that a 1024 px crop fits (1401 x 1084)."""
+    grey = grey_from_bands(naip_rgb(), [[0, 255]] * 3)
+    return cv2.resize(grey, None, fx=1.5, fy=1.5, interpolation=cv2.INTER_CUBIC)
+
+
+def post_from(scene, F: np.ndarray) -> np.ndarray:
+    """Post crop whose pixel p shows scene pixel F p (F: crop px -> scene px)."""
+    return cv2.warpPerspective(scene, F, (C, C), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+
+
+def pre_of(scene):
+    return post_from(scene, translation(X0, Y0))
+
+
+def screen(pre, post, valid=None):
+    return screen_alignment(pre, post.astype(np.float32),
+                            np.ones((C, C), bool) if valid is None else valid, CFG)
+
+
+def test_clean_pair_with_radiometric_change_is_accepted(scene):
+    pre = pre_of(scene)
+    post = np.clip(1.2 * pre ** 0.8 - 0.05, 0, 1)
+    r = screen(pre, post)
+    assert r.reject_reason is None
+    assert r.residual_px < 0.5 and r.assessed_fraction > 0.9
+
+
+def test_uniform_shift_below_the_limit_is_measured_and_accepted(scene):
+    r = screen(pre_of(scene), post_from(scene, translation(X0 + 3, Y0 + 4)))
+    assert r.reject_reason is None
+    assert abs(r.residual_px - 5.0) < 0.5
+
+
+def test_locally_displaced_patch_is_rejected(scene):
+    """A 400 px patch of the crop displaced by 85 px, the rest aligned (the old 6 x 6 grid
+    reported 0.02 px: its windows inside the patch found no peak and were dropped)."""
+    pre = pre_of(scene)
+    post = pre.copy()
+    moved = post_from(scene, translation(X0 + 85, Y0))
+    post[300:700, 300:700] = moved[300:700, 300:700]
+    r = screen(pre, post)
+    assert r.reject_reason is not None and "displaced region" in r.reject_reason
+    assert abs(r.residual_px - 85) < 1.0
+    # The patch is no smooth field over the crop: nothing to rescue.
+    assert rescue_field(r, C, C, CFG) is None
+
+
+def test_displaced_strip_between_coarse_windows_is_rejected(scene):
+    """A 21 px shift confined to a 96 px strip centred on a gap of the old 6 x 6 grid of 128 px
+    windows (starts 0, 179, 358, 538, 717, 896: columns 666-717 unseen)."""
+    pre = pre_of(scene)
+    post = pre.copy()
+    moved = post_from(scene, translation(X0 + 21, Y0))
+    post[:, 643:739] = moved[:, 643:739]
+    r = screen(pre, post)
+    assert r.reject_reason is not None and "displaced region" in r.reject_reason
+    assert abs(r.residual_px - 21) < 1.0
+
+
+def test_rotation_whose_corner_error_exceeds_the_limit_is_rejected(scene):
+    """0.72 degrees about the crop centre: 9.0 px at the corners, under 8 px at every window
+    centre (half a window inside), so only the corner extrapolation sees it."""
+    degrees = np.rad2deg(9.0 / np.hypot(C / 2, C / 2))
+    R = known_homography(dx=0, dy=0, degrees=degrees, scale=1.0, about=(C / 2 - 0.5, C / 2 - 0.5))
+    r = screen(pre_of(scene), post_from(scene, translation(X0, Y0) @ R))
+    assert max(np.hypot(s.dx, s.dy) for s in r.shifts) < 8.0
+    assert r.reject_reason is not None and "corner" in r.reject_reason
+    assert abs(r.residual_px - 9.0) < 0.5
+
+
+def test_too_little_evidence_is_rejected_with_the_fraction(scene):
+    pre = pre_of(scene)
+    noise = np.random.default_rng(1).random((C, C)).astype(np.float32)
+    r = screen(pre, noise)
+    assert r.reject_reason is not None and "insufficient evidence" in r.reject_reason
+    assert "%" in r.reject_reason and r.assessed_fraction < CFG.screen_min_assessed
+    flat = np.full((C, C), 0.4, np.float32)
+    assert "insufficient evidence" in screen(pre, flat).reject_reason
+
+
+def test_invalid_pixels_are_not_assessed(scene):
+    pre = pre_of(scene)
+    post = post_from(scene, translation(X0 + 30, Y0))  # displaced everywhere...
+    valid = np.zeros((C, C), bool)                       # ...but nothing is usable
+    r = screen(pre, post, valid)
+    assert r.n_windows == 0 and "insufficient evidence" in r.reject_reason
+    # Clouds given as invalid over the displaced quarter keep it out of the verdict ...
+    quarter = pre.copy()
+    quarter[512:, 512:] = post[512:, 512:]
+    valid = np.ones((C, C), bool)
+    valid[480:, 480:] = False
+    assert screen(pre, quarter, valid).reject_reason is None
+    # ... while clouds over half the crop leave two quadrants unseen: no verdict either way.
+    valid = np.ones((C, C), bool)
+    valid[:, 480:] = False
+    assert screen(pre, pre, valid).reject_reason.startswith("insufficient evidence")
+
+
+def test_windows_tile_the_whole_side():
+    starts = window_starts(C, 128)
+    assert starts[0] == 0 and starts[-1] == C - 128
+    assert all(b - a <= 64 for a, b in zip(starts, starts[1:]))
+    assert CFG.screen_window() == 128 and RegistrationConfig(crop_size=512).screen_window() == 64
+
+
+def corner_homography(corner: int, px: float) -> np.ndarray:
+    """Homography moving one outer corner of the crop by ``px`` (along x), the others fixed."""
+    src = np.array([[-0.5, -0.5], [C - 0.5, -0.5], [C - 0.5, C - 0.5], [-0.5, C - 0.5]], np.float32)
+    dst = src.copy()
+    dst[corner, 0] += px
+    return cv2.getPerspectiveTransform(src, dst).astype(np.float64)
+
+
+def test_projective_error_at_one_corner_is_rejected(scene):
+    """A fit wrong by a homography that moves one corner 10 px and the others not at all: the
+    affine field fitted to the windows spreads that over the crop and put the corner at 7.7 px
+    (accepted before the projective extrapolation); no window centre is over 8 px."""
+    r = screen(pre_of(scene), post_from(scene, translation(X0, Y0) @ corner_homography(0, 10.0)))
+    assert max(np.hypot(s.dx, s.dy) for s in r.shifts) < 8.0
+    assert r.reject_reason is not None and "corner" in r.reject_reason
+    assert abs(r.residual_px - 10.0) < 0.5
+
+
+def shift(row: int, col: int, dx: float, dy: float = 0.0) -> WindowShift:
+    return WindowShift(col * 64.0, row * 64.0, dx, dy, 0.8, row, col)
+
+
+def test_a_displacement_above_the_limit_needs_a_group_of_windows():
+    """On real pairs two windows now and then latch onto the same wrong peak (NAIP 2016/2020: 10
+    of 35 good slices were rejected that way); a region needs three windows in a group."""
+    calm = [shift(r, c, 0.3, -0.2) for r in (0, 4, 8) for c in (0, 4, 8)]
+    pair = [shift(2, 2, 12.0), shift(2, 4, 12.5)]
+    assert confirmed(calm + pair, 8.0) == calm
+    group = [shift(2, 2, 12.0), shift(2, 4, 12.5), shift(4, 3, 11.5)]
+    assert confirmed(calm + group, 8.0) == calm + group
+    # Three windows that disagree (or lie far apart) are still no region.
+    scattered = [shift(2, 2, 12.0), shift(2, 4, -12.0), shift(9, 9, 12.0)]
+    assert confirmed(calm + scattered, 8.0) == calm
+
+
+def test_low_texture_crop_with_a_scale_error_is_not_accepted_on_a_few_windows():
+    """A desert-like 512 px crop (flat, faint noise) with one textured strip in a corner, the
+    post date scaled 1.5 % about the crop's top-left corner: the strip's windows agree within
+    4 px, while the far corner is 0.015 x 724 = 10.9 px off. Four windows in one quadrant cannot
+    vouch for that corner: insufficient evidence."""
+    c = 512
+    grey = grey_from_bands(naip_rgb(), [[0, 255]] * 3)
+
+    def crop(F):
+        return cv2.warpPerspective(grey, F, (c, c), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+
+    pre_t, post_t = crop(translation(100, 60)), crop(translation(100, 60) @ np.diag([1.015, 1.015, 1]))
+    flat = (0.5 + 0.003 * np.random.default_rng(0).standard_normal((c, c))).astype(np.float32)
+    pre, post = flat.copy(), flat.copy()
+    pre[:64, :250], post[:64, :250] = pre_t[:64, :250], post_t[:64, :250]
+    r = screen_alignment(pre, post, np.ones((c, c), bool), RegistrationConfig(crop_size=c))
+    assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
+    assert 0 < r.n_confident < 6
