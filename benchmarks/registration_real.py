@@ -390,6 +390,8 @@ def main(argv=None) -> None:
                         "slices (benchmarks.registration_arosics) and print its figures")
     p.add_argument("--no-perturb", action="store_true",
                    help="skip re-screening every regional fit with known errors laid on it")
+    p.add_argument("--tile-block", type=int, default=2,
+                   help="regional: feature tiles per side computed as one SIFT image")
     p.add_argument("--max-crop-cloud", type=float, default=0.3,
                    help="the pairs job's --max-crop-cloud for cases run with their SCL layer "
                         "(--cloud-mask scl)")
@@ -432,6 +434,7 @@ def main(argv=None) -> None:
                 "windows": [r["window"] for r in rows if r["slice_id"] not in cloudy]}))
         tile = max(256, margin)
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
+                                  tile_block=args.tile_block,
                                   max_shift_px=max(300.0, margin + 50.0))
         for method in ("per-slice", "regional"):
             cfg = replace(base, method=method)

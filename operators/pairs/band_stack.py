@@ -17,6 +17,7 @@ layer, it is not cloud/shadow/cirrus.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -206,8 +207,21 @@ def read_stack(stack: Stack, window: Sequence[int], grid: Grid) -> StackRead:
 def read_cloud(stack: Stack, window: Sequence[int], grid: Grid) -> Optional[np.ndarray]:
     if stack.cloud is None:
         return None
-    layer, ok = read_band(stack.cloud.asset, window, grid, Resampling.nearest)
-    return cloud_pixels(layer, stack.cloud.kind, stack.cloud.values) & ok
+    return _cloud_window(stack.cloud, tuple(int(v) for v in window), grid).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _cloud_window(cloud: CloudLayer, window: tuple, grid: Grid) -> np.ndarray:
+    # A slice reads the same cloud window twice: with its crop's pixels (the usable mask) and
+    # again for the crop's cloud fraction. Kept for one slice only (see forget_reads).
+    layer, ok = read_band(cloud.asset, window, grid, Resampling.nearest)
+    return cloud_pixels(layer, cloud.kind, cloud.values) & ok
+
+
+def forget_reads() -> None:
+    """Drop remembered cloud windows: called as each slice starts, so a long-lived worker never
+    serves a window of a file rewritten since."""
+    _cloud_window.cache_clear()
 
 
 def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTILES,

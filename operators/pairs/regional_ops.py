@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
+from operators.pairs.band_stack import forget_reads
 from operators.pairs.guided_matching import MatchPrior, fit_match_prior
-from operators.pairs.regional import (TileFeatures, TileMatches, fit_slice, guided_match_tile,
-                                      match_tile, neighbour_tiles, tile_core, tile_features,
-                                      tile_read_window, tiles_for_window)
+from operators.pairs.regional import (TileFeatures, TileMatches, block_features, fit_slice, grow,
+                                      guided_match_tile, match_tile, neighbour_tiles, tile_core,
+                                      tiles_for_window)
 from operators.pairs.registration import RegistrationConfig, feature_grey
 from operators.pairs.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
                                       plain_row, read_post, read_pre, read_registered_post,
@@ -130,25 +131,63 @@ def _tile_pass(row: dict, out_root: str, rel: str, reusable, compute) -> dict:
 
 def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
-    pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
-    rel = features_rel(cfg, pair, tc, tr)
+    return features_block_rows([row], cfg, out_root, run_id)[0]
 
-    def reusable(store: Store) -> bool:
-        # Needed unless stored already, or every tile that matches against it has its final
-        # matches (neighbourhoods are symmetric, so those are exactly its planned neighbours).
-        return store.exists(rel) or all(store.exists(slice_matches_rel(cfg, pair, c, r))
-                                        for c, r in row["neighbours"])
 
-    def compute(store: Store):
-        window = tile_read_window(tc, tr, cfg)
-        pre, pre_valid = read_pre(row, window)
-        post, post_valid = read_post(row, window)
-        feats = tile_features(feature_grey(pre, pre_valid, cfg), pre_valid,
-                              feature_grey(post, post_valid, cfg), post_valid,
-                              window, tile_core(tc, tr, cfg.tile_size), cfg)
-        return feats.to_bytes(), len(feats.pre_xy) + len(feats.post_xy)
+def feature_blocks(tile_rows: Sequence[dict], cfg: RegistrationConfig) -> list[list[dict]]:
+    """Tile rows grouped into blocks of at most ``tile_block`` x ``tile_block`` tiles of one
+    pair (the unit of one feature task), in plan order."""
+    k = max(1, int(cfg.tile_block))
+    blocks: dict[tuple, list[dict]] = {}
+    for r in tile_rows:
+        blocks.setdefault((r["pair_id"], int(r["tile_col"]) // k, int(r["tile_row"]) // k),
+                          []).append(r)
+    return list(blocks.values())
 
-    return _tile_pass(row, out_root, rel, reusable, compute)
+
+def features_block_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str,
+                        run_id: str = "") -> list[dict]:
+    """Pass 1 for a block of tiles of one pair (:func:`feature_blocks`): one SIFT run per date
+    over the tiles still needed plus ``tile_context_px``, each tile's keypoints stored apart.
+    A tile is skipped when its features are stored, or every tile that matches against it has
+    its final matches (neighbourhoods are symmetric: exactly its planned neighbours)."""
+    single_thread()
+    forget_reads()
+    clock = Clock()
+    store = Store(out_root)
+    outs = [_tile_result(r) for r in rows]
+    pair = work_id(rows[0])
+    rels = [features_rel(cfg, pair, r["tile_col"], r["tile_row"]) for r in rows]
+    need = []
+    for i, (r, rel) in enumerate(zip(rows, rels)):
+        if store.exists(rel) or all(store.exists(slice_matches_rel(cfg, pair, c, t))
+                                    for c, t in r["neighbours"]):
+            outs[i].update(reused=True)
+        else:
+            need.append(i)
+    if not need:
+        return outs
+    try:
+        cores = [tile_core(rows[i]["tile_col"], rows[i]["tile_row"], cfg.tile_size) for i in need]
+        c0, r0 = min(c[0] for c in cores), min(c[1] for c in cores)
+        c1, r1 = max(c[0] + c[2] for c in cores), max(c[1] + c[3] for c in cores)
+        window = grow((c0, r0, c1 - c0, r1 - r0), cfg.tile_context_px)
+        pre, pre_valid = read_pre(rows[need[0]], window)
+        post, post_valid = read_post(rows[need[0]], window)
+        feats = block_features(feature_grey(pre, pre_valid, cfg), pre_valid,
+                               feature_grey(post, post_valid, cfg), post_valid, window, cores,
+                               cfg)
+        for i, f in zip(need, feats):
+            store.write_bytes(rels[i], f.to_bytes())
+            outs[i].update(n=len(f.pre_xy) + len(f.post_xy))
+    except Exception as exc:  # noqa: BLE001 - the slices of these tiles report it
+        for i in need:
+            outs[i].update(error=f"{type(exc).__name__}: {exc}"[:500])
+    # The block's time, shared evenly by the tiles it computed (sums stay right).
+    for i in need:
+        outs[i].update(seconds=round(clock.wall() / len(need), 4),
+                       cpu_seconds=round(clock.cpu() / len(need), 4))
+    return outs
 
 
 def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dict:
@@ -239,7 +278,8 @@ def tile_passes_in_process(tile_rows: list[dict], cfg: RegistrationConfig,
                            out_root: str) -> dict[str, list[dict]]:
     """Every tile pass serially in this process (no Ray): what the task graph runs, for
     benchmarks and debugging. Returns the per-pass results; features are dropped as in a run."""
-    out = {"features": [features_tile_row(t, cfg, out_root) for t in tile_rows],
+    out = {"features": [res for block in feature_blocks(tile_rows, cfg)
+                        for res in features_block_rows(block, cfg, out_root)],
            "matches": [match_tile_row(t, cfg, out_root) for t in tile_rows]}
     final = out["matches"]
     if cfg.guided_matching:
@@ -276,6 +316,7 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
                             run_id: str = "") -> dict:
     """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
     single_thread()
+    forget_reads()
     clock = Clock()
     try:
         window = [int(v) for v in row["window"]]
@@ -301,8 +342,7 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
 # features, matches or pixels pile up in the object store or on the driver).
 
 def _features_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str) -> list[dict]:
-    cfg = RegistrationConfig(**cfg_dict)
-    return [features_tile_row(r, cfg, out_root, run_id) for r in rows]
+    return features_block_rows(rows, RegistrationConfig(**cfg_dict), out_root, run_id)
 
 
 def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
@@ -380,10 +420,10 @@ class _TileGraph:
         self.audit_name = audit_name or run_id
         self.clock = Clock()
         args = (cfg_ref, out_root, run_id)
-        # Features (seconds per tile) get a task each.
+        # Features (seconds per tile) get a task per block of tiles (``tile_block``).
         self.feature_tasks = [(rows, _remote(_features_task).remote(rows, *args))
-                              for rows in _chunks(tile_rows, 1)]
-        feature_ref = {_tile_key(rows[0]): ref for rows, ref in self.feature_tasks}
+                              for rows in feature_blocks(tile_rows, cfg)]
+        feature_ref = {_tile_key(r): ref for rows, ref in self.feature_tasks for r in rows}
         # Matching is ~10x cheaper: tiles are batched; a batch waits for the features of its
         # tiles' neighbourhoods only.
         self.match_tasks, match_ref = self._batched(_matches_task, lambda r: [
