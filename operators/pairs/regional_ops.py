@@ -190,18 +190,31 @@ def features_block_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root:
     return outs
 
 
-def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dict:
+def _read_once(store: Store, rel: str, parse, memo: dict | None):
+    """``parse(store.read_bytes(rel))``, once per ``memo`` (one task's batch of tiles or
+    slices: neighbouring tiles share most of their neighbours, slices their tiles; stored
+    intermediates do not change within a run)."""
+    if memo is None:
+        return parse(store.read_bytes(rel))
+    if rel not in memo:
+        memo[rel] = parse(store.read_bytes(rel))
+    return memo[rel]
+
+
+def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store,
+                        memo: dict | None = None) -> dict:
     feats = {}
     for c, r in row["neighbours"]:
         try:
-            data = store.read_bytes(features_rel(cfg, work_id(row), c, r))
-            feats[(c, r)] = TileFeatures.from_bytes(data)
+            feats[(c, r)] = _read_once(store, features_rel(cfg, work_id(row), c, r),
+                                       TileFeatures.from_bytes, memo)
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
     return feats
 
 
-def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "",
+                   memo: dict | None = None) -> dict:
     """Pass 2: match one tile's pre features against its neighbourhood's post features."""
     pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = matches_rel(cfg, pair, tc, tr)
@@ -211,7 +224,7 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
                                      and store.exists(guided_rel(cfg, pair, tc, tr)))
 
     def compute(store: Store):
-        feats = _neighbour_features(row, cfg, store)
+        feats = _neighbour_features(row, cfg, store, memo)
         matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
         return matches.to_bytes(), len(matches)
 
@@ -253,7 +266,8 @@ def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str
     return out
 
 
-def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "",
+                    memo: dict | None = None) -> dict:
     """Pass 4 (guided matching): re-match one tile's pre features near their predicted partner."""
     pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = guided_rel(cfg, pair, tc, tr)
@@ -267,7 +281,7 @@ def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: s
             # No prior for this pair: the first pass's matches are the final ones (stored already).
             data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
             return data, len(TileMatches.from_bytes(data))
-        feats = _neighbour_features(row, cfg, store)
+        feats = _neighbour_features(row, cfg, store, memo)
         matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
         return matches.to_bytes(), len(matches)
 
@@ -301,26 +315,28 @@ def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: 
             store.delete(features_rel(cfg, work_id(row), row["tile_col"], row["tile_row"]))
 
 
-def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
+def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store,
+                       memo: dict | None = None) -> TileMatches:
     parts = []
     for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
         rel = slice_matches_rel(cfg, work_id(row), tc, tr)
         try:
-            parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
+            parts.append(_read_once(store, rel, TileMatches.from_bytes, memo))
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"matches of tile r{tr} c{tc} missing (tile failed?): {rel}") from exc
     return TileMatches.concat(parts)
 
 
 def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
-                            run_id: str = "") -> dict:
-    """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
+                            run_id: str = "", memo: dict | None = None) -> dict:
+    """Fit one slice from its tiles' matches; read only the crop and its post footprint.
+    ``memo``: shared by the slices of one task, so each tile's matches are read once."""
     single_thread()
     forget_reads()
     clock = Clock()
     try:
         window = [int(v) for v in row["window"]]
-        matches = load_slice_matches(row, cfg, Store(out_root))
+        matches = load_slice_matches(row, cfg, Store(out_root), memo)
         fit = fit_slice(matches, window, cfg)
         if fit.homography is None:
             return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
@@ -348,7 +364,8 @@ def _features_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str)
 def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
                   *needs: list[dict]) -> list[dict]:
     cfg = RegistrationConfig(**cfg_dict)
-    return [match_tile_row(r, cfg, out_root, run_id) for r in rows]
+    memo: dict = {}
+    return [match_tile_row(r, cfg, out_root, run_id, memo) for r in rows]
 
 
 def _prior_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
@@ -359,7 +376,8 @@ def _prior_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
 def _guided_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
                  *needs: list[dict]) -> list[dict]:
     cfg = RegistrationConfig(**cfg_dict)
-    return [guided_tile_row(r, cfg, out_root, run_id) for r in rows]
+    memo: dict = {}
+    return [guided_tile_row(r, cfg, out_root, run_id, memo) for r in rows]
 
 
 def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
@@ -367,7 +385,9 @@ def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
     """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
     small shard right here, so they survive whatever happens to the driver next."""
     cfg = RegistrationConfig(**cfg_dict)
-    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id) for r in rows])
+    memo: dict = {}
+    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id, memo)
+                                 for r in rows])
     return envs, (persist_envelopes(envs, persist) if persist else [])
 
 
