@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
+import pytest
 
 from benchmarks.registration_real import Case, dense_errors, slice_rows_for, write_case
 from operators.pairs.regional_ops import (plan_tiles, register_slice_regional,
@@ -27,6 +27,7 @@ CASE = Case("naip-wave", "naip/m_4709963_se_14_1_20160816.tif",
 CROP = 130
 
 
+@pytest.mark.slow
 def test_real_pair_with_a_smooth_residual_is_rescued_within_the_limit(tmp_path):
     paths, warp, profile, pre_valid, post_valid = write_case(CASE, DATA, tmp_path / "case")
     rows = slice_rows_for(CASE, paths, profile, pre_valid, post_valid, CROP, None, warp)
