@@ -406,6 +406,10 @@ def main(argv=None) -> None:
     p.add_argument("--arosics-python", default="",
                    help="a Python with AROSICS installed: also run AROSICS COREG on the same "
                         "slices (benchmarks.registration_arosics) and print its figures")
+    p.add_argument("--arosics-local", default="",
+                   help="with --arosics-python: also run AROSICS COREG_LOCAL "
+                        "(benchmarks.registration_arosics_local) on these comma-separated cases "
+                        "(slow: a tie-point grid per pair) and print its figures")
     p.add_argument("--no-perturb", action="store_true",
                    help="skip re-screening every regional fit with known errors laid on it")
     p.add_argument("--tile-block", type=int, default=2,
@@ -486,6 +490,9 @@ def main(argv=None) -> None:
                   f"{s['median']:>10.3f}{s['max']:>8.2f}{s['false']:>6}"
                   f"{sum(bool(r.get('rescued')) for r in acc):>5}{s['cpu']:>8.1f}  "
                   f"{s['reasons']}", flush=True)
+            if method == "regional" and not args.no_perturb:
+                print(f"{'':<30}{'spoiled':<11}accepted with a true error > 8 px: {a} of {b}; "
+                      f"rescued to <= 8 px: {c}", flush=True)
     rg, ps = totals["regional"], totals["per-slice"]
     rate = lambda t: t["accepted"] / t["slices"] if t["slices"] else float("nan")  # noqa: E731
     print(f"\nregional acceptance on cloud-free cases: {clear['accepted']}/{clear['slices']}"
@@ -514,6 +521,19 @@ def main(argv=None) -> None:
                        f"arosics_median_error_px={a['median_error_px']:.3f}")
         else:
             print(f"AROSICS run failed: {res.stderr.strip()[-500:]}")
+        if args.arosics_local:
+            res = subprocess.run([args.arosics_python, "-m", "benchmarks.registration_arosics_local",
+                                  str(work), *args.arosics_local.split(",")], capture_output=True,
+                                 text=True, timeout=3600, cwd=str(Path(__file__).resolve().parents[1]))
+            line = (res.stdout.strip().splitlines() or ["{}"])[-1]
+            loc = json.loads(line) if line.startswith("{") else {}
+            if loc:
+                print("AROSICS COREG_LOCAL: " + ", ".join(
+                    f"{c['case']} {c['accepted']}/{c['slices']} accepted, median "
+                    f"{c['median_error_px']:.3f} px, false {c['false_accepts']}, CPU "
+                    f"{c['cpu_s']:.0f} s" for c in loc["per_case"]))
+            else:
+                print(f"AROSICS COREG_LOCAL run failed: {res.stderr.strip()[-500:]}")
     print(f"real_accept_rate={rate(rg):.3f} per_slice_real_accept_rate={rate(ps):.3f} "
           f"cloud_rejected={cloud_rejected} "
           f"real_median_error_px={median:.3f} false_accepts={false} "
