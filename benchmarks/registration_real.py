@@ -54,8 +54,8 @@ Zagreb 08-15/08-20 and 08-13/08-18 pairs were not used to choose anything. No th
 changed for the cloud rule or the rescue case: ``--max-crop-cloud 0.3`` was fixed before the
 first run; the wave case's field (24 px over 1600 px, crop 0.34 of the slice) was picked on the
 NAIP development pair among 12-60 px over 1200-2400 px as the one whose rejected crops the
-rescue corrected (stronger fields gave false accepts of unspoiled fits, weaker ones no
-rejection); ``--tile-block 2`` changes speed, and features only near tile edges.
+rescue corrected (some stronger fields gave false accepts of unspoiled fits, the others no
+rescue or one); ``--tile-block 2`` changes speed, and features only near tile edges.
 """
 from __future__ import annotations
 
