@@ -17,10 +17,11 @@ layer, it is not cloud/shadow/cirrus.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -145,8 +146,8 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         with rasterio.open(raster_path(asset.href)) as src:
             if _same_grid(asset.grid, grid):
-                data = src.read(1, window=Window(col, row, width, height), boundless=True,
-                                fill_value=0 if asset.nodata is None else asset.nodata)
+                data = _read_padded(src, col, row, width, height,
+                                    0 if asset.nodata is None else asset.nodata)
                 valid = window_in_raster(window, asset.width, asset.height)
                 return data, valid & holds_data(data, asset.nodata)
             # A VRT exactly the size of the window, its origin at the window's corner.
@@ -161,6 +162,20 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                 if asset.nodata is None:
                     return data, (vrt.read(vrt.count) > 0) & holds_data(data, None)
                 return data, holds_data(data, asset.nodata)
+
+
+def _read_padded(src, col: int, row: int, width: int, height: int, fill) -> np.ndarray:
+    """Band 1 at a window that may run off the raster, padded with ``fill``: the part inside is
+    read directly (rasterio serves boundless reads through a VRT, several times slower)."""
+    c0, r0 = max(col, 0), max(row, 0)
+    c1, r1 = min(col + width, src.width), min(row + height, src.height)
+    if c0 == col and r0 == row and c1 == col + width and r1 == row + height:
+        return src.read(1, window=Window(col, row, width, height))
+    out = np.full((height, width), fill, dtype=src.dtypes[0])
+    if c1 > c0 and r1 > r0:
+        out[r0 - row:r1 - row, c0 - col:c1 - col] = src.read(
+            1, window=Window(c0, r0, c1 - c0, r1 - r0))
+    return out
 
 
 @dataclass
@@ -189,8 +204,21 @@ def read_stack(stack: Stack, window: Sequence[int], grid: Grid) -> StackRead:
 def read_cloud(stack: Stack, window: Sequence[int], grid: Grid) -> Optional[np.ndarray]:
     if stack.cloud is None:
         return None
-    layer, ok = read_band(stack.cloud.asset, window, grid, Resampling.nearest)
-    return cloud_pixels(layer, stack.cloud.kind, stack.cloud.values) & ok
+    return _cloud_window(stack.cloud, tuple(int(v) for v in window), grid).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _cloud_window(cloud: CloudLayer, window: tuple, grid: Grid) -> np.ndarray:
+    # A slice reads the same cloud window twice: with its crop's pixels (the usable mask) and
+    # again for the crop's cloud fraction. Kept for one slice only (see forget_reads).
+    layer, ok = read_band(cloud.asset, window, grid, Resampling.nearest)
+    return cloud_pixels(layer, cloud.kind, cloud.values) & ok
+
+
+def forget_reads() -> None:
+    """Drop remembered cloud windows: called as each slice starts, so a long-lived worker never
+    serves a window of a file rewritten since."""
+    _cloud_window.cache_clear()
 
 
 def stack_stretch(stack: Stack, percentiles: Sequence[float] = DEFAULT_PERCENTILES,

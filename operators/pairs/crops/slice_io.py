@@ -3,6 +3,7 @@ PNGs, and the slice's metadata row. Shared by both registration methods (``per_s
 ``regional_ops``)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -193,15 +194,21 @@ def window_bounds(transform: Sequence[float], window: Sequence[int]) -> list[flo
 
 def pixel_size_m(row: dict) -> Optional[float]:
     """Side of a grid pixel in metres (the square root of its area), None for a geographic CRS."""
+    return _pixel_size_m(str(row["crs"]), tuple(float(v) for v in row["transform"][:6]))
+
+
+@functools.lru_cache(maxsize=64)
+def _pixel_size_m(crs_text: str, transform: tuple) -> Optional[float]:
+    # Parsing a CRS costs milliseconds; every record of a pair asks for the same one.
     from rasterio.crs import CRS
     try:
-        crs = CRS.from_user_input(str(row["crs"]))
+        crs = CRS.from_user_input(crs_text)
         if crs.is_geographic:
             return None
         factor = crs.linear_units_factor[1]
     except Exception:  # noqa: BLE001 - an unknown CRS: no metres
         return None
-    a, b, _, d, e, _ = (float(v) for v in row["transform"][:6])
+    a, b, _, d, e, _ = transform
     return float(np.sqrt(abs(a * e - b * d)) * factor)
 
 

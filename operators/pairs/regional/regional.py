@@ -129,9 +129,25 @@ def tile_features(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: np.nda
                   post_valid: np.ndarray, read_window: Sequence[int], core: Sequence[int],
                   cfg: RegistrationConfig) -> TileFeatures:
     """Both dates' features of one tile; both arrays cover ``read_window`` on the common grid."""
-    pre_xy, pre_desc = core_features(pre_grey, pre_valid, read_window, core, cfg)
-    post_xy, post_desc = core_features(post_grey, post_valid, read_window, core, cfg)
-    return TileFeatures(pre_xy, pre_desc, post_xy, post_desc)
+    return block_features(pre_grey, pre_valid, post_grey, post_valid, read_window, [core],
+                          cfg)[0]
+
+
+def block_features(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: np.ndarray,
+                   post_valid: np.ndarray, read_window: Sequence[int],
+                   cores: Sequence[Sequence[int]], cfg: RegistrationConfig) -> list[TileFeatures]:
+    """Features of several tiles from one SIFT run per date over ``read_window`` (their cores
+    plus context): each tile keeps the keypoints in its core. Adjacent tiles need no context
+    of their own along their shared edges, so the pyramid there is computed once."""
+    pre_xy, pre_desc = detect_features(pre_grey, pre_valid, cfg)
+    post_xy, post_desc = detect_features(post_grey, post_valid, cfg)
+    origin = np.float32(read_window[:2])
+    pre_xy, post_xy = pre_xy + origin, post_xy + origin
+    out = []
+    for core in cores:
+        a, b = inside(pre_xy, core), inside(post_xy, core)
+        out.append(TileFeatures(pre_xy[a], pre_desc[a], post_xy[b], post_desc[b]))
+    return out
 
 
 def search_pool(neighbours: Iterable[TileFeatures], tile_col: int, tile_row: int,

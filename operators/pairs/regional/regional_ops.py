@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
+from operators.pairs.catalogue.band_stack import forget_reads
 from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior
-from operators.pairs.regional.regional import (TileFeatures, TileMatches, fit_slice, guided_match_tile,
-                                               match_tile, neighbour_tiles, tile_core, tile_features,
-                                               tile_read_window, tiles_for_window)
+from operators.pairs.regional.regional import (TileFeatures, TileMatches, block_features, fit_slice,
+                                               guided_match_tile, match_tile, neighbour_tiles)
+from operators.pairs.registration.tiles import grow, tile_core, tiles_for_window
 from operators.pairs.registration.registration import RegistrationConfig, feature_grey
 from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
                                             plain_row, read_post, read_pre, read_registered_post,
@@ -127,39 +128,90 @@ def _tile_pass(row: dict, out_root: str, rel: str, reusable, compute) -> dict:
 
 def features_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
     """Pass 1: SIFT features of both dates for one tile, stored; skipped if already stored."""
-    pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
-    rel = features_rel(cfg, pair, tc, tr)
-
-    def reusable(store: Store) -> bool:
-        # Needed unless stored already, or every tile that matches against it has its final
-        # matches (neighbourhoods are symmetric, so those are exactly its planned neighbours).
-        return store.exists(rel) or all(store.exists(slice_matches_rel(cfg, pair, c, r))
-                                        for c, r in row["neighbours"])
-
-    def compute(store: Store):
-        window = tile_read_window(tc, tr, cfg)
-        pre, pre_valid = read_pre(row, window)
-        post, post_valid = read_post(row, window)
-        feats = tile_features(feature_grey(pre, pre_valid, cfg), pre_valid,
-                              feature_grey(post, post_valid, cfg), post_valid,
-                              window, tile_core(tc, tr, cfg.tile_size), cfg)
-        return feats.to_bytes(), len(feats.pre_xy) + len(feats.post_xy)
-
-    return _tile_pass(row, out_root, rel, reusable, compute)
+    return features_block_rows([row], cfg, out_root, run_id)[0]
 
 
-def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store) -> dict:
+def feature_blocks(tile_rows: Sequence[dict], cfg: RegistrationConfig) -> list[list[dict]]:
+    """Tile rows grouped into blocks of at most ``tile_block`` x ``tile_block`` tiles of one
+    pair (the unit of one feature task), in plan order."""
+    k = max(1, int(cfg.tile_block))
+    blocks: dict[tuple, list[dict]] = {}
+    for r in tile_rows:
+        blocks.setdefault((r["pair_id"], int(r["tile_col"]) // k, int(r["tile_row"]) // k),
+                          []).append(r)
+    return list(blocks.values())
+
+
+def features_block_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str,
+                        run_id: str = "") -> list[dict]:
+    """Pass 1 for a block of tiles of one pair (:func:`feature_blocks`): one SIFT run per date
+    over the tiles still needed plus ``tile_context_px``, each tile's keypoints stored apart.
+    A tile is skipped when its features are stored, or every tile that matches against it has
+    its final matches (neighbourhoods are symmetric: exactly its planned neighbours)."""
+    single_thread()
+    forget_reads()
+    clock = Clock()
+    store = Store(out_root)
+    outs = [_tile_result(r) for r in rows]
+    pair = work_id(rows[0])
+    rels = [features_rel(cfg, pair, r["tile_col"], r["tile_row"]) for r in rows]
+    need = []
+    for i, (r, rel) in enumerate(zip(rows, rels)):
+        if store.exists(rel) or all(store.exists(slice_matches_rel(cfg, pair, c, t))
+                                    for c, t in r["neighbours"]):
+            outs[i].update(reused=True)
+        else:
+            need.append(i)
+    if not need:
+        return outs
+    try:
+        cores = [tile_core(rows[i]["tile_col"], rows[i]["tile_row"], cfg.tile_size) for i in need]
+        c0, r0 = min(c[0] for c in cores), min(c[1] for c in cores)
+        c1, r1 = max(c[0] + c[2] for c in cores), max(c[1] + c[3] for c in cores)
+        window = grow((c0, r0, c1 - c0, r1 - r0), cfg.tile_context_px)
+        pre, pre_valid = read_pre(rows[need[0]], window)
+        post, post_valid = read_post(rows[need[0]], window)
+        feats = block_features(feature_grey(pre, pre_valid, cfg), pre_valid,
+                               feature_grey(post, post_valid, cfg), post_valid, window, cores,
+                               cfg)
+        for i, f in zip(need, feats):
+            store.write_bytes(rels[i], f.to_bytes())
+            outs[i].update(n=len(f.pre_xy) + len(f.post_xy))
+    except Exception as exc:  # noqa: BLE001 - the slices of these tiles report it
+        for i in need:
+            outs[i].update(error=f"{type(exc).__name__}: {exc}"[:500])
+    # The block's time, shared evenly by the tiles it computed (sums stay right).
+    for i in need:
+        outs[i].update(seconds=round(clock.wall() / len(need), 4),
+                       cpu_seconds=round(clock.cpu() / len(need), 4))
+    return outs
+
+
+def _read_once(store: Store, rel: str, parse, memo: dict | None):
+    """``parse(store.read_bytes(rel))``, once per ``memo`` (one task's batch of tiles or
+    slices: neighbouring tiles share most of their neighbours, slices their tiles; stored
+    intermediates do not change within a run)."""
+    if memo is None:
+        return parse(store.read_bytes(rel))
+    if rel not in memo:
+        memo[rel] = parse(store.read_bytes(rel))
+    return memo[rel]
+
+
+def _neighbour_features(row: dict, cfg: RegistrationConfig, store: Store,
+                        memo: dict | None = None) -> dict:
     feats = {}
     for c, r in row["neighbours"]:
         try:
-            data = store.read_bytes(features_rel(cfg, work_id(row), c, r))
-            feats[(c, r)] = TileFeatures.from_bytes(data)
+            feats[(c, r)] = _read_once(store, features_rel(cfg, work_id(row), c, r),
+                                       TileFeatures.from_bytes, memo)
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"features of tile r{r} c{c} missing (tile failed?)") from exc
     return feats
 
 
-def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "",
+                   memo: dict | None = None) -> dict:
     """Pass 2: match one tile's pre features against its neighbourhood's post features."""
     pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = matches_rel(cfg, pair, tc, tr)
@@ -169,7 +221,7 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
                                      and store.exists(guided_rel(cfg, pair, tc, tr)))
 
     def compute(store: Store):
-        feats = _neighbour_features(row, cfg, store)
+        feats = _neighbour_features(row, cfg, store, memo)
         matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
         return matches.to_bytes(), len(matches)
 
@@ -211,7 +263,8 @@ def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str
     return out
 
 
-def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "") -> dict:
+def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str = "",
+                    memo: dict | None = None) -> dict:
     """Pass 4 (guided matching): re-match one tile's pre features near their predicted partner."""
     pair, tc, tr = work_id(row), row["tile_col"], row["tile_row"]
     rel = guided_rel(cfg, pair, tc, tr)
@@ -225,7 +278,7 @@ def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: s
             # No prior for this pair: the first pass's matches are the final ones (stored already).
             data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
             return data, len(TileMatches.from_bytes(data))
-        feats = _neighbour_features(row, cfg, store)
+        feats = _neighbour_features(row, cfg, store, memo)
         matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
         return matches.to_bytes(), len(matches)
 
@@ -236,7 +289,8 @@ def tile_passes_in_process(tile_rows: list[dict], cfg: RegistrationConfig,
                            out_root: str) -> dict[str, list[dict]]:
     """Every tile pass serially in this process (no Ray): what the task graph runs, for
     benchmarks and debugging. Returns the per-pass results; features are dropped as in a run."""
-    out = {"features": [features_tile_row(t, cfg, out_root) for t in tile_rows],
+    out = {"features": [res for block in feature_blocks(tile_rows, cfg)
+                        for res in features_block_rows(block, cfg, out_root)],
            "matches": [match_tile_row(t, cfg, out_root) for t in tile_rows]}
     final = out["matches"]
     if cfg.guided_matching:
@@ -258,25 +312,28 @@ def drop_features(tile_rows: Sequence[dict], results: Sequence[dict], out_root: 
             store.delete(features_rel(cfg, work_id(row), row["tile_col"], row["tile_row"]))
 
 
-def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store) -> TileMatches:
+def load_slice_matches(row: dict, cfg: RegistrationConfig, store: Store,
+                       memo: dict | None = None) -> TileMatches:
     parts = []
     for tc, tr in tiles_for_window(row["window"], cfg.tile_size):
         rel = slice_matches_rel(cfg, work_id(row), tc, tr)
         try:
-            parts.append(TileMatches.from_bytes(store.read_bytes(rel)))
+            parts.append(_read_once(store, rel, TileMatches.from_bytes, memo))
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"matches of tile r{tr} c{tc} missing (tile failed?): {rel}") from exc
     return TileMatches.concat(parts)
 
 
 def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
-                            run_id: str = "") -> dict:
-    """Fit one slice from its tiles' matches; read only the crop and its post footprint."""
+                            run_id: str = "", memo: dict | None = None) -> dict:
+    """Fit one slice from its tiles' matches; read only the crop and its post footprint.
+    ``memo``: shared by the slices of one task, so each tile's matches are read once."""
     single_thread()
+    forget_reads()
     clock = Clock()
     try:
         window = [int(v) for v in row["window"]]
-        matches = load_slice_matches(row, cfg, Store(out_root))
+        matches = load_slice_matches(row, cfg, Store(out_root), memo)
         fit = fit_slice(matches, window, cfg)
         if fit.homography is None:
             return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
@@ -298,14 +355,14 @@ def register_slice_regional(row: dict, cfg: RegistrationConfig, out_root: str,
 # features, matches or pixels pile up in the object store or on the driver).
 
 def _features_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str) -> list[dict]:
-    cfg = RegistrationConfig(**cfg_dict)
-    return [features_tile_row(r, cfg, out_root, run_id) for r in rows]
+    return features_block_rows(rows, RegistrationConfig(**cfg_dict), out_root, run_id)
 
 
 def _matches_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
                   *needs: list[dict]) -> list[dict]:
     cfg = RegistrationConfig(**cfg_dict)
-    return [match_tile_row(r, cfg, out_root, run_id) for r in rows]
+    memo: dict = {}
+    return [match_tile_row(r, cfg, out_root, run_id, memo) for r in rows]
 
 
 def _prior_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
@@ -316,7 +373,8 @@ def _prior_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
 def _guided_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
                  *needs: list[dict]) -> list[dict]:
     cfg = RegistrationConfig(**cfg_dict)
-    return [guided_tile_row(r, cfg, out_root, run_id) for r in rows]
+    memo: dict = {}
+    return [guided_tile_row(r, cfg, out_root, run_id, memo) for r in rows]
 
 
 def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
@@ -324,7 +382,9 @@ def _slices_task(rows: list[dict], cfg_dict: dict, out_root: str, run_id: str,
     """Fit a chunk of slices; with ``persist`` (a table writer's spec) the rows are written to a
     small shard right here, so they survive whatever happens to the driver next."""
     cfg = RegistrationConfig(**cfg_dict)
-    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id) for r in rows])
+    memo: dict = {}
+    envs = with_shift_envelopes([register_slice_regional(r, cfg, out_root, run_id, memo)
+                                 for r in rows])
     return envs, (persist_envelopes(envs, persist) if persist else [])
 
 
@@ -377,10 +437,10 @@ class _TileGraph:
         self.audit_name = audit_name or run_id
         self.clock = Clock()
         args = (cfg_ref, out_root, run_id)
-        # Features (seconds per tile) get a task each.
+        # Features (seconds per tile) get a task per block of tiles (``tile_block``).
         self.feature_tasks = [(rows, _remote(_features_task).remote(rows, *args))
-                              for rows in _chunks(tile_rows, 1)]
-        feature_ref = {_tile_key(rows[0]): ref for rows, ref in self.feature_tasks}
+                              for rows in feature_blocks(tile_rows, cfg)]
+        feature_ref = {_tile_key(r): ref for rows, ref in self.feature_tasks for r in rows}
         # Matching is ~10x cheaper: tiles are batched; a batch waits for the features of its
         # tiles' neighbourhoods only.
         self.match_tasks, match_ref = self._batched(_matches_task, lambda r: [

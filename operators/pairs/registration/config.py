@@ -170,12 +170,17 @@ class TilingConfig:
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
     tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
                                     "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
+    tile_block: int = _opt(1, "feature tiles per side whose SIFT runs as one image in one task "
+                              "(shared tile edges need no context of their own: less pyramid "
+                              "work per tile, larger images per task)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
                                       "must cover the geocoding error between dates (<= tile_size)")
 
     def __post_init__(self):
         if self.tile_size <= 0:
             raise ValueError("tile_size must be positive")
+        if self.tile_block < 1:
+            raise ValueError("tile_block must be >= 1")
         if not 0 <= self.search_margin_px <= self.tile_size:
             raise ValueError("search_margin_px must be within [0, tile_size]")
 

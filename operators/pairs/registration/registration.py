@@ -97,14 +97,22 @@ def detect_features(grey: np.ndarray, valid: Optional[np.ndarray],
     SIFT descriptors in OpenCV are integer valued in [0, 255], so uint8 storage is lossless and
     a quarter of the size (they travel between regional stages).
     """
-    image = np.rint(np.clip(grey, 0.0, 1.0) * 255.0).astype(np.uint8)
     mask = detection_mask(valid, cfg.mask_erode_px) if valid is not None else None
     if mask is not None and not mask.any():
         return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
+    # SIFT runs on the bounding box of the valid pixels only: no keypoint can lie outside it (the
+    # mask), so its scale pyramid there (past a scene's edge, over a nodata band) is wasted work.
+    r0 = c0 = 0
+    if valid is not None and not np.all(valid):
+        rows, cols = np.flatnonzero(valid.any(axis=1)), np.flatnonzero(valid.any(axis=0))
+        r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        grey, mask = grey[r0:r1, c0:c1], mask[r0:r1, c0:c1]
+    image = np.rint(np.clip(grey, 0.0, 1.0) * 255.0).astype(np.uint8)
     keypoints, desc = make_sift(cfg).detectAndCompute(image, mask)
     if desc is None or not keypoints:
         return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
-    xy = np.asarray([kp.pt for kp in keypoints], dtype=np.float32).reshape(-1, 2)
+    xy = np.asarray([kp.pt for kp in keypoints], dtype=np.float32).reshape(-1, 2) + \
+        np.float32([c0, r0])
     return xy, np.clip(np.rint(desc), 0, 255).astype(np.uint8)
 
 

@@ -74,14 +74,18 @@ def window_starts(size: int, window: int) -> list[int]:
         starts.append(size - window)
     return starts
 
+def _vertex(m: float, c: float, p: float) -> float:
+    """Offset of a parabola's vertex through (-1, m), (0, c), (1, p), within +-0.5."""
+    d = m - 2.0 * c + p
+    return 0.0 if abs(d) < 1e-12 else min(0.5, max(-0.5, 0.5 * (m - p) / d))
+
+
 def _subpixel(surface: np.ndarray, y: int, x: int) -> tuple[float, float]:
     """Parabolic refinement of a peak at (y, x) of a correlation surface."""
-    def vertex(m, c, p):
-        d = m - 2 * c + p
-        return 0.0 if abs(d) < 1e-12 else float(np.clip(0.5 * (m - p) / d, -0.5, 0.5))
     h, w = surface.shape
-    fx = vertex(surface[y, x - 1], surface[y, x], surface[y, x + 1]) if 0 < x < w - 1 else 0.0
-    fy = vertex(surface[y - 1, x], surface[y, x], surface[y + 1, x]) if 0 < y < h - 1 else 0.0
+    c = float(surface[y, x])
+    fx = _vertex(float(surface[y, x - 1]), c, float(surface[y, x + 1])) if 0 < x < w - 1 else 0.0
+    fy = _vertex(float(surface[y - 1, x]), c, float(surface[y + 1, x])) if 0 < y < h - 1 else 0.0
     return x + fx, y + fy
 
 def match_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
@@ -117,9 +121,14 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     if peak < min_ncc:
         return None, False
     guard = max(2, win // 4)
-    rest = surface.copy()
-    rest[max(0, py - guard):py + guard + 1, max(0, px - guard):px + guard + 1] = -1.0
-    if rest.size and rest.max() > peak - peak_margin:
+    # The best peak farther than ``guard`` from this one (the guard box blanked in place, then
+    # restored: the surface is ours).
+    box = (slice(max(0, py - guard), py + guard + 1), slice(max(0, px - guard), px + guard + 1))
+    kept = surface[box].copy()
+    surface[box] = -1.0
+    second = cv2.minMaxLoc(surface)[1]
+    surface[box] = kept
+    if second > peak - peak_margin:
         return None, False
     fx, fy = _subpixel(surface, py, px)
     return (sx0 + fx - x0, sy0 + fy - y0, float(peak)), False

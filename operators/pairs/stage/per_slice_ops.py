@@ -7,6 +7,7 @@ from dataclasses import asdict
 import numpy as np
 
 from operators.io.tables import envelope, error_envelope
+from operators.pairs.catalogue.band_stack import forget_reads
 from operators.pairs.registration.registration import (RegistrationConfig, crop_offset, feature_grey,
                                                        register_slice_pair)
 from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
@@ -18,6 +19,7 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
                              run_id: str = "") -> dict:
     """The paper's recipe on one slice row: whole-slice SIFT both dates, fit, warp, crop, screen."""
     single_thread()
+    forget_reads()
     clock = Clock()
     try:
         window = [int(v) for v in row["window"]]

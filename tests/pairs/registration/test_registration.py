@@ -268,3 +268,26 @@ def test_config_fields_all_have_help_and_validate():
     assert (RegistrationConfig().crop_size, RegistrationConfig().max_residual_px) == (1024, 8.0)
     with pytest.raises(ValueError):
         RegistrationConfig(method="magic")
+
+
+def test_features_do_not_depend_on_where_the_data_sits_in_nodata():
+    """SIFT runs on the valid pixels' bounding box only: one real image placed at two offsets of
+    different parity in a nodata canvas gives the same keypoints (shifted) and descriptors. Run
+    over the whole canvas, the octaves' 2x decimation samples the two placements differently."""
+    with rasterio.open(NAIP) as src:
+        img = src.read([1, 2, 3], window=((100, 300), (150, 390)))
+    cfg = RegistrationConfig()
+    grey = feature_grey(img, np.ones(img.shape[1:], bool), cfg)
+    out = []
+    for top, left in ((17, 31), (50, 4)):
+        canvas = np.full((300, 320), 0.5, np.float32)
+        valid = np.zeros(canvas.shape, bool)
+        canvas[top:top + 200, left:left + 240] = grey
+        valid[top:top + 200, left:left + 240] = True
+        xy, desc = detect_features(canvas, valid, cfg)
+        order = np.lexsort((xy[:, 1], xy[:, 0]))
+        out.append((xy[order] - np.float32([left, top]), desc[order]))
+    assert len(out[0][0]) > 50
+    assert np.allclose(out[0][0], out[1][0], atol=1e-3) and np.array_equal(out[0][1], out[1][1])
+    inside = (out[0][0] >= -0.5).all() and (out[0][0][:, 0] < 239.5).all()
+    assert inside and (out[0][0][:, 1] < 199.5).all()

@@ -319,3 +319,47 @@ def test_finer_post_scene_is_low_passed_before_point_sampling(tmp_path):
     out, valid = read_registered_post(row, translation(0.3, 0.2), cfg)
     assert valid.all()
     assert abs(float(out.mean()) - 127.5) < 5 and float(out.std()) < 8
+
+
+def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
+    """tile_block=2: one SIFT run per date over a 2 x 2 block of tiles plus context gives each
+    tile exactly the keypoints of that run that lie in its core (none lost, none twice), and
+    stores them under their own tile; a block is its own features key."""
+    from operators.pairs.regional.regional import TileFeatures, grow, inside, tile_core
+    from operators.pairs.regional.regional_ops import (feature_blocks, features_block_rows, features_rel)
+    from operators.pairs.registration.registration import detect_features, feature_grey
+    from operators.pairs.crops.slice_io import read_post, read_pre
+    good, _, _ = all_rows(scenes)
+    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                             search_margin_px=32, tile_block=2)
+    assert cfg.features_key() != RegistrationConfig(
+        method="regional", crop_size=CROP, tile_size=256, search_margin_px=32).features_key()
+    tiles = plan_tiles(good, cfg)
+    blocks = feature_blocks(tiles, cfg)
+    assert sorted(t["tile_col"] * 10 + t["tile_row"] for b in blocks for t in b) == \
+        sorted(t["tile_col"] * 10 + t["tile_row"] for t in tiles)
+    assert all(len({(t["tile_col"] // 2, t["tile_row"] // 2) for t in b}) == 1 for b in blocks)
+    block = next(b for b in blocks if b[0]["tile_col"] < 2 and b[0]["tile_row"] < 2)
+    assert len(block) == 4
+    out = str(tmp_path / "out")
+    res = features_block_rows(block, cfg, out)
+    assert all(r["error"] is None and r["n"] > 0 and not r["reused"] for r in res)
+    # The oracle: SIFT over the block's cores plus the context, once per date.
+    window = grow((0, 0, 512, 512), cfg.tile_context_px)
+    for read in (read_pre, read_post):
+        data, valid = read(block[0], window)
+        xy, _ = detect_features(feature_grey(data, valid, cfg), valid, cfg)
+        xy = xy + np.float32(window[:2])
+        xy = xy[inside(xy, (0, 0, 512, 512))]            # the context's own keypoints go
+        stored = []
+        for t in block:
+            f = TileFeatures.from_bytes(Store(out).read_bytes(
+                features_rel(cfg, work_id(t), t["tile_col"], t["tile_row"])))
+            pts = f.pre_xy if read is read_pre else f.post_xy
+            assert inside(pts, tile_core(t["tile_col"], t["tile_row"], 256)).all()
+            stored.append(pts)
+        stored = np.concatenate(stored)
+        assert len(stored) == len(xy)
+        assert np.array_equal(np.unique(stored, axis=0), np.unique(xy, axis=0))
+    # Stored features are reused, not recomputed.
+    assert all(r["reused"] for r in features_block_rows(block, cfg, out))
