@@ -175,7 +175,9 @@ def test_cloud_masking_on_the_cloudy_pair(tmp_path, ray_session):
     kinds = {}
     for m in meta:
         kinds.setdefault(m["reject_reason"].split(" ")[0] if m["reject_reason"] else "accepted", []).append(m)
-    assert {k: len(v) for k, v in kinds.items()} == {"cloud": 8, "nodata": 5, "too": 12}, \
+    # SIFT runs on the valid pixels' bounding box: two slices along the nodata wedge lose their few
+    # edge keypoints there and are rejected by the fit (too few inliers) rather than for nodata.
+    assert {k: len(v) for k, v in kinds.items()} == {"cloud": 8, "nodata": 3, "too": 14}, \
         {k: [m["reject_reason"] for m in v] for k, v in kinds.items()}
     assert masked["accepted_total"] == plain["accepted_total"] == 0
     for m in kinds["cloud"]:
@@ -184,5 +186,5 @@ def test_cloud_masking_on_the_cloudy_pair(tmp_path, ray_session):
         assert m["cloud_fraction"] > 0.3 and m["reject_reason"].endswith("> 30.0%")
         assert scl_cloud("20230813", m["window"]) <= m["cloud_fraction"] + 1e-9
     for m in kinds["too"]:   # rejected by the fit, before any crop was cut: no cloud measured
-        assert m["reject_reason"].startswith("too few matches") and m["cloud_fraction"] is None
+        assert m["reject_reason"].startswith(("too few matches", "too few inliers")) and m["cloud_fraction"] is None
     assert all(m["cloud_fraction"] is None for m in rows(tmp_path / "plain", "metadata"))

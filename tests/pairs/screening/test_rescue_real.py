@@ -2,10 +2,12 @@
 a known smooth, non-affine warp laid on the later date: a geocoding offset, a small rotation and
 scale, and a sinusoidal field of 24 px over 1600 px. Over a 384 px slice the field bends away from
 any homography; over the central 130 px crop (the paper's crop/slice ratio, 1024/3000) it is close
-to affine. For the slice below the first screening rejects the crop: its corner extrapolation of
-the curved field says 16 px at a corner, while the slice homography's true error on the crop is
-about 5 px (over-rejection, not a bad fit). The rescue refits the crop from its shift field, the
-second screening accepts it on its own measurements, and the true error drops to about 3.4 px.
+to affine. Every slice is registered with and without rescue: where the first screening rejects a
+crop on its corner extrapolation of the curved field although the slice homography's true error is
+under the limit (an over-rejection, not a bad fit), the rescue refits the crop from its shift
+field, the second screening accepts it on its own measurements, and the true error drops by more
+than a pixel. No crop, rescued or not, is accepted with a true error over 8 px; at least one is
+rescued.
 """
 from __future__ import annotations
 
@@ -33,16 +35,22 @@ def test_real_pair_with_a_smooth_residual_is_rescued_within_the_limit(tmp_path):
                              max_shift_px=300.0, tile_block=2)
     out = str(tmp_path / "out")
     tile_passes_in_process(plan_tiles(rows, cfg), cfg, out)
-    row = next(r for r in rows if r["slice_id"].endswith("_r00000_c00384"))
-    recs = {rescue: json.loads(register_slice_regional(row, replace(cfg, rescue=rescue), out,
-                                                       "t")["_record"])
-            for rescue in (False, True)}
-    off = recs[False]
-    assert off["status"] == "rejected" and off["reject_reason"].startswith("residual")
-    before = float(dense_errors(off, warp, CROP).max())     # the slice homography's truth
-    on = recs[True]
-    assert on["status"] == "accepted" and on["rescued"], on["reject_reason"]
-    assert on["rescue_reason"] == off["reject_reason"]
-    true_max = float(dense_errors(on, warp, CROP).max())
-    assert true_max < 8.0 and true_max < before - 1.0, (true_max, before)
-    assert on["residual_px"] < 8.0           # the second screening's own measurement
+    rescued = []
+    for row in rows:
+        recs = {rescue: json.loads(register_slice_regional(row, replace(cfg, rescue=rescue), out,
+                                                           "t")["_record"])
+                for rescue in (False, True)}
+        off, on = recs[False], recs[True]
+        if on["status"] == "accepted":                      # rescued or not: never a false accept
+            assert float(dense_errors(on, warp, CROP).max()) <= 8.0, row["slice_id"]
+        if not on["rescued"]:
+            assert on["status"] == off["status"], row["slice_id"]    # the rescue touched nothing else
+            continue
+        assert off["status"] == "rejected" and off["reject_reason"].startswith("residual")
+        assert on["status"] == "accepted" and on["rescue_reason"] == off["reject_reason"]
+        before = float(dense_errors(off, warp, CROP).max())     # the slice homography's truth
+        true_max = float(dense_errors(on, warp, CROP).max())
+        assert true_max < before - 1.0, (row["slice_id"], true_max, before)
+        assert on["residual_px"] < 8.0           # the second screening's own measurement
+        rescued.append(row["slice_id"])
+    assert rescued, "no slice of the case needed a rescue"
