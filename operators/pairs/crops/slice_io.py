@@ -24,7 +24,7 @@ from operators.pairs.imagery.raster_io import common_grid, grid_bbox, read_at, r
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, crop_offset,
                                                        crop_positions_on_grid, feature_grey, homography_problem,
                                                        nodata_fraction, remap_bands)
-from operators.pairs.registration.config import SchedulingConfig
+from operators.pairs.registration.config import SchedulingConfig, without_later_defaults
 from operators.pairs.screening.screening import rescue_field, rescued_homography, screen_alignment
 
 STAGE = "registration"
@@ -126,7 +126,7 @@ def settings_key(row: dict, cfg: RegistrationConfig) -> str:
     """Hash of every setting and input a slice's verdict depends on. A rerun treats a slice as
     finished only when its recorded key is this one, so changed settings re-evaluate rejected
     slices (and accepted ones) instead of keeping a verdict made under other settings."""
-    settings = {k: v for k, v in cfg.flat().items() if k not in SCHEDULING}
+    settings = without_later_defaults({k: v for k, v in cfg.flat().items() if k not in SCHEDULING})
     return _hash({"settings": settings, **{k: row.get(k) for k in RESULT_KEYS}})
 
 

@@ -202,6 +202,17 @@ class SchedulingConfig:
             raise ValueError("match_tiles_per_task and slices_per_task must be >= 1")
 
 
+# Settings added after outputs were written: at these values they are left out of every key, so an
+# output written before them keeps its keys (and resumes) as long as they stay at the default.
+LATER_DEFAULTS = {"tile_block": 1}
+
+
+def without_later_defaults(settings: dict) -> dict:
+    """``settings`` sorted by name, less the later-added settings that hold their default."""
+    return {n: settings[n] for n in sorted(settings)
+            if not (n in LATER_DEFAULTS and settings[n] == LATER_DEFAULTS[n])}
+
+
 def _group(cls: type, title: str):
     return field(default_factory=cls, metadata={"title": title})
 
@@ -263,7 +274,7 @@ class RegistrationConfig:
         doc = {**dataclasses.asdict(self.features), **dataclasses.asdict(self.matching),
                **dataclasses.asdict(self.tiling),
                "max_scale_change": self.max_scale_change, "max_anisotropy": self.max_anisotropy}
-        text = json.dumps({n: doc[n] for n in sorted(doc)}, sort_keys=True)
+        text = json.dumps(without_later_defaults(doc), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 
     @classmethod

@@ -91,3 +91,15 @@ def test_keys_follow_the_concerns():
     assert base.features_key() == scheduling.features_key() == screening.features_key()
     assert tiling.features_key() != base.features_key()
     assert RegistrationConfig(max_anisotropy=1.1).features_key() != base.features_key()
+
+
+def test_outputs_written_before_a_later_setting_keep_their_keys():
+    """Keys of the default settings as the release before ``--tile-block`` computed them (captured
+    from that code): at its default the new setting changes neither key, so those outputs resume;
+    set, it changes both (its features differ)."""
+    row = {"bands_pre": [1, 2, 3], "bands_post": [1, 2, 3], "window": [0, 0, 512, 512],
+           "stretch_pre": [[0, 255]] * 3, "stretch_post": [[0, 255]] * 3, "pre_uri": "a.tif", "post_uri": "b.tif"}
+    base = RegistrationConfig()
+    assert (base.features_key(), settings_key(row, base)) == ("551c52802e", "39b3e28366")
+    blocks = RegistrationConfig(tile_block=2)
+    assert blocks.features_key() != base.features_key() and settings_key(row, blocks) != settings_key(row, base)
