@@ -202,7 +202,7 @@ def test_registered_post_is_resampled_once_from_its_own_pixels(tmp_path):
     pre_path, post_path = str(tmp_path / "pre.tif"), str(tmp_path / "post.tif")
     with rasterio.open(pre_path, "w", **{**profile, "transform": transform}) as dst:
         dst.write(data)
-    shifted = transform * Affine.translation(0.5, 0.25)  # post pixel (i, j) sits at grid (i+.5, j+.25)
+    shifted = transform @ Affine.translation(0.5, 0.25)  # post pixel (i, j) sits at grid (i+.5, j+.25)
     with rasterio.open(post_path, "w", **{**profile, "transform": shifted}) as dst:
         dst.write(data)
     row = {"window": [0, 0, 256, 256], "post_uri": post_path, "bands_post": [1, 2, 3],
