@@ -217,9 +217,10 @@ def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, 
             for name, cmd in cmds.items()}
     # Each driver is killed mid-run: the pairs driver once its scenes are catalogued (slices still to
     # register), the captions driver with LLM replies in and more to come.
+    # (No `ray job status` call between: its CLI takes seconds the pairs job may finish in. A kill that
+    # landed is a live driver killed, and the job found failed and resubmitted below.)
     wait_for_shard(Store(f"s3://{s3_bucket}/pairs"), "scenes")
-    assert cluster.status(jobs["pairs"]) == "RUNNING", "the pairs job ended before its driver could be killed"
-    assert kill_all(drivers(cluster, "jobs/build_pairs.py")), "no live pairs driver to kill"
+    assert kill_all(drivers(cluster, "jobs/build_pairs.py")), "the pairs driver had exited before the kill"
     wait_for_replies(openai_server, 10)
     assert cluster.status(jobs["captions"]) == "RUNNING"
     answered = sum(openai_server.stats()["ok_by_key"].values())
