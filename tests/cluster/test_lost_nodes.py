@@ -175,8 +175,8 @@ def kill_all(procs: list[psutil.Process]) -> int:
     return n
 
 
-def start_both(cluster, s3_client, s3_bucket, openai_server):
-    """Upload the inputs, submit both jobs, return once ten LLM replies are in (work in flight)."""
+def submit_both(cluster, s3_client, s3_bucket, openai_server):
+    """Upload the inputs and submit both jobs (not waiting for them)."""
     archive, levir, names = upload_inputs(s3_client, s3_bucket)
     cmds = commands(archive, levir, s3_bucket)
     openai_server.configure(latency_ms=LATENCY_MS)
@@ -184,12 +184,12 @@ def start_both(cluster, s3_client, s3_bucket, openai_server):
                                            "OPENAI_API_KEY": "test-key"}}
     jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
             for name, cmd in cmds.items()}
-    wait_for_replies(openai_server, 10)
     return names, cmds, env, jobs
 
 
 def test_lost_worker_node_costs_time_not_data(cluster, s3_client, s3_bucket, openai_server):
-    names, cmds, env, jobs = start_both(cluster, s3_client, s3_bucket, openai_server)
+    names, cmds, env, jobs = submit_both(cluster, s3_client, s3_bucket, openai_server)
+    wait_for_replies(openai_server, 10)                 # LLM work in flight
     answered = in_flight_at_kill(cluster, jobs, openai_server)
     assert cluster.kill_node("w1") > 0
     cluster.add_node("w2", cpus=1)          # the autoscaler's replacement
@@ -208,13 +208,7 @@ def wait_for_shard(bucket_store: Store, table: str, timeout: float = 300) -> Non
 
 
 def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, openai_server):
-    archive, levir, names = upload_inputs(s3_client, s3_bucket)
-    cmds = commands(archive, levir, s3_bucket)
-    openai_server.configure(latency_ms=LATENCY_MS)
-    env = {"pairs": s3_env(), "captions": {**s3_env(), "OPENAI_BASE_URL": openai_server.base_url,
-                                           "OPENAI_API_KEY": "test-key"}}
-    jobs = {name: cluster.submit(cmd, working_dir=str(REPO), env_vars=env[name], wait=False)
-            for name, cmd in cmds.items()}
+    names, cmds, env, jobs = submit_both(cluster, s3_client, s3_bucket, openai_server)
     # Each driver is killed mid-run: the pairs driver once its scenes are catalogued (slices still to
     # register), the captions driver with LLM replies in and more to come.
     # (No `ray job status` call between: its CLI takes seconds the pairs job may finish in. A kill that

@@ -30,12 +30,12 @@ from affine import Affine
 from rasterio.crs import CRS
 from rasterio.enums import Resampling
 from rasterio.vrt import WarpedVRT
-from rasterio.windows import Window
 
 from operators.io.storage import gdal_env, gdal_path
 from operators.pairs.imagery.cloud_masks import cloud_pixels
 from operators.pairs.imagery.radiometry import DEFAULT_PERCENTILES, band_percentiles, decimated_shape
-from operators.pairs.imagery.raster_io import Grid, common_grid, grid_bbox, holds_data, window_in_raster
+from operators.pairs.imagery.raster_io import (Grid, common_grid, grid_bbox, holds_data, read_padded,
+                                              window_in_raster)
 from operators.pairs.registration.registration import crop_offset, crop_positions_on_grid, remap_bands
 
 
@@ -146,8 +146,7 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         with rasterio.open(raster_path(asset.href)) as src:
             if _same_grid(asset.grid, grid):
-                data = _read_padded(src, col, row, width, height,
-                                    0 if asset.nodata is None else asset.nodata)
+                data = read_padded(src, 1, window, 0 if asset.nodata is None else asset.nodata)
                 valid = window_in_raster(window, asset.width, asset.height)
                 return data, valid & holds_data(data, asset.nodata)
             # A VRT exactly the size of the window, its origin at the window's corner.
@@ -162,20 +161,6 @@ def read_band(asset: BandAsset, window: Sequence[int], grid: Grid,
                 if asset.nodata is None:
                     return data, (vrt.read(vrt.count) > 0) & holds_data(data, None)
                 return data, holds_data(data, asset.nodata)
-
-
-def _read_padded(src, col: int, row: int, width: int, height: int, fill) -> np.ndarray:
-    """Band 1 at a window that may run off the raster, padded with ``fill``: the part inside is
-    read directly (rasterio serves boundless reads through a VRT, several times slower)."""
-    c0, r0 = max(col, 0), max(row, 0)
-    c1, r1 = min(col + width, src.width), min(row + height, src.height)
-    if c0 == col and r0 == row and c1 == col + width and r1 == row + height:
-        return src.read(1, window=Window(col, row, width, height))
-    out = np.full((height, width), fill, dtype=src.dtypes[0])
-    if c1 > c0 and r1 > r0:
-        out[r0 - row:r1 - row, c0 - col:c1 - col] = src.read(
-            1, window=Window(c0, r0, c1 - c0, r1 - r0))
-    return out
 
 
 @dataclass
