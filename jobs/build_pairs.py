@@ -27,7 +27,7 @@ import pyarrow as pa
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.pairs.catalogue.catalogue import SCENES_SCHEMA, list_scene_inputs  # noqa: E402
+from operators.pairs.catalogue.catalogue import list_scene_inputs  # noqa: E402
 from operators.pairs.catalogue.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
                                                       catalogue_band_scenes, is_band_input,
                                                       prepare_band_pairs)
@@ -178,12 +178,45 @@ def _finished(work, job: "PairsJobConfig", reg: RegistrationConfig,
     return out
 
 
+@dataclass
+class _Run:
+    """What every step of one run reads: the settings (reference date fixed), the output, the run."""
+    job: PairsJobConfig
+    pairing: PairingConfig
+    reg: RegistrationConfig
+    bands: BandsConfig
+    cloud: CloudConfig
+    out: Store
+    run_id: str
+    run_row: dict            # the ``runs`` row written as "started", rewritten as "finished"
+    schemas: dict[str, pa.Schema]
+    fractions: tuple[float, ...]
+    t0: float
+
+
 def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
         bands: BandsConfig | None = None, cloud: CloudConfig | None = None) -> dict:
     """Run the whole job; returns a summary dict (also printed by :func:`main`)."""
-    import ray.data
-    bands, cloud = bands or BandsConfig(), cloud or CloudConfig()
+    ctx = _start_run(job, pairing, reg, bands or BandsConfig(), cloud or CloudConfig())
+    scenes, errors, band_input = _catalogue(ctx)                         # 1. catalogue
+    pairs, by_id = _select_pairs(ctx, scenes, errors, band_input)        # 2. pair selection
+    work, finished, n_todo = _plan_slices(ctx, pairs, by_id)             # splits, slice work list
+    n_acc = sum(p["status"] == "accepted" for p in pairs)
+    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} new candidate pair(s), "
+          f"{n_acc} accepted; {n_todo} slice(s) to register, {len(finished)} finished earlier; "
+          f"{len(errors)} error(s) so far", flush=True)
+    counts = _register(ctx, work, finished, n_todo)                      # 3-5. slices -> tables
+    del work
+    accepted = _accepted_slices(ctx)
+    if job.labels:                                                       # 6. labels
+        errors.extend(_merge_labels(ctx.job, ctx.reg, ctx.out, accepted, ctx.run_id, counts,
+                                    ctx.schemas["labels"]))
+    return _finish(ctx, accepted, errors, counts, len(finished))        # 7. lists, errors, summary
 
+
+def _start_run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
+               bands: BandsConfig, cloud: CloudConfig) -> _Run:
+    """Check the settings, fix the reference date, and record the run as started in ``runs``."""
     if not job.input or not job.output:
         raise SystemExit("--input and --output are required")
     t0 = time.time()
@@ -203,57 +236,80 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
                                      "registration": reg.flat()}, default=str)}
     _check_split_settings(out, run_row)
     write_table_shard(out, "runs", [run_row], schemas["runs"], run_id)
+    return _Run(job, pairing, reg, bands, cloud, out, run_id, run_row, schemas, fractions, t0)
 
-    # 1. Catalogue: header reads in parallel; small records come back to the driver.
-    band_input = is_band_input(job.input, bands.stac_search)  # STAC items or per-band manifests
+
+def _catalogue(ctx: _Run) -> tuple[list[dict], list[dict], bool]:
+    """1. This run's scenes and error rows, and whether the input is STAC items / per-band
+    manifests. Header reads run in parallel; small records come back to the driver."""
+    job, run_id = ctx.job, ctx.run_id
+    band_input = is_band_input(job.input, ctx.bands.stac_search)  # STAC items or per-band manifests
     if band_input:
         # No pixel read yet: stretches come after pairing, for the scenes accepted pairs use.
-        scenes, errors = catalogue_band_scenes(job.input, bands, cloud, run_id)
+        scenes, errors = catalogue_band_scenes(job.input, ctx.bands, ctx.cloud, run_id)
         print(f"[build_pairs] run {run_id}: {len(scenes)} stacked scene(s) from {job.input}; "
-              f"reference date {pairing.reference_date}", flush=True)
+              f"reference date {ctx.pairing.reference_date}", flush=True)
         if not scenes and not errors:
             raise SystemExit(f"no STAC items or band rows found in {job.input}")
-    else:
-        inputs = list_scene_inputs(job.input)
-        print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}; reference "
-              f"date {pairing.reference_date}", flush=True)
-        if not inputs:
-            raise SystemExit(f"no scenes found under {job.input}")
-        cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
-        env_rows = cat.flat_map(
-            _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
-                                      "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
-        ).take_all()
-        tables = split_envelopes(env_rows)
-        scenes, errors = tables.get("scenes", []), tables.get("errors", [])
-        write_table_shard(out, "scenes", changed_rows(out, "scenes", scenes, schemas["scenes"]),
-                          schemas["scenes"], run_id)
-        resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
+        return scenes, errors, band_input
+    import ray.data
+    inputs = list_scene_inputs(job.input)
+    print(f"[build_pairs] run {run_id}: {len(inputs)} scene input(s) from {job.input}; reference "
+          f"date {ctx.pairing.reference_date}", flush=True)
+    if not inputs:
+        raise SystemExit(f"no scenes found under {job.input}")
+    cat = ray.data.from_items([dataclasses.asdict(s) for s in inputs])
+    env_rows = cat.flat_map(
+        _catalogue_fn, fn_kwargs={"rgb_bands": list(job.rgb_bands) or None,
+                                  "percentiles": tuple(job.stretch_percentiles), "run_id": run_id},
+    ).take_all()
+    tables = split_envelopes(env_rows)
+    scenes, errors = tables.get("scenes", []), tables.get("errors", [])
+    _write_scenes(ctx, scenes)
+    return scenes, errors, band_input
 
-    # 2. Pair selection (driver: one small record per scene). This run's scenes pair with each
-    # other and with scenes earlier runs catalogued (chunks of one archive pair across chunks);
-    # pairs of two earlier scenes were judged by the run that saw them.
+
+def _write_scenes(ctx: _Run, scenes: list[dict]) -> None:
+    """Record the scenes that changed, and close their open catalogue errors."""
+    write_table_shard(ctx.out, "scenes", changed_rows(ctx.out, "scenes", scenes, ctx.schemas["scenes"]),
+                      ctx.schemas["scenes"], ctx.run_id)
+    resolve_errors(ctx.out, [s["uri"] for s in scenes], ctx.run_id, stages=["catalogue"], job=JOB)
+
+
+def _select_pairs(ctx: _Run, scenes: list[dict], errors: list[dict],
+                  band_input: bool) -> tuple[list[dict], dict[str, dict]]:
+    """2. Candidate pairs (driver: one small record per scene) and every known scene by id;
+    appends a NoPartner error per lonely scene to ``errors``.
+
+    This run's scenes pair with each other and with scenes earlier runs catalogued (chunks of one
+    archive pair across chunks); pairs of two earlier scenes were judged by the run that saw them."""
+    out, run_id = ctx.out, ctx.run_id
     known_table = read_table(out, "scenes")   # None when no scene was ever catalogued
     known = known_table.to_pylist() if known_table is not None else []
     new_ids = {s["scene_id"] for s in scenes}
     if band_input:  # this run's stacked scenes are not written yet (no stretch so far)
         known = [k for k in known if k["scene_id"] not in new_ids] + scenes
-    pairs = select_pairs(known, pairing, new=new_ids)
+    pairs = select_pairs(known, ctx.pairing, new=new_ids)
     if band_input:  # --max-cloud-cover, then the stretches of the scenes accepted pairs use
-        errors.extend(prepare_band_pairs(pairs, known, cloud, job.stretch_percentiles, run_id))
-        write_table_shard(out, "scenes", changed_rows(out, "scenes", scenes, schemas["scenes"]),
-                          schemas["scenes"], run_id)
-        resolve_errors(out, [s["uri"] for s in scenes], run_id, stages=["catalogue"], job=JOB)
+        errors.extend(prepare_band_pairs(pairs, known, ctx.cloud, ctx.job.stretch_percentiles, run_id))
+        _write_scenes(ctx, scenes)
     for s in lonely_scenes(scenes, pairs):
         errors.append(error_record(s["uri"], "pairing", "no other scene covers the same place (footprint "
-                                   f"IoU above {pairing.min_iou}); it cannot form a pair",
+                                   f"IoU above {ctx.pairing.min_iou}); it cannot form a pair",
                                    error_type="NoPartner", job=JOB, run_id=run_id))
     by_id = {s["scene_id"]: s for s in known}
     resolve_errors(out, {by_id[p[k]]["uri"] for p in pairs for k in ("pre_scene", "post_scene")},
                    run_id, stages=["pairing"], job=JOB)
-    del known
+    return pairs, by_id
 
-    # Splits: a pure function of the location and the seed; refuse to contradict the output.
+
+def _plan_slices(ctx: _Run, pairs: list[dict], by_id: dict[str, dict]) -> tuple[list, set[str], int]:
+    """The work list ``(pair, pre, post, split)`` of accepted pairs, the slices finished earlier and
+    the number left to register; writes the ``pairs`` table.
+
+    Splits are a pure function of the location and the seed; refuses to contradict the output.
+    An accepted pair whose overlap holds no slice is rejected here, before ``pairs`` is written."""
+    job, out = ctx.job, ctx.out
     meta = read_table(out, "metadata", columns=["slice_id", "location", "split", "settings_key"])
     recorded = {} if meta is None else dict(zip(meta.column("location").to_pylist(),
                                                 meta.column("split").to_pylist()))
@@ -261,7 +317,7 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
         meta.column("slice_id").to_pylist(), meta.column("settings_key").to_pylist()
         if "settings_key" in meta.column_names else [None] * meta.num_rows))
     del meta
-    splits = assign_splits({p["location"] for p in pairs if p["status"] == "accepted"}, fractions, job.seed)
+    splits = assign_splits({p["location"] for p in pairs if p["status"] == "accepted"}, ctx.fractions, job.seed)
     _check_split_conflicts(splits, recorded, out)
     work = []
     for p in pairs:
@@ -274,20 +330,22 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
             p["reason"] = f"footprint intersection is smaller than one {job.slice_size} px slice"
             continue
         work.append((p, pre, post, splits[p["location"]]))
-    finished = _finished(work, job, reg, keys)
+    finished = _finished(work, job, ctx.reg, keys)
     n_todo = sum(1 for _ in _iter_slices(work, job, finished))
-    write_table_shard(out, "pairs", changed_rows(out, "pairs", pairs, schemas["pairs"]),
-                      schemas["pairs"], run_id)
-    n_acc = sum(p["status"] == "accepted" for p in pairs)
-    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} new candidate pair(s), "
-          f"{n_acc} accepted; {n_todo} slice(s) to register, {len(finished)} finished earlier; "
-          f"{len(errors)} error(s) so far", flush=True)
+    write_table_shard(out, "pairs", changed_rows(out, "pairs", pairs, ctx.schemas["pairs"]),
+                      ctx.schemas["pairs"], ctx.run_id)
+    return work, finished, n_todo
 
-    # 3-5. Slices -> registration -> tables, streamed: rows are persisted as slices finish.
-    writer = StreamingTableWriter(out, {"metadata": schemas["metadata"], "shifts": schemas["shifts"],
-                                        "errors": schemas["errors"]},
+
+def _register(ctx: _Run, work: list, finished: set[str], n_todo: int) -> dict[str, int]:
+    """3-5. Slices -> registration -> tables, streamed: rows are persisted as slices finish.
+    Returns the rows written per table."""
+    import ray.data
+    job, reg, out, run_id = ctx.job, ctx.reg, ctx.out, ctx.run_id
+    writer = StreamingTableWriter(out, {"metadata": ctx.schemas["metadata"], "shifts": ctx.schemas["shifts"],
+                                        "errors": ctx.schemas["errors"]},
                                   run_id, rows_per_shard=job.rows_per_shard,
-                                  constants={"reference_date": pairing.reference_date})
+                                  constants={"reference_date": ctx.pairing.reference_date})
     if n_todo:
         if reg.method == "regional":
             run_regional(_iter_slices(work, job, finished), reg, out.uri(), run_id, emit=writer.add,
@@ -300,27 +358,32 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
                                     "skip": frozenset(finished)})
             stream_dataset_to_tables(registration_stage(slices, reg, out.uri(), run_id), writer)
         writer.flush()
-    counts = dict(writer.counts)
-    del work
+    return dict(writer.counts)
 
-    # 6. Labels for accepted slices that do not have a merged map yet.
-    meta = read_table(out, "metadata", columns=["slice_id", "split", "status"])
-    accepted = []
-    if meta is not None:
-        resolve_errors(out, meta.column("slice_id").to_pylist(), run_id, stages=["registration"], job=JOB)
-        m = meta.to_pylist()
-        accepted = sorted({(r["slice_id"], r["split"]) for r in m if r["status"] == "accepted"})
-    if job.labels:
-        errors.extend(_merge_labels(job, reg, out, accepted, run_id, counts, schemas["labels"]))
 
-    # 7. Split lists from every accepted slice so far (idempotent).
+def _accepted_slices(ctx: _Run) -> list[tuple[str, str]]:
+    """``(slice_id, split)`` of every accepted slice in the output so far; closes the open
+    registration errors of slices that now have a row."""
+    meta = read_table(ctx.out, "metadata", columns=["slice_id", "split", "status"])
+    if meta is None:
+        return []
+    resolve_errors(ctx.out, meta.column("slice_id").to_pylist(), ctx.run_id, stages=["registration"], job=JOB)
+    m = meta.to_pylist()
+    return sorted({(r["slice_id"], r["split"]) for r in m if r["status"] == "accepted"})
+
+
+def _finish(ctx: _Run, accepted: list[tuple[str, str]], errors: list[dict], counts: dict,
+            skipped: int) -> dict:
+    """7. Split lists from every accepted slice so far (idempotent), this run's error rows, and
+    the run recorded as finished with its summary (returned)."""
+    out = ctx.out
     for split, names in list_files(accepted).items():
         out.write_bytes(f"list/{split}.txt", ("\n".join(names) + ("\n" if names else "")).encode())
 
-    write_table_shard(out, "errors", errors, schemas["errors"], run_id)
-    summary = _summary(out, run_id, counts, len(finished), time.time() - t0, pairing.reference_date)
-    write_table_shard(out, "runs", [{**run_row, "status": "finished", "finished": _now(),
-                                     "summary": json.dumps(summary)}], schemas["runs"], run_id)
+    write_table_shard(out, "errors", errors, ctx.schemas["errors"], ctx.run_id)
+    summary = _summary(out, ctx.run_id, counts, skipped, time.time() - ctx.t0, ctx.pairing.reference_date)
+    write_table_shard(out, "runs", [{**ctx.run_row, "status": "finished", "finished": _now(),
+                                     "summary": json.dumps(summary)}], ctx.schemas["runs"], ctx.run_id)
     return summary
 
 
