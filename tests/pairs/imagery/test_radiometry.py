@@ -1,0 +1,46 @@
+"""8-bit conversion: per-scene stretch and percentiles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import rasterio
+
+from operators.pairs.imagery.radiometry import band_percentiles, scene_stretch, to_uint8
+from tests.conftest import DATA
+
+
+def test_uint16_to_uint8_uses_scene_stretch():
+    data = np.array([[[100, 200, 300, 40000]]], dtype=np.uint16)
+    out = to_uint8(data, [[100, 300]])
+    assert out.shape == (1, 4, 1) and out.dtype == np.uint8
+    assert out[0, :, 0].tolist() == [0, 128, 255, 255]
+    valid = np.array([[True, True, False, True]])
+    assert to_uint8(data, [[100, 300]], valid)[0, 2, 0] == 0
+    # Percentiles ignore invalid (nodata) pixels.
+    d = np.zeros((1, 10, 10), np.uint16)
+    d[0, :, 5:] = np.arange(50).reshape(10, 5) + 1000
+    v = d[0] > 0
+    lo, hi = band_percentiles(d, v, (0, 100))[0]
+    assert (lo, hi) == (1000.0, 1049.0)
+
+
+def test_real_uint16_band_stretch_is_per_scene():
+    uri = str(DATA / "uint16" / "l8_B4.tif")
+    [[lo, hi]] = scene_stretch(uri)
+    with rasterio.open(uri) as src:
+        full = src.read(1)
+    assert np.percentile(full, 2) == pytest.approx(lo, rel=0.05)
+    assert np.percentile(full, 98) == pytest.approx(hi, rel=0.05)
+    wa, wb = full[:100, :100], full[300:400, 300:400]
+    a = to_uint8(wa[None], [[lo, hi]])[:, :, 0]
+    b = to_uint8(wb[None], [[lo, hi]])[:, :, 0]
+    assert a.dtype == b.dtype == np.uint8
+    # The scene's linear mapping, computed independently, in both windows.
+    for window, out in ((wa, a), (wb, b)):
+        expect = np.clip(np.rint(255 * (window.astype(float) - lo) / (hi - lo)), 0, 255)
+        assert np.abs(out.astype(int) - expect).max() <= 1
+    # Same value, same byte, wherever the slice is: a DN present in both windows.
+    shared = np.intersect1d(wa, wb)
+    assert shared.size
+    v = shared[len(shared) // 2]
+    assert set(a[wa == v].tolist()) == set(b[wb == v].tolist()) and len(set(a[wa == v].tolist())) == 1
