@@ -29,7 +29,7 @@ from benchmarks.registration_arosics import known_warp
 MIN_POINTS = 4
 
 
-def run_case(folder: Path, grid_res: int) -> dict:
+def run_case(folder: Path, grid_res: int, window: int = 256) -> dict:
     from arosics import COREG_LOCAL
     from scipy.interpolate import griddata
     spec = json.loads((folder / "slices.json").read_text())
@@ -37,7 +37,7 @@ def run_case(folder: Path, grid_res: int) -> dict:
     crop = spec["crop"]
     t0 = time.process_time()
     cr = COREG_LOCAL(str(folder / "pre.tif"), str(folder / "post.tif"), grid_res=grid_res,
-                     window_size=(256, 256), max_shift=int(spec["offset_px"]) + 50, q=True,
+                     window_size=(window, window), max_shift=int(spec["offset_px"]) + 50, q=True,
                      nodata=(0, 0), CPUs=1, ignore_errors=True)
     tbl = cr.CoRegPoints_table
     cpu = time.process_time() - t0
@@ -72,13 +72,14 @@ def run_case(folder: Path, grid_res: int) -> dict:
 
 def main(argv=None) -> None:
     args = list(argv if argv is not None else sys.argv[1:])
-    grid_res = 48
-    if "--grid-res" in args:
-        i = args.index("--grid-res")
-        grid_res = int(args[i + 1])
-        del args[i:i + 2]
+    opts = {"--grid-res": 48, "--window": 256}
+    for name in opts:
+        if name in args:
+            i = args.index(name)
+            opts[name] = int(args[i + 1])
+            del args[i:i + 2]
     work, names = Path(args[0]), set(args[1:])
-    results = [run_case(folder, grid_res)
+    results = [run_case(folder, opts["--grid-res"], opts["--window"])
                for folder in sorted(p for p in work.iterdir() if (p / "slices.json").exists())
                if not names or folder.name in names]
     n = sum(r["slices"] for r in results)

@@ -45,7 +45,21 @@ _ERRORS_COLUMNS = pa.schema([
 ])
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def _jsonable(value: Any) -> Any:
+    # Exact-type fast paths first: a slice record carries thousands of plain values (its
+    # screening windows), and the ABC checks below cost more than the JSON encoding.
+    t = type(value)
+    if t in _PLAIN:
+        return value
+    if t is float:
+        return None if value != value else value
+    if t is dict:
+        return {k: _jsonable(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, (np.integer,)):

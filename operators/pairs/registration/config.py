@@ -255,7 +255,7 @@ class RegistrationConfig:
         """Every setting under its flat name (the command line's), method and crop size first."""
         out = {"method": self.method, "crop_size": self.crop_size}
         for name in GROUPS:
-            out.update(dataclasses.asdict(getattr(self, name)))
+            out.update(_settings(getattr(self, name)))
         return out
 
     def screen_window(self) -> int:
@@ -271,8 +271,7 @@ class RegistrationConfig:
         Stored matches live under this key, so a resumed run with other settings recomputes
         them instead of silently reusing stale ones.
         """
-        doc = {**dataclasses.asdict(self.features), **dataclasses.asdict(self.matching),
-               **dataclasses.asdict(self.tiling),
+        doc = {**_settings(self.features), **_settings(self.matching), **_settings(self.tiling),
                "max_scale_change": self.max_scale_change, "max_anisotropy": self.max_anisotropy}
         text = json.dumps(without_later_defaults(doc), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
@@ -284,6 +283,12 @@ class RegistrationConfig:
         for part in GROUPS.values():
             out.update({f.name: f.metadata.get("help", "") for f in fields(part)})
         return out
+
+
+def _settings(group) -> dict[str, Any]:
+    """A settings group's fields by name (its values are scalars and tuples: no deep copy, which
+    ``dataclasses.asdict`` makes at a cost paid per slice)."""
+    return {f.name: getattr(group, f.name) for f in fields(group)}
 
 
 GROUPS: dict[str, type] = {f.name: f.default_factory for f in fields(RegistrationConfig)

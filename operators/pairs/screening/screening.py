@@ -11,9 +11,9 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   displaced by tens of pixels is found rather than just failing to correlate. A peak is trusted
   when its correlation reaches ``screen_min_ncc`` and it stands out from the rest of the search area.
 * ``residual_px`` is the largest displacement anywhere in the crop: the largest trusted window
-  displacement, and the displacement at the crop's four corners extrapolated from an affine field
-  fitted to the windows (window centres sit half a window inside the corners, where a rotation's
-  error is largest).
+  displacement, and the displacement at the crop's four corners extrapolated from affine and
+  bilinear fields fitted to the windows (window centres sit half a window inside the corners,
+  where a rotation's error is largest).
 * Only displacements a neighbouring window agrees with count (one window alone may have latched
   onto a repeated texture or a change); that is what "confidently measured" means below. A
   displacement above ``max_residual_px`` must be shared by a connected group of at least
@@ -134,53 +134,49 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     return (sx0 + fx - x0, sy0 + fy - y0, float(peak)), False
 
 
-def affine_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
-    """(3, 2) least-squares affine displacement field d(x, y) = [1, x, y] @ A over the windows,
-    refitted once without windows more than 2 px off; None with fewer than 6 windows."""
-    if len(shifts) < 6:
+def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
+    """Design matrix of a displacement field over the crop: [1, x, y] (affine), plus x*y
+    (bilinear); coordinates centred and scaled by the crop side, so the fit is well conditioned."""
+    x, y = xy[:, 0] / w - 0.5, xy[:, 1] / h - 0.5
+    cols = [np.ones_like(x), x, y] + ([x * y] if bilinear else [])
+    return np.stack(cols, axis=1)
+
+
+def field_fit(shifts: list[WindowShift], w: int, h: int,
+              bilinear: bool = False) -> Optional[np.ndarray]:
+    """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
+    bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
+    with fewer than twice as many agreeing windows as terms, or when they span no plane."""
+    k = 4 if bilinear else 3
+    if len(shifts) < 2 * k:
         return None
-    X = np.array([[1.0, s.x, s.y] for s in shifts])
+    X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, bilinear)
     D = np.array([[s.dx, s.dy] for s in shifts])
     keep = np.ones(len(shifts), bool)
-    for _ in range(2):
-        if keep.sum() < 6:
+    for _ in range(3):
+        if keep.sum() < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
             return None
         A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
         keep = np.hypot(*(X @ A - D).T) <= AGREE_PX
-    if keep.sum() < 6 or np.linalg.matrix_rank(X[keep]) < 3:
+    if keep.sum() < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
         return None
     A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
     return A
 
-def projective_field(shifts: list[WindowShift]) -> Optional[np.ndarray]:
-    """3x3 homography from window centres to where their content sits in the post crop (RANSAC
-    within ``AGREE_PX``); None with fewer than 8 windows or too few agreeing."""
-    if len(shifts) < 8:
-        return None
-    src = np.array([[s.x, s.y] for s in shifts], np.float64)
-    dst = src + np.array([[s.dx, s.dy] for s in shifts])
-    cv2.setRNGSeed(0)  # RANSAC sampling: same windows, same verdict
-    H, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2), cv2.RANSAC, AGREE_PX)
-    if H is None or inl is None or inl.sum() < 8 or not np.all(np.isfinite(H)):
-        return None
-    return H
-
 
 def corner_residual(shifts: list[WindowShift], w: int, h: int) -> float:
     """Largest displacement at the crop's outer corners extrapolated from the windows: the larger
-    of an affine and a projective field (a fit wrong by a homography moves one corner most; an
-    affine field spreads that over the crop and underestimates it)."""
+    of an affine and a bilinear field. A fit wrong by a homography moves one corner most, which an
+    affine field spreads over the crop and underestimates; the bilinear term (x*y) follows it. A
+    projective field fitted to the windows follows it too but extrapolates unstably: its
+    perspective terms, poorly constrained by windows 2 px noisy over one crop, put corners of
+    well registered crops tens of pixels off."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
     out = 0.0
-    A = affine_field(shifts)
-    if A is not None:
-        out = float(np.hypot(*(np.hstack([np.ones((4, 1)), xy]) @ A).T).max())
-    H = projective_field(shifts)
-    if H is not None:
-        moved = cv2.perspectiveTransform(xy.reshape(-1, 1, 2), H).reshape(-1, 2)
-        d = np.hypot(*(moved - xy).T)
-        if np.all(np.isfinite(d)):
-            out = max(out, float(d.max()))
+    for bilinear in (False, True):
+        A = field_fit(shifts, w, h, bilinear)
+        if A is not None:
+            out = max(out, float(np.hypot(*(_field_terms(xy, w, h, bilinear) @ A).T).max()))
     return out
 
 
@@ -192,21 +188,22 @@ def supported(shifts: list[WindowShift]) -> list[WindowShift]:
     neighbours share half its pixels, so they would agree for the same reason); a region of the
     crop moving as a whole shows in independent windows alike.
     """
-    by_pos = {(s.row, s.col): s for s in shifts}
-    out = []
-    for s in shifts:
-        for dr in (-2, -1, 0, 1, 2):
-            for dc in (-2, -1, 0, 1, 2):
-                if max(abs(dr), abs(dc)) != 2:
-                    continue
-                t = by_pos.get((s.row + dr, s.col + dc))
-                if t is not None and t is not s and np.hypot(t.dx - s.dx, t.dy - s.dy) <= AGREE_PX:
-                    out.append(s)
-                    break
-            else:
-                continue
-            break
-    return out
+    if not shifts:
+        return []
+    rows = np.array([s.row for s in shifts]) + 2
+    cols = np.array([s.col for s in shifts]) + 2
+    # The window grid with a 2-window margin of NaN, so every neighbour lookup stays inside it.
+    grid = np.full((rows.max() + 3, cols.max() + 3, 2), np.nan)
+    d = np.array([[s.dx, s.dy] for s in shifts])
+    grid[rows, cols] = d
+    ok = np.zeros(len(shifts), bool)
+    for dr in (-2, -1, 0, 1, 2):
+        for dc in (-2, -1, 0, 1, 2):
+            if max(abs(dr), abs(dc)) == 2:
+                other = grid[rows + dr, cols + dc]
+                with np.errstate(invalid="ignore"):
+                    ok |= np.hypot(*(other - d).T) <= AGREE_PX     # NaN (no window): False
+    return [s for s, keep in zip(shifts, ok) if keep]
 
 
 def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int],

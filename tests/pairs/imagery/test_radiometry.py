@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import rasterio
 
-from operators.pairs.imagery.radiometry import band_percentiles, scene_stretch, to_uint8
+from operators.pairs.imagery.radiometry import (band_percentiles, percentiles_of, scene_stretch,
+                                               to_uint8)
 from tests.conftest import DATA
 
 
@@ -44,3 +45,19 @@ def test_real_uint16_band_stretch_is_per_scene():
     assert shared.size
     v = shared[len(shared) // 2]
     assert set(a[wa == v].tolist()) == set(b[wb == v].tolist()) and len(set(a[wa == v].tolist())) == 1
+
+
+def test_histogram_percentiles_equal_numpys():
+    """The 8/16-bit histogram path gives np.percentile's linear interpolation exactly (ranks
+    between two values, one value, a tail of equal values); other types go to numpy itself."""
+    rng = np.random.default_rng(0)
+    q = [0, 1, 2, 37.5, 50, 98, 99, 100]
+    for dtype, top in ((np.uint8, 256), (np.uint16, 65536), (np.uint16, 40)):
+        for n in (1, 2, 7, 1000, 20000):
+            v = rng.integers(0, top, n).astype(dtype)
+            np.testing.assert_allclose(percentiles_of(v, q), np.percentile(v.astype(float), q),
+                                       rtol=0, atol=1e-9)
+    tail = np.array([3] + [200] * 50, np.uint8)
+    np.testing.assert_allclose(percentiles_of(tail, q), np.percentile(tail.astype(float), q))
+    f = rng.random(500).astype(np.float32)
+    np.testing.assert_allclose(percentiles_of(f, q), np.percentile(f.astype(float), q))

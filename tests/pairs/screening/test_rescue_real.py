@@ -16,25 +16,14 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.registration_real import Case, dense_errors, slice_rows_for, write_case
-from operators.pairs.regional.regional_ops import (plan_tiles, register_slice_regional,
-                                                   tile_passes_in_process)
-from operators.pairs.registration.registration import RegistrationConfig
-from tests.conftest import DATA
-CASE = Case("naip-wave", "naip/m_4709963_se_14_1_20160816.tif",
-            "naip/m_4709963_se_14_1_20200831.tif", (1, 2, 3), 384, 96, (62.0, -41.0), 0.35,
-            1.003, True, wave_px=24.0, wave_len_px=1600.0)
-CROP = 130
+from benchmarks.registration_real import dense_errors
+from operators.pairs.regional.regional_ops import register_slice_regional
+from tests.pairs.screening._naip_cases import WAVE, WAVE_CROP as CROP, registered
 
 
 @pytest.mark.slow
 def test_real_pair_with_a_smooth_residual_is_rescued_within_the_limit(tmp_path):
-    paths, warp, profile, pre_valid, post_valid = write_case(CASE, DATA, tmp_path / "case")
-    rows = slice_rows_for(CASE, paths, profile, pre_valid, post_valid, CROP, None, warp)
-    cfg = RegistrationConfig(crop_size=CROP, tile_size=256, search_margin_px=91,
-                             max_shift_px=300.0, tile_block=2)
-    out = str(tmp_path / "out")
-    tile_passes_in_process(plan_tiles(rows, cfg), cfg, out)
+    rows, cfg, out, warp = registered(WAVE, CROP, tmp_path)
     rescued = []
     for row in rows:
         recs = {rescue: json.loads(register_slice_regional(row, replace(cfg, rescue=rescue), out,

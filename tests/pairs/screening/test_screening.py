@@ -9,7 +9,7 @@ import pytest
 
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
 from operators.pairs.screening.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
-                                                 window_starts)
+                                                 supported, window_starts)
 from tests.pairs.registration.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
@@ -134,8 +134,9 @@ def corner_homography(corner: int, px: float) -> np.ndarray:
 
 def test_projective_error_at_one_corner_is_rejected(scene):
     """A fit wrong by a homography that moves one corner 10 px and the others not at all: the
-    affine field fitted to the windows spreads that over the crop and put the corner at 7.7 px
-    (accepted before the projective extrapolation); no window centre is over 8 px."""
+    affine field fitted to the windows spreads that over the crop and puts the corner at 7.7 px
+    (accepted on the affine field alone); the bilinear field follows it. No window centre is over
+    8 px."""
     r = screen(pre_of(scene), post_from(scene, translation(X0, Y0) @ corner_homography(0, 10.0)))
     assert max(np.hypot(s.dx, s.dy) for s in r.shifts) < 8.0
     assert r.reject_reason is not None and "corner" in r.reject_reason
@@ -177,3 +178,14 @@ def test_low_texture_crop_with_a_scale_error_is_not_accepted_on_a_few_windows():
     r = screen_alignment(pre, post, np.ones((c, c), bool), RegistrationConfig(crop_size=c))
     assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
     assert 0 < r.n_confident < 6
+
+
+def test_a_window_counts_when_a_non_overlapping_neighbour_agrees():
+    """Support comes from a window two grid steps away (no shared pixels) agreeing within 2 px:
+    not from an overlapping neighbour, one step away, nor from a disagreeing one."""
+    far_pair = [shift(0, 0, 1.0), shift(2, 1, 2.5, 0.5)]          # Chebyshev 2, 1.6 px apart
+    near_pair = [shift(5, 5, 1.0), shift(6, 6, 1.0)]               # overlapping windows
+    disagree = [shift(9, 0, 1.0), shift(9, 2, 3.5)]                # 2.5 px apart
+    kept = supported(far_pair + near_pair + disagree)
+    assert kept == far_pair
+    assert supported([]) == []
