@@ -44,10 +44,14 @@ def percentiles_of(values: np.ndarray, percentiles: Sequence[float]) -> np.ndarr
 
 def band_percentiles(data: np.ndarray, valid: np.ndarray | None,
                      percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[list[float]]:
-    """[[lo, hi], ...] per band of a (bands, H, W) array, over valid pixels only."""
+    """[[lo, hi], ...] per band of a (bands, H, W) array, over valid pixels only (non-finite
+    values of a float band are never data, whatever the mask says: a float scene without a
+    nodata tag marks its gaps with NaN)."""
     out = []
     for band in data:
         values = band[valid] if valid is not None else band.ravel()
+        if np.issubdtype(values.dtype, np.floating):
+            values = values[np.isfinite(values)]
         if values.size == 0:
             out.append([0.0, 1.0])
             continue

@@ -61,3 +61,16 @@ def test_histogram_percentiles_equal_numpys():
     np.testing.assert_allclose(percentiles_of(tail, q), np.percentile(tail.astype(float), q))
     f = rng.random(500).astype(np.float32)
     np.testing.assert_allclose(percentiles_of(f, q), np.percentile(f.astype(float), q))
+
+
+def test_float_scene_without_nodata_tag_stretches_over_its_finite_pixels(tmp_path):
+    """A float32 GeoTIFF with no nodata tag whose gaps are NaN (GDAL's dataset mask calls every
+    pixel valid): the stretch comes from the finite pixels, never NaN."""
+    data = np.full((1, 40, 40), np.nan, np.float32)
+    data[0, :, 20:] = np.linspace(0.1, 0.5, 800, dtype=np.float32).reshape(40, 20)
+    path = tmp_path / "gaps.tif"
+    with rasterio.open(path, "w", driver="GTiff", width=40, height=40, count=1,
+                       dtype="float32") as dst:
+        dst.write(data)
+    [[lo, hi]] = scene_stretch(str(path), percentiles=(0, 100))
+    assert (lo, hi) == pytest.approx((0.1, 0.5))
