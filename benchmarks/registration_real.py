@@ -46,7 +46,7 @@ crops (accepted after a second, independent screening) are ``rescued=``, with th
 
 Prints a table per case (``reject reasons`` of admitted crops) and ends with
 
-    real_accept_rate=<regional> per_slice_real_accept_rate=<per-slice> cloud_rejected=<crops over the cloud limit> real_median_error_px=<regional> false_accepts=<both, spoiled fits and the diagnostic case included> speedup=<per-slice CPU s / regional CPU s> rescued=<crops accepted after a rescue> arosics_accept_rate=<AROSICS COREG, with --arosics-python> arosics_median_error_px=
+    real_accept_rate=<regional> per_slice_real_accept_rate=<per-slice> cloud_rejected=<crops over the cloud limit> real_median_error_px=<regional> false_accepts=<both, spoiled fits and the diagnostic case included> speedup=<per-slice CPU s / regional CPU s: the median over --repeat side-by-side runs> rescued=<crops accepted after a rescue> arosics_accept_rate=<AROSICS COREG, with --arosics-python> arosics_median_error_px=
 
 Development and threshold choices used the Zagreb 08-13/08-10/08-15 dates, the synthetic scenes of
 the tests and NAIP 2016/2020 crops (screening's correlation threshold); the Landsat pair and the
@@ -419,6 +419,11 @@ def main(argv=None) -> None:
                    help="skip re-screening every regional fit with known errors laid on it")
     p.add_argument("--tile-block", type=int, default=2,
                    help="regional: feature tiles per side computed as one SIFT image")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of each method's stage per case, the methods alternating; CPU "
+                        "seconds per case are the median run's, speedup the median of the "
+                        "repeats' ratios (outcomes are the first run's: the stage is "
+                        "deterministic)")
     p.add_argument("--max-crop-cloud", type=float, default=0.3,
                    help="the pairs job's --max-crop-cloud for cases run with their SCL layer "
                         "(--cloud-mask scl)")
@@ -429,7 +434,8 @@ def main(argv=None) -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} (2 CPUs; timings under foreign load, "
           "CPU-second ratios are not)")
     start_ray(2)
-    totals = {m: {"slices": 0, "accepted": 0, "cpu": 0.0, "false": 0, "errs": []}
+    totals = {m: {"slices": 0, "accepted": 0, "cpu": 0.0, "false": 0, "errs": [],
+                  "cpu_runs": [0.0] * args.repeat}
               for m in ("regional", "per-slice")}
     clear = {"slices": 0, "accepted": 0}
     cloud_rejected = 0
@@ -464,11 +470,23 @@ def main(argv=None) -> None:
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
                                   tile_block=args.tile_block,
                                   max_shift_px=max(300.0, margin + 50.0))
-        for method in ("per-slice", "regional"):
+        # The methods alternate, repeat by repeat, so a drift in the machine's speed (a shared
+        # host) falls on both alike; the regional run comes last and leaves its matches for the
+        # spoiled-fit checks below.
+        all_runs: dict[str, list] = {"per-slice": [], "regional": []}
+        for _ in range(args.repeat):
+            for method in all_runs:
+                all_runs[method].append(run_stage(rows, replace(base, method=method),
+                                                  str(work / case.name / f"out-{method}")))
+        for method, runs in all_runs.items():
             cfg = replace(base, method=method)
-            _, recs, errs, tile_cpu = run_stage(rows, cfg, str(work / case.name / f"out-{method}"))
+            _, recs, errs, _ = runs[0]
+            outcome = lambda rr: sorted((r["slice_id"], r["status"]) for r in rr[1])  # noqa: E731
+            if any(outcome(run) != outcome(runs[0]) for run in runs[1:]):
+                print(f"warning: {case.name} {method}: repeats differ in outcome", flush=True)
             s = score(recs, errs, warp, crop, cloudy)
-            s["cpu"] += tile_cpu
+            run_cpu = [sum(r.get("cpu_seconds") or 0.0 for r in run[1]) + run[3] for run in runs]
+            s["cpu"] = float(np.median(run_cpu))
             t = totals[method]
             t["false"] += s["false"]
             acc = [r for r in recs if r["status"] == "accepted"]
@@ -476,6 +494,7 @@ def main(argv=None) -> None:
                 for k in ("slices", "accepted"):
                     t[k] += s[k]
                 t["cpu"] += s["cpu"]
+                t["cpu_runs"] = [a + b for a, b in zip(t["cpu_runs"], run_cpu)]
                 per = [dense_errors(r, warp, crop) for r in acc if r["slice_id"] not in cloudy]
                 t["errs"].extend(np.concatenate(per) if per else [])
             if method == "regional":
@@ -499,6 +518,9 @@ def main(argv=None) -> None:
                 print(f"{'':<30}{'spoiled':<11}accepted with a true error > 8 px: {a} of {b}; "
                       f"rescued to <= 8 px: {c}", flush=True)
     rg, ps = totals["regional"], totals["per-slice"]
+    ratios = [a / max(b, 1e-9) for a, b in zip(ps["cpu_runs"], rg["cpu_runs"])]
+    print("speedup of each repeat (per-slice CPU s / regional CPU s, side by side): "
+          + ", ".join(f"{r:.2f}" for r in ratios))
     rate = lambda t: t["accepted"] / t["slices"] if t["slices"] else float("nan")  # noqa: E731
     print(f"\nregional acceptance on cloud-free cases: {clear['accepted']}/{clear['slices']}"
           f" = {clear['accepted'] / max(clear['slices'], 1):.2f}")
@@ -542,7 +564,7 @@ def main(argv=None) -> None:
     print(f"real_accept_rate={rate(rg):.3f} per_slice_real_accept_rate={rate(ps):.3f} "
           f"cloud_rejected={cloud_rejected} "
           f"real_median_error_px={median:.3f} false_accepts={false} "
-          f"speedup={ps['cpu'] / max(rg['cpu'], 1e-9):.2f} rescued={rescued} "
+          f"speedup={float(np.median(ratios)):.2f} rescued={rescued} "
           f"{arosics}")
 
 
