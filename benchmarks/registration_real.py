@@ -362,6 +362,24 @@ def wrong_matches(matches, seed: int = 0):
     return TileMatches(matches.pre_xy, post, matches.distance)
 
 
+def spoiled_fit(good_fit, P):
+    """``fit_slice`` with a known error laid on each fit (``P``: a 3x3 matrix from
+    :func:`perturbations`), or refitted from :func:`wrong_matches` (``P == "wrong matches"``)."""
+    def fit(matches, window, cfg):
+        if isinstance(P, str):
+            return good_fit(wrong_matches(matches), window, cfg)
+        got = good_fit(matches, window, cfg)
+        if got.homography is None:
+            return got
+        return HomographyFit(P @ np.asarray(got.homography), got.n_matches, got.n_inliers)
+    return fit
+
+
+def outcome(records: list[dict]) -> list[tuple[str, str]]:
+    """(slice id, status) of every record, sorted: what a repeat of a stage run must reproduce."""
+    return sorted((r["slice_id"], r["status"]) for r in records)
+
+
 def perturbed_false_accepts(rows: list[dict], cfg: RegistrationConfig, out_root: str,
                             warp: KnownWarp, crop: int) -> tuple[int, int, int]:
     """Screening's side of the bargain: every slice's regional fit is spoiled by each of
@@ -375,14 +393,7 @@ def perturbed_false_accepts(rows: list[dict], cfg: RegistrationConfig, out_root:
     spoils = list(perturbations(int(rows[0]["window"][2]), crop).values()) + ["wrong matches"]
     try:
         for P in spoils:
-            def spoiled(matches, window, cfg_, P=P):
-                if isinstance(P, str):
-                    return good_fit(wrong_matches(matches), window, cfg_)
-                fit = good_fit(matches, window, cfg_)
-                if fit.homography is not None:
-                    fit = HomographyFit(P @ np.asarray(fit.homography), fit.n_matches, fit.n_inliers)
-                return fit
-            ops.fit_slice = spoiled
+            ops.fit_slice = spoiled_fit(good_fit, P)
             for row in rows:
                 env = ops.register_slice_regional(row, cfg, out_root, "perturbed")
                 rec = json.loads(env["_record"]) if env["_table"] == "metadata" else {}
@@ -481,8 +492,7 @@ def main(argv=None) -> None:
         for method, runs in all_runs.items():
             cfg = replace(base, method=method)
             _, recs, errs, _ = runs[0]
-            outcome = lambda rr: sorted((r["slice_id"], r["status"]) for r in rr[1])  # noqa: E731
-            if any(outcome(run) != outcome(runs[0]) for run in runs[1:]):
+            if any(outcome(run[1]) != outcome(recs) for run in runs[1:]):
                 print(f"warning: {case.name} {method}: repeats differ in outcome", flush=True)
             s = score(recs, errs, warp, crop, cloudy)
             run_cpu = [sum(r.get("cpu_seconds") or 0.0 for r in run[1]) + run[3] for run in runs]

@@ -196,9 +196,11 @@ def sample_step(px: np.ndarray, py: np.ndarray) -> float:
     """Median distance, in source pixels, between the positions of neighbouring target pixels
     (> 1: the source is finer than the target grid)."""
     # Every 4th line across the step's direction: the mapping is smooth, the median the same.
-    steps = [np.hypot(np.diff(x, axis=a), np.diff(y, axis=a)) for a in (0, 1)
-             if px.shape[a] > 1
-             for x, y in [(px[:, ::4], py[:, ::4]) if a == 0 else (px[::4], py[::4])]]
+    steps = []
+    if px.shape[0] > 1:
+        steps.append(np.hypot(np.diff(px[:, ::4], axis=0), np.diff(py[:, ::4], axis=0)))
+    if px.shape[1] > 1:
+        steps.append(np.hypot(np.diff(px[::4], axis=1), np.diff(py[::4], axis=1)))
     vals = [float(np.nanmedian(s)) for s in steps if np.isfinite(s).any()]
     return max(vals) if vals else 1.0
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 import operators.pairs.regional.regional_ops as regional_ops
-from benchmarks.registration_real import dense_errors, perturbations
+from benchmarks.registration_real import dense_errors, perturbations, spoiled_fit
 from operators.pairs.regional.regional_ops import register_slice_regional
-from operators.pairs.registration.registration import HomographyFit
 from tests.pairs.screening._naip_cases import NAIP, NAIP_CROP, WAVE, WAVE_CROP, registered
 
 LIMIT = 8.0
@@ -32,12 +30,7 @@ def test_spoiled_fits_are_never_accepted(tmp_path, monkeypatch):
     good_fit = regional_ops.fit_slice
     bad, accepted = [], 0
     for name, P in perturbations(384, WAVE_CROP).items():
-        def spoiled(matches, window, cfg_, P=P):
-            fit = good_fit(matches, window, cfg_)
-            if fit.homography is None:
-                return fit
-            return HomographyFit(P @ np.asarray(fit.homography), fit.n_matches, fit.n_inliers)
-        monkeypatch.setattr(regional_ops, "fit_slice", spoiled)
+        monkeypatch.setattr(regional_ops, "fit_slice", spoiled_fit(good_fit, P))
         for row in rows:
             rec = json.loads(register_slice_regional(row, cfg, out, "t")["_record"])
             if rec["status"] != "accepted":
