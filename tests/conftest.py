@@ -123,8 +123,10 @@ def ray_session(s3_endpoint):
     """One local Ray for the whole session (2 CPUs), started after the S3 endpoint exists."""
     import ray
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ctx = ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-                   log_to_driver=False, configure_logging=False)
+    from operators.io.cli import RAY_SYSTEM_CONFIG
+    # address="local" (never a leftover cluster) and the jobs' own system config (what users run).
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+                   log_to_driver=False, configure_logging=False, _system_config=RAY_SYSTEM_CONFIG)
     import ray.data
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ctx

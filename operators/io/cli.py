@@ -251,4 +251,6 @@ def init_ray(num_cpus: int | None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, _system_config=RAY_SYSTEM_CONFIG)
+        # address="local": never attach to a cluster some other process left running on this machine.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
+                 _system_config=RAY_SYSTEM_CONFIG)
