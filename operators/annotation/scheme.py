@@ -61,3 +61,54 @@ def labeling_config(classes: list[ChangeClass]) -> str:
     return ('<View>\n  <Header value="$title"/>\n'
             '  <Text name="instructions" value="$instructions"/>\n'
             '  <View style="display: flex; gap: 12px">\n    ' + "\n    ".join(panes) + "\n  </View>\n</View>\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The scheme travels with the dataset: export writes it, ingest, captions, the report and publish read it,
+# so a mask folder is always named by its class, never assumed from its position.
+# ---------------------------------------------------------------------------------------------------
+SCHEME_FILE = "label_classes.json"
+SCHEME_VERSION = 1
+
+
+def scheme_document(classes: list[ChangeClass]) -> dict:
+    """The ``label_classes.json`` document: classes in order, the image each is drawn on, its folder,
+    and the folder holding their union (``label/``)."""
+    return {"version": SCHEME_VERSION, "union": "label",
+            "classes": [{"name": c.name, "image": c.image, "folder": c.folder} for c in classes]}
+
+
+def classes_from_document(doc: dict) -> list[ChangeClass]:
+    """Classes from a ``label_classes.json`` document; ValueError on a malformed one."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("classes"), list) or not doc["classes"]:
+        raise ValueError(f"{SCHEME_FILE}: expected an object with a non-empty 'classes' list")
+    out: list[ChangeClass] = []
+    for i, entry in enumerate(doc["classes"]):
+        try:
+            name, image, folder = str(entry["name"]), str(entry["image"]), str(entry["folder"])
+        except (KeyError, TypeError):
+            raise ValueError(f"{SCHEME_FILE}: class {i + 1} needs 'name', 'image' and 'folder'") from None
+        if image not in IMAGES:
+            raise ValueError(f"{SCHEME_FILE}: class {name!r} is drawn on {image!r}, expected pre or post")
+        out.append(ChangeClass(name, image, folder, COLOURS[i % len(COLOURS)]))
+    if len({c.name for c in out}) != len(out) or len({c.folder for c in out}) != len(out):
+        raise ValueError(f"{SCHEME_FILE}: class names and folders must be unique")
+    return out
+
+
+def write_scheme(store, classes: list[ChangeClass]) -> None:
+    """Write ``label_classes.json`` at the root of ``store`` (an :class:`operators.io.storage.Store`)."""
+    import json
+    store.write_bytes(SCHEME_FILE, (json.dumps(scheme_document(classes), indent=2) + "\n").encode())
+
+
+def read_scheme(store) -> list[ChangeClass] | None:
+    """The dataset's class scheme from ``label_classes.json``, or None when the dataset has none."""
+    import json
+    if not store.exists(SCHEME_FILE):
+        return None
+    try:
+        doc = json.loads(store.read_bytes(SCHEME_FILE))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{SCHEME_FILE}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return classes_from_document(doc)
