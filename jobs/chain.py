@@ -1,6 +1,6 @@
 """The chain: the jobs in order on one output root, each reading the previous one's output, from one file.
 
-    python -m jobs.chain --config chain.yaml [--from-step caption] [--dry-run]
+    python -m jobs.chain --config chain.yaml [--from-step caption] [--dry-run] [--partial]
 
 ``chain.yaml``::
 
@@ -12,17 +12,19 @@
       - caption: {model: gpt-4o-mini}
       - qa: {model: gpt-4o-mini}
       - validate: {}
-      - review export: {sample: 50}
       - report: {}
-      - score change: {}
+      - publish: {name: demo, version: 1.0.0, licence: CC0-1.0}
 
 A step is a job of ``changeforge`` (with its command where it has one) and its options, named as on
-its command line. Inputs and outputs a step does not name are wired on the root: ``pairs/``,
-``annotate/``, ``captions/``, ``qa/``, ``validate/``, ``review/``, ``report/``, ``score/`` (see
-:data:`WIRING`). Every step's options are checked against its parser before anything runs. Each step
-runs as its own process; ``<root>/chain_state.json`` records the finished ones with their command
-lines, so a rerun skips them and resumes at the first step that failed, did not run or changed (and
-runs every step after a changed one again, as their inputs changed). The jobs resume inside a step.
+its command line (``no-x: true`` is ``--no-x``). Inputs and outputs a step does not name are wired on
+the root (see :data:`WIRING`). Before anything runs, every step's options are checked against its
+parser, and an option a step requires that is neither given nor wired, or an optional part it needs
+that is not installed, is named (``--dry-run`` lists them all). Each step runs as its own process;
+``<root>/chain_state.json`` records the finished ones with their command lines and, for the human
+steps (annotate ingest, review ingest), a fingerprint of their input (operators.chain.people). A rerun
+skips a finished step whose command line and input are unchanged, and runs every step after one that
+ran again. After annotate ingest the chain reads the dataset's ``annotation_summary.json``: while pairs
+are undecided it stops with exit status 3 ("waiting for annotators"), unless ``--partial``.
 """
 from __future__ import annotations
 
@@ -39,29 +41,49 @@ import logging
 import subprocess
 import time
 
+from operators.chain import needs, people, plan
+from operators.chain import options as options_
 from operators.io import cli
 from operators.io.storage import Store
 
 log = logging.getLogger("changeforge.chain")
 STATE_FILE = "chain_state.json"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAITING = 3   # exit status: the chain stopped at a human step whose people have not decided every pair
 
 
-def _prelabel_folder(root: Store, earlier: list[str]) -> str:
+def _prelabel_folder(root: Store, earlier: list) -> str:
     """The proposal masks annotate export wrote (``annotate/prelabels/<method>/``), for score change."""
     methods = sorted({rel.split("/")[2] for rel in root.list("annotate/prelabels", suffixes=(".png",))
                       if rel.count("/") >= 3})
     return root.uri(f"annotate/prelabels/{methods[0]}") if methods else root.uri("annotate/prelabels")
 
 
-def _report_inputs(root: Store, earlier: list[str]) -> list[str]:
+def _outputs(earlier: list) -> set[str]:
+    return {WIRING[s]["output"] for s, _ in earlier if isinstance(WIRING.get(s, {}).get("output"), str)}
+
+
+def _report_inputs(root: Store, earlier: list) -> list[str]:
     """The outputs of the chain's earlier pairs, caption, QA and review steps."""
-    made = {WIRING[s]["output"] for s in earlier if isinstance(WIRING.get(s, {}).get("output"), str)}
+    made = _outputs(earlier)
     return [root.uri(d) for d in ("pairs", "captions", "qa", "review") if d in made]
 
 
-# step -> {option: value on the root}; a callable (root, earlier step names) is evaluated when the step
-# is about to run.
+def _dataset(root: Store, earlier: list) -> str:
+    """The chain's dataset: what its earlier annotate or caption step names as input, else ``<root>/pairs``."""
+    for step, options in earlier:
+        if step in ("annotate export", "annotate ingest", "caption") and options.get("input"):
+            return str(options["input"])
+    return root.uri("pairs")
+
+
+def _made(rel: str, by: str):
+    """``<root>/<rel>`` when an earlier step wrote the output folder ``by``, else not wired."""
+    return lambda root, earlier: root.uri(rel) if by in _outputs(earlier) else None
+
+
+# step -> {option: value on the root}; a callable (root, [(earlier step, its options)]) is evaluated when
+# the step is about to run, and wires nothing when it returns None.
 WIRING = {
     "pairs": {"output": "pairs"},
     "annotate export": {"input": "pairs", "output": "annotate"},
@@ -73,8 +95,10 @@ WIRING = {
     "review ingest": {"output": "review"},
     "report": {"input": _report_inputs, "output": "report"},
     "score change": {"pred": _prelabel_folder, "masks": "pairs/label", "output": "score"},
-    "score captions": {"output": "score-captions"},
-    "score qa": {"output": "score-qa"},
+    "score captions": {"refs": _made("captions/LevirCCcaptions.json", "captions"), "output": "score-captions"},
+    "score qa": {"refs": _made("qa/VQA.json", "qa"), "output": "score-qa"},
+    "publish": {"input": _dataset, "captions": _made("captions", "captions"), "qa": _made("qa", "qa"),
+                "review": _made("review", "review"), "output": "releases"},
 }
 
 
@@ -91,6 +115,8 @@ def load_chain(path: str) -> tuple[str, list[tuple[str, dict]]]:
         if not isinstance(step, dict) or len(step) != 1:
             raise SystemExit(f"{path}: step {i + 1} must be one '<job> [command]: {{options}}' entry")
         (name, options), = step.items()
+        if options is not None and not isinstance(options, dict):
+            raise SystemExit(f"{path}: step {i + 1} ({name}): options must be a mapping, not {options!r}")
         out.append((" ".join(str(name).split()), dict(options or {})))
     return str(root), out
 
@@ -115,24 +141,50 @@ def _commands(parser) -> list[str]:
     return list(sub.choices) if sub else []
 
 
-def step_argv(root: Store, step: str, options: dict, earlier: list[str] = ()) -> list[str]:
-    """The step's command line: its options, and the wiring for those it does not give (``earlier``:
-    the names of the chain's steps before it)."""
+def step_values(root: Store, step: str, options: dict, earlier: list = ()) -> tuple[str, list[str], argparse.ArgumentParser, dict]:
+    """(module, command, parser, {option: value}) of a step: its options, booleans as written, and the
+    wiring for those it does not give (``earlier``: the chain's steps before it, with their options)."""
     module, command, parser = _parser_for(step)
-    given = {str(k).lstrip("-").replace("_", "-") for k in options}
-    values = dict(options)
+    values = options_.normalise_booleans(parser, options, f"step {step!r}")
+    given = {str(k).lstrip("-").replace("_", "-") for k in values}
     for key, default in WIRING.get(step, {}).items():
         if key.replace("_", "-") not in given:
-            values[key] = default(root, list(earlier)) if callable(default) else root.uri(default)
+            value = default(root, list(earlier)) if callable(default) else root.uri(default)
+            if value is not None:
+                values[key] = value
+    return module, command, parser, {str(k).lstrip("-").replace("_", "-"): v for k, v in values.items()}
+
+
+def step_argv(root: Store, step: str, options: dict, earlier: list = ()) -> list[str]:
+    """The step's command line (see :func:`step_values`)."""
+    module, command, parser, values = step_values(root, step, options, earlier)
+    return ["-m", module, *command, *_tokens(parser, step, values)]
+
+
+def _tokens(parser, step: str, values: dict) -> list[str]:
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
     tokens = []
     for key, value in values.items():
-        action = by_flag.get("--" + str(key).lstrip("-").replace("_", "-"))
+        action = by_flag.get("--" + key)
         if action is not None and action.nargs in ("+", "*") and isinstance(value, (list, tuple)):
             tokens += [action.option_strings[0], *map(str, value)]
         else:
             tokens += cli._option_tokens(parser, {key: value}, f"step {step!r}")
-    return ["-m", module, *command, *tokens]
+    return tokens
+
+
+def check(root: Store, steps: list[tuple[str, dict]]) -> list[str]:
+    """Every problem found before anything runs, one line each: a required option neither given nor wired,
+    an optional part (extra, Label Studio SDK) a step needs but is not installed. Unknown options and bad
+    values stop at once (the step's parser says which)."""
+    problems = []
+    for i, (step, options) in enumerate(steps):
+        module, command, parser, values = step_values(root, step, options, steps[:i])
+        for flag in options_.missing_required(parser, _tokens(parser, step, values)):
+            problems.append(f"step {i + 1} {step!r} needs {flag}: give it in the chain file "
+                            f"({step}: {{{flag[2:]}: ...}}); the chain does not wire it")
+        problems += [f"step {i + 1} {line[5:]}" for line in needs.missing(step, values)]
+    return problems
 
 
 def _load_state(root: Store) -> dict:
@@ -142,46 +194,85 @@ def _load_state(root: Store) -> dict:
         return {"steps": []}
 
 
-def run(config: str, from_step: str = "", dry_run: bool = False) -> dict:
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool = False) -> dict:
     root_uri, steps = load_chain(config)
     root = Store(root_uri)
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
         raise SystemExit(f"chain: --from-step {from_step!r} is not a step ({', '.join(names)})")
-    for i, (step, options) in enumerate(steps):       # every step's options checked before anything runs
-        step_argv(root, step, options, names[:i])
+    problems = check(root, steps)          # every step's options and needs, before anything runs
+    if problems and not dry_run:
+        raise SystemExit("chain: nothing ran; " + "; ".join(problems))
+    for line in problems:
+        print(f"[chain] dry run: {line}", flush=True)
     state = _load_state(root)
     done = {(s["index"], s["step"]): s for s in state["steps"] if s.get("status") == "finished"}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     record, stale, ran = [], False, []
+
+    def save() -> None:
+        root.write_bytes(STATE_FILE, json.dumps({"config": os.path.abspath(config), "steps": record}, indent=1).encode())
+
     for i, (step, options) in enumerate(steps):
         if step == from_step:
             stale = True
-        argv = step_argv(root, step, options, names[:i])   # read now: earlier steps' outputs exist
-        prev = done.get((i, step))
-        if prev and prev["argv"] == argv and not stale:
-            log.info("step %d %s: finished earlier (%s), skipped", i + 1, step, prev["finished"])
-            record.append(prev)
-            continue
-        stale = True   # everything after a step that runs again reads its new output
-        print(f"[chain] step {i + 1}/{len(steps)} {step}: python {' '.join(argv)}", flush=True)
-        if dry_run:
-            continue
-        entry = {"index": i, "step": step, "argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        proc = subprocess.run([sys.executable, *argv], env=env)
-        entry.update(returncode=proc.returncode, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     status="finished" if proc.returncode == 0 else "failed")
-        record.append(entry)
-        ran.append(step)
-        root.write_bytes(STATE_FILE, json.dumps({"config": os.path.abspath(config), "steps": record}, indent=1).encode())
-        if proc.returncode != 0:
-            print(f"[chain] step {i + 1} {step} failed (exit {proc.returncode}); fix it and run the chain again: "
-                  "it resumes here", flush=True)
-            return {"ran": ran, "failed": step, "returncode": proc.returncode}
+        # read now: earlier steps' outputs exist
+        module, command, parser, values = step_values(root, step, options, steps[:i])
+        argv = ["-m", module, *command, *_tokens(parser, step, values)]
+        human = people.HUMAN_STEPS.get(step)
+        fp = None
+        if human and values.get(human) and not (dry_run and people.is_server(values[human])):
+            try:
+                fp = people.fingerprint(str(values[human]), values.get("project-id"))
+            except Exception as exc:  # noqa: BLE001 - the server's error, one line (never a key)
+                print(f"[chain] step {i + 1} {step}: cannot read its input {values[human]}: {exc}", flush=True)
+                return {"ran": ran, "failed": step, "returncode": 1}
+        go, why = plan.must_run(done.get((i, step)), argv, fp, stale)
+        if not go:
+            log.info("step %d %s: %s (%s), skipped", i + 1, step, why, done[(i, step)]["finished"])
+            record.append(done[(i, step)])
+        else:
+            stale = True   # everything after a step that runs again reads its new output
+            print(f"[chain] step {i + 1}/{len(steps)} {step} ({why}): python {' '.join(argv)}", flush=True)
+            if dry_run:
+                continue
+            entry = {"index": i, "step": step, "argv": argv, "started": _now(),
+                     **({"fingerprint": fp} if fp is not None else {})}
+            # Through the changeforge command: a missing extra is its one-line hint, not a traceback.
+            job = next(j for j, (m, _) in _jobs().items() if m == module)
+            proc = subprocess.run([sys.executable, "-m", "jobs.cli", job, *argv[2:]], env=env)
+            entry.update(returncode=proc.returncode, finished=_now(),
+                         status="finished" if proc.returncode == 0 else "failed")
+            record.append(entry)
+            ran.append(step)
+            save()
+            if proc.returncode != 0:
+                print(f"[chain] step {i + 1} {step} failed (exit {proc.returncode}); fix it and run the chain again: "
+                      "it resumes here", flush=True)
+                return {"ran": ran, "failed": step, "returncode": proc.returncode}
+        if step == "annotate ingest" and not dry_run:
+            p = people.progress(Store(str(values["input"])))
+            line = people.waiting_line(p) if p else None
+            if line and not partial:
+                save()
+                print(f"[chain] {line}; run the chain again when more work is exported (step {i + 1} re-runs "
+                      f"when its input changes), or with --partial to go on with the decided pairs", flush=True)
+                return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
+            if line:
+                print(f"[chain] {line}; --partial: the later steps run on the {p['decided']} decided pairs", flush=True)
     if not dry_run:
-        root.write_bytes(STATE_FILE, json.dumps({"config": os.path.abspath(config), "steps": record}, indent=1).encode())
+        save()
     return {"ran": ran, "failed": None, "returncode": 0}
+
+
+def _jobs() -> dict:
+    from jobs.cli import JOBS
+    return JOBS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,7 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--from-step", default="", help="run this step (a name as in the chain file) and every later one "
                                                     "again, even if finished")
     ap.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=False,
-                    help="print the steps' command lines without running them")
+                    help="print the steps that would run with their command lines, and every option a step "
+                         "needs but is not given, without running anything")
+    ap.add_argument("--partial", action=argparse.BooleanOptionalAction, default=False,
+                    help="go on past an annotate ingest whose pairs are not all decided: the later steps run "
+                         f"on the decided pairs (without it the chain stops there with exit status {WAITING})")
     return ap
 
 
@@ -201,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if cli.PROG:
         ap.prog = cli.PROG
     args = ap.parse_args(argv)
-    s = run(args.config, args.from_step, args.dry_run)
-    print(f"[chain] ran {len(s['ran'])} step(s)" + (f"; stopped at {s['failed']}" if s["failed"] else "; done"))
+    s = run(args.config, args.from_step, args.dry_run, args.partial)
+    end = f"; stopped at {s['failed']}" if s["failed"] else "; waiting" if s.get("waiting") else "; done"
+    print(f"[chain] ran {len(s['ran'])} step(s)" + end)
     return s["returncode"]
 
 

@@ -1,0 +1,73 @@
+"""The human steps of the chain: what their input is (an export file, or a Label Studio project) and a
+fingerprint of it, so a step re-runs when the people's work changed; and how far the people are, read
+from the dataset's ``annotation_summary.json`` after an ingest.
+
+A fingerprint is ``sha256:<hex>`` of a file's bytes, or for a Label Studio server
+``labelstudio:<tasks>/<annotations>/<latest updated_at>`` of the project (its tasks and annotations as
+exported through the Label Studio client, cancelled ones counted too: a skip is work done).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from operators.io.storage import Store, read_uri
+
+# step -> the option naming its human input (an export file or a server URL)
+HUMAN_STEPS = {"annotate ingest": "export", "review ingest": "export"}
+SUMMARY_FILE = "annotation_summary.json"
+
+
+def file_fingerprint(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def export_fingerprint(tasks: list[dict]) -> str:
+    """Counts and the latest ``updated_at`` of an exported project: any new, edited, skipped or deleted
+    annotation changes one of them."""
+    anns = [a for t in tasks for a in (t.get("annotations") or [])]
+    stamps = [str(x.get("updated_at") or x.get("created_at") or "") for x in [*tasks, *anns]]
+    latest = max(stamps, default="")
+    ids = hashlib.sha256(",".join(sorted(str(a.get("id")) for a in anns)).encode()).hexdigest()[:12]
+    return f"labelstudio:{len(tasks)}/{len(anns)}/{latest or '-'}/{ids}"
+
+
+def is_server(export: str) -> bool:
+    return str(export).startswith(("http://", "https://"))
+
+
+def fingerprint(export: str, project_id: int | None, studio_call=None) -> str:
+    """The fingerprint of a human step's input (see the module docstring). A missing file is
+    ``missing``: the step then runs (and fails, naming the file), as it did before any work arrived.
+    ``studio_call``: the Label Studio client's ``call`` (injected; imported when None)."""
+    if is_server(export):
+        if studio_call is None:
+            from operators.review.studio_client import call as studio_call
+        return export_fingerprint(studio_call("export_json", url=export, project_id=int(project_id or 0)))
+    try:
+        return file_fingerprint(read_uri(export))
+    except FileNotFoundError:
+        return "missing"
+
+
+def progress(dataset: Store) -> dict | None:
+    """``{"total", "decided", "by_status"}`` of the pairs from the dataset's ``annotation_summary.json``
+    (None when it has none or one without pair counts)."""
+    try:
+        doc = json.loads(dataset.read_bytes(SUMMARY_FILE)) if dataset.exists(SUMMARY_FILE) else None
+    except (OSError, ValueError):
+        return None
+    pairs = (doc or {}).get("pairs")
+    if not isinstance(pairs, dict) or not isinstance(pairs.get("total"), int) or not isinstance(pairs.get("decided"), int):
+        return None
+    return {"total": pairs["total"], "decided": pairs["decided"], "by_status": dict(pairs.get("by_status") or {})}
+
+
+def waiting_line(p: dict, who: str = "annotators") -> str | None:
+    """"waiting for annotators: 12 of 43 pairs decided (…)", or None when every pair is decided."""
+    if p["decided"] >= p["total"]:
+        return None
+    open_ = {k: v for k, v in p["by_status"].items() if v and k not in ("merged", "expert", "unusable")}
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in open_.items()]
+    detail = f" ({', '.join(parts)})" if parts else ""
+    return f"waiting for {who}: {p['decided']} of {p['total']} pairs decided{detail}"
