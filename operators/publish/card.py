@@ -99,7 +99,9 @@ def render(info: dict, tables: list[Table]) -> str:
             f"# {name} {version}", "",
             f"A bitemporal change-detection release of {sum(info['splits'].values())} image pairs "
             "(pre image, post image, change mask"
-            + (", new/demolished building maps" if info["has_two_maps"] else "")
+            + ((", one map per class: " + ", ".join(c.name for c in info["classes"].classes)) if info["has_two_maps"]
+               and info.get("classes") is not None and info["classes"].declared
+               else ", new/demolished building maps" if info["has_two_maps"] else "")
             + (", change captions" if info["has_captions"] else "") + (", question-answer pairs" if info["has_qa"] else "")
             + f"), published {info['date']} with changeforge.", "",
             "## Loading", "", "```python", "from datasets import load_dataset",
@@ -110,7 +112,12 @@ def render(info: dict, tables: list[Table]) -> str:
             "the folder layout open-cd, torchgeo and LEVIR-CD code read:", "",
             "```", "<split>/A/<id>.png      pre-change image (RGB)", "<split>/B/<id>.png      post-change image (RGB)",
             "<split>/label/<id>.png  change mask, single channel: 0 = no change, 255 = change"]
-    if info["has_two_maps"]:
+    classes = info.get("classes")
+    if info["has_two_maps"] and classes is not None and classes.declared:
+        body += [f"<split>/{c.folder}/<id>.png {classes.describe(c)}, 0/255" for c in classes.classes]
+        body += ["<split>/label_index/<id>.png  " + ", ".join(f"{v} = {n}" for v, n in classes.index_values().items())
+                 + " (a pixel in several maps takes the first; label_classes.json lists the classes in order)"]
+    elif info["has_two_maps"]:
         body += ["<split>/label1/<id>.png new buildings, 0/255", "<split>/label2/<id>.png demolished buildings, 0/255",
                  "<split>/label_index/<id>.png  0 = no change, 1 = new, 2 = demolished (a pixel in both maps is 1)"]
     body += [(f"<split>/captions.json   LEVIR-CC format" if info["has_captions"] else ""),
@@ -123,6 +130,14 @@ def render(info: dict, tables: list[Table]) -> str:
              "", "## Statistics", ""]
     body += [markdown_table(t) for t in tables]
     body += ["## How it was made", ""] + [f"- {r}" for r in info["recipes"]] + [""]
+    masks = info.get("masks") or {}
+    if masks:
+        body += ["### Change masks", ""] + [f"- {k}: {v}" for k, v in masks.items()] + [""]
+    people = info.get("excluded_by_people") or []
+    if people:
+        body += [f"Excluded by the annotators ({len(people)} pair(s), also in `excluded.json`):", ""]
+        body += [f"- {e['item']}: {e['message']}" for e in people[:50]]
+        body += ([f"- ... and {len(people) - 50} more (excluded.json)"] if len(people) > 50 else []) + [""]
     lang = info.get("language") or {}
     if lang:
         body += ["### Annotations", ""] + [f"- {k}: {v}" for k, v in lang.items()] + [""]

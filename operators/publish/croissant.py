@@ -32,7 +32,11 @@ def _field(rs: str, name: str, data_type: str, description: str, column: str | N
             "dataType": data_type, "source": source, **extra}
 
 
-def pairs_record_set(has_two_maps: bool) -> dict:
+def pairs_record_set(has_two_maps: bool, classes=None) -> dict:
+    """The ``pairs`` record set; per-class mask fields (named by the release's classes,
+    :class:`operators.publish.classes.ReleaseClasses`) when the maps are there."""
+    from operators.publish.classes import S2LOOKING, ReleaseClasses
+    classes = classes or ReleaseClasses(S2LOOKING, False)
     rs = "pairs"
     fields = [
         _field(rs, "id", "sc:Text", "pair id (file-name stem in the folder layout)"),
@@ -49,9 +53,13 @@ def pairs_record_set(has_two_maps: bool) -> dict:
         _field(rs, "post_date", "sc:Text", "acquisition date of the post image"),
         _field(rs, "sensor", "sc:Text", "platform of the source scenes, when known"),
     ]
+    if has_two_maps and classes.per_class and classes.declared:
+        for c in classes.classes:
+            fields.append(_field(rs, classes.column(c), "sc:ImageObject",
+                                 f"{classes.describe(c)}: 0 = none, 255 = marked ({c.folder}/)", json_path="bytes"))
     if has_two_maps:
-        fields += [_field(rs, "mask_index", "sc:ImageObject", "index mask 0 = no change, 1 = new building, "
-                          "2 = demolished building", json_path="bytes")]
+        values = ", ".join(f"{v} = {n}" for v, n in classes.index_values().items())
+        fields += [_field(rs, "mask_index", "sc:ImageObject", f"index mask {values}", json_path="bytes")]
     return {"@type": "cr:RecordSet", "@id": rs, "name": rs, "key": {"@id": f"{rs}/id"},
             "description": "one record per bitemporal pair", "field": fields}
 
@@ -77,14 +85,15 @@ def qa_record_set() -> dict:
 
 
 def document(*, name: str, version: str, date: str, licence: str, description: str, shards: dict[str, str],
-             has_captions: bool, has_qa: bool, has_two_maps: bool, rai: dict, url: str = "") -> dict:
+             has_captions: bool, has_qa: bool, has_two_maps: bool, rai: dict, url: str = "", classes=None) -> dict:
     """The JSON-LD document. ``shards``: Parquet path -> SHA-256."""
     files = [{"@type": "cr:FileObject", "@id": rel, "name": rel, "contentUrl": rel, "encodingFormat": PARQUET,
               "sha256": digest} for rel, digest in sorted(shards.items())]
     files.append({"@type": "cr:FileSet", "@id": PARQUET_SET, "name": PARQUET_SET,
                   "description": "Parquet shards, one row per pair, images as PNG bytes",
                   "encodingFormat": PARQUET, "includes": "data/*.parquet"})
-    roles = ["A", "B", "label"] + (["label1", "label2", "label_index"] if has_two_maps else [])
+    folders = classes.folders if classes is not None else ["label1", "label2"]
+    roles = ["A", "B", "label"] + ([*folders, "label_index"] if has_two_maps else [])
     for role in roles:
         files.append({"@type": "cr:FileSet", "@id": f"png-{role}", "name": f"png-{role}",
                       "description": f"folder layout: <split>/{role}/<id>.png", "encodingFormat": "image/png",
@@ -94,7 +103,7 @@ def document(*, name: str, version: str, date: str, licence: str, description: s
             files.append({"@type": "cr:FileSet", "@id": f"{what}-json", "name": f"{what}-json",
                           "description": f"folder layout: <split>/{what}.json", "encodingFormat": "application/json",
                           "includes": f"*/{what}.json"})
-    record_sets = [pairs_record_set(has_two_maps)]
+    record_sets = [pairs_record_set(has_two_maps, classes)]
     if has_captions:
         record_sets.append(_list_record_set("captions", "captions", "selected change captions per pair",
                                             "selected captions"))

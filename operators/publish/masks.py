@@ -1,10 +1,12 @@
 """Change-mask encodings of a release (numpy in, numpy out).
 
 * ``label``: single channel, 0 = no change, 255 = change (LEVIR-CD, open-cd and torchgeo read this).
-* ``label1`` / ``label2``: S2Looking's two maps, new buildings and demolished buildings, 0/255 each.
-* ``label_index``: one single-channel index mask, 0 = no change, 1 = new building (label1),
-  2 = demolished building (label2). A pixel both maps mark is 1 (the post-date state is a building);
-  such pixels are counted (``overlap_pixels``) and stay visible in label1 / label2.
+* ``label1`` / ``label2`` / ...: one 0/255 map per class of the dataset's scheme (``label_classes.json``);
+  without a scheme, S2Looking's two maps, new buildings (label1) and demolished buildings (label2).
+* ``label_index``: one single-channel index mask, 0 = no change, *i* = class *i* in the scheme's order
+  (S2Looking: 1 = new, 2 = demolished). A pixel several maps mark takes the first of them (S2Looking:
+  the post-date state is a building); such pixels are counted (``overlap_pixels``) and stay visible in
+  the per-class maps.
 """
 from __future__ import annotations
 
@@ -28,22 +30,27 @@ def is_binary_encoded(label: np.ndarray) -> bool:
     return bool(np.isin(np.unique(label), (0, CHANGED)).all())
 
 
-def index_mask(new: np.ndarray, demolished: np.ndarray) -> np.ndarray:
-    """0/1/2 index mask from the two S2Looking maps (see the module docstring for overlaps)."""
-    a, b = binarize(new), binarize(demolished)
-    if a.shape != b.shape:
-        raise ValueError(f"label1 is {a.shape[1]}x{a.shape[0]} but label2 is {b.shape[1]}x{b.shape[0]}")
-    out = np.zeros(a.shape, np.uint8)
-    out[b] = 2
-    out[a] = 1
+def index_mask(*maps: np.ndarray, names: tuple[str, ...] = ()) -> np.ndarray:
+    """0/1/.../N index mask from the per-class maps in scheme order (see the module docstring for overlaps).
+    ``names``: the maps' folders, for the error message."""
+    masks = [binarize(m) for m in maps]
+    names = names or tuple(f"label{i + 1}" for i in range(len(masks)))
+    for name, m in zip(names[1:], masks[1:]):
+        if m.shape != masks[0].shape:
+            raise ValueError(f"{names[0]} is {masks[0].shape[1]}x{masks[0].shape[0]} but {name} is {m.shape[1]}x{m.shape[0]}")
+    out = np.zeros(masks[0].shape, np.uint8)
+    for i in range(len(masks), 0, -1):     # the first class is written last: it wins where maps overlap
+        out[masks[i - 1]] = i
     return out
 
 
-def mask_stats(mask: np.ndarray, new: np.ndarray | None = None, demolished: np.ndarray | None = None) -> dict:
-    """Changed pixels and CAR (changed / all pixels) of a 0/255 mask; per-class counts when the two maps exist."""
+def mask_stats(mask: np.ndarray, per_class: dict[str, np.ndarray] | None = None) -> dict:
+    """Changed pixels and CAR (changed / all pixels) of a 0/255 mask; per-class pixel counts
+    (``class_pixels``) and pixels marked by more than one class when the per-class maps exist."""
     changed = int((mask > 0).sum())
     out = {"changed_pixels": changed, "car": changed / mask.size if mask.size else 0.0}
-    if new is not None and demolished is not None:
-        a, b = binarize(new), binarize(demolished)
-        out.update(new_pixels=int(a.sum()), demolished_pixels=int(b.sum()), overlap_pixels=int((a & b).sum()))
+    if per_class:
+        binary = {name: binarize(m) for name, m in per_class.items()}
+        out["class_pixels"] = {name: int(m.sum()) for name, m in binary.items()}
+        out["overlap_pixels"] = int((np.sum(list(binary.values()), axis=0) > 1).sum())
     return out

@@ -116,7 +116,7 @@ def _validators(runs: list[dict], table) -> str:
 
 
 def limitations(dataset: DatasetSource, counts: dict, excluded: list, captions: bool, qa: bool,
-                review: dict | None, two_maps: bool) -> list[str]:
+                review: dict | None, two_maps: bool, classes=None) -> list[str]:
     out = []
     empty = [s for s, n in counts.items() if not n]
     if empty:
@@ -126,7 +126,13 @@ def limitations(dataset: DatasetSource, counts: dict, excluded: list, captions: 
     if dataset.kind == "pairs_job":
         out.append("Pairs are co-registered by a homography per slice and screened by residual; parallax of tall "
                    "objects and residuals up to the screening limit remain.")
-    if not two_maps:
+    if classes is not None and classes.declared and not classes.per_class:
+        c = classes.classes[0]
+        out.append(f"One change class ({c.name}, drawn on the {c.image}-change image): masks do not separate kinds "
+                   "of change.")
+    elif classes is not None and classes.declared and not two_maps:
+        out.append("No pair has the per-class maps label_classes.json names; only the union mask is published.")
+    elif not two_maps:
         out.append("Masks do not separate new from demolished buildings (no label1/label2 in the input).")
     if captions or qa:
         out.append("Captions and QA are generated and judged by language models; they can be wrong even when "
@@ -135,17 +141,22 @@ def limitations(dataset: DatasetSource, counts: dict, excluded: list, captions: 
     return out
 
 
-def rai_fields(language: dict, limits: list[str], dataset: DatasetSource) -> dict:
-    """Croissant Responsible-AI fields."""
+def rai_fields(language: dict, limits: list[str], dataset: DatasetSource, masks: dict | None = None) -> dict:
+    """Croissant Responsible-AI fields. ``masks``: the change masks' fields
+    (:func:`operators.publish.provenance.rai`, from the dataset's annotation summary)."""
+    from operators.publish import provenance
+    masks = dict(masks or provenance.rai(None))
     collection = ("Bitemporal slices cut from satellite scenes of one place at two dates, co-registered and "
                   "screened by changeforge's pairs job (S2Looking recipe)." if dataset.kind == "pairs_job" else
                   "Bitemporal image pairs read from a LEVIR-CD layout.")
-    protocol = "; ".join(f"{k}: {v}" for k, v in language.items()) or "change masks as given by the input's annotators"
-    return {
+    protocol = "; ".join(f"{k}: {v}" for k, v in language.items())
+    tools = list(masks.pop("rai:machineAnnotationTools", []))
+    tools += [f"{k}: {v}" for k, v in language.items() if k.endswith(("generator models", "judge models"))]
+    out = {
         "rai:dataCollection": collection,
         "rai:dataCollectionType": "Secondary Data Analysis",
-        "rai:dataAnnotationProtocol": "Change masks: pixel annotation (label/ or the union of label1/ and label2/). "
-                                      + protocol,
+        "rai:dataAnnotationProtocol": masks.pop("rai:dataAnnotationProtocol")
+                                      + (f" Captions and QA: {protocol}." if protocol else ""),
         "rai:dataAnnotationPlatform": "changeforge jobs (OpenAI-compatible LLM endpoint; Label Studio for human review)",
         "rai:annotationsPerItem": "one change mask; up to 3 selected captions; up to 5 selected QA pairs",
         "rai:dataLimitations": " ".join(limits),
@@ -153,3 +164,7 @@ def rai_fields(language: dict, limits: list[str], dataset: DatasetSource) -> dic
         "rai:dataUseCases": "Training and evaluating bitemporal change detection, change captioning and change QA.",
         "rai:dataReleaseMaintenancePlan": "Versioned releases; CHANGELOG.md lists pairs added, removed and changed.",
     }
+    out.update(masks)
+    if tools:
+        out["rai:machineAnnotationTools"] = tools
+    return out

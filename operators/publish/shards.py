@@ -21,19 +21,27 @@ IMAGE_COLUMNS = {  # Parquet column -> layout role
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 QA_TYPE = pa.struct([("type", pa.string()), ("question", pa.string()), ("answer", pa.string())])
 
-SCHEMA = pa.schema([
-    ("id", pa.string()), ("split", pa.string()),
-    *[(c, IMAGE_TYPE) for c in IMAGE_COLUMNS],
-    ("width", pa.int32()), ("height", pa.int32()),
-    ("car", pa.float64()), ("changed_pixels", pa.int64()),
-    ("new_pixels", pa.int64()), ("demolished_pixels", pa.int64()),
-    ("captions", pa.list_(pa.string())), ("caption_perspectives", pa.list_(pa.string())),
-    ("qa", pa.list_(QA_TYPE)),
-    ("location", pa.string()), ("pre_date", pa.string()), ("post_date", pa.string()),
-    ("sensor", pa.string()), ("crs", pa.string()), ("bounds", pa.list_(pa.float64())),
-    ("pre_source", pa.list_(pa.string())), ("post_source", pa.list_(pa.string())),
-    ("source_run_id", pa.string()),
-])
+
+def schema_for(image_columns: dict[str, str], pixel_columns: list[str]) -> pa.Schema:
+    """The release schema with these image columns (column -> layout role) and per-class pixel counts."""
+    return pa.schema([
+        ("id", pa.string()), ("split", pa.string()),
+        *[(c, IMAGE_TYPE) for c in image_columns],
+        ("width", pa.int32()), ("height", pa.int32()),
+        ("car", pa.float64()), ("changed_pixels", pa.int64()),
+        *[(c, pa.int64()) for c in pixel_columns],
+        ("captions", pa.list_(pa.string())), ("caption_perspectives", pa.list_(pa.string())),
+        ("qa", pa.list_(QA_TYPE)),
+        ("location", pa.string()), ("pre_date", pa.string()), ("post_date", pa.string()),
+        ("sensor", pa.string()), ("crs", pa.string()), ("bounds", pa.list_(pa.float64())),
+        ("pre_source", pa.list_(pa.string())), ("post_source", pa.list_(pa.string())),
+        ("source_run_id", pa.string()),
+    ])
+
+
+# Without a class scheme (label_classes.json): S2Looking's two maps, as releases always had them.
+SCHEMA = schema_for(IMAGE_COLUMNS, ["new_pixels", "demolished_pixels"])
+
 COLUMN_DOCS = {
     "id": "pair id (the file-name stem in the folder layout)", "split": "train, val or test",
     "pre": "pre-change image (A), PNG", "post": "post-change image (B), PNG",
@@ -72,8 +80,8 @@ def hf_features(schema: pa.Schema = SCHEMA) -> dict:
     return {f.name: _hf_feature(f.type) for f in schema}
 
 
-def release_schema() -> pa.Schema:
-    return SCHEMA.with_metadata({"huggingface": json.dumps({"info": {"features": hf_features()}})})
+def release_schema(schema: pa.Schema = SCHEMA) -> pa.Schema:
+    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": hf_features(schema)}})})
 
 
 def shard_name(split: str, index: int) -> str:
@@ -87,20 +95,21 @@ class ShardWriter:
     write: Callable[[str, bytes], object]
     shard_mb: float = 256.0
     rows_per_group: int = 100
+    schema: pa.Schema = SCHEMA
     written: list[tuple[str, int]] = field(default_factory=list)   # (rel, rows)
     _rows: list[dict] = field(default_factory=list)
     _bytes: int = 0
 
     def add(self, row: dict) -> None:
         self._rows.append(row)
-        self._bytes += sum(len(row[c]["bytes"]) for c in IMAGE_COLUMNS if row.get(c))
+        self._bytes += sum(len(row[f.name]["bytes"]) for f in self.schema if f.type == IMAGE_TYPE and row.get(f.name))
         if self._bytes >= self.shard_mb * 1e6:
             self.flush()
 
     def flush(self) -> None:
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=release_schema())
+        table = pa.Table.from_pylist(self._rows, schema=release_schema(self.schema))
         buf = io.BytesIO()
         pq.write_table(table, buf, row_group_size=self.rows_per_group, compression="zstd")
         rel = shard_name(self.split, len(self.written))

@@ -37,8 +37,8 @@ def test_index_mask_new_is_1_demolished_is_2_overlap_is_1():
     new = np.array([[0, 255, 255, 0]], np.uint8)
     gone = np.array([[0, 0, 1, 7]], np.uint8)
     assert masks.index_mask(new, gone).tolist() == [[0, 1, 1, 2]]
-    stats = masks.mask_stats(masks.binary_mask(np.maximum(new, gone)), new, gone)
-    assert stats == {"changed_pixels": 3, "car": 0.75, "new_pixels": 2, "demolished_pixels": 2, "overlap_pixels": 1}
+    stats = masks.mask_stats(masks.binary_mask(np.maximum(new, gone)), {"new": new, "demolished": gone})
+    assert stats == {"changed_pixels": 3, "car": 0.75, "class_pixels": {"new": 2, "demolished": 2}, "overlap_pixels": 1}
     with pytest.raises(ValueError, match="label1 is 4x1 but label2 is 2x1"):
         masks.index_mask(new, gone[:, :2])
 
