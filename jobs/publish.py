@@ -5,7 +5,7 @@ outputs in, a self-contained, versioned release out.
                            --output <folder | s3://prefix> --name <name> --version <semver> [--licence <SPDX id>]
 
 The release is written to ``<output>/<version>/``: the folder layout ``{train,val,test}/{A,B,label}/<id>.png``
-(+ ``label1/ label2/ label_index/`` when the classes were annotated apart, ``captions.json`` / ``qa.json``
+(+ one map per class and ``label_index/`` when classes were annotated apart, ``captions.json`` / ``qa.json``
 per split), Parquet shards with image columns ``data/<split>-<n>.parquet``, the dataset card
 ``README.md`` (its YAML ``configs:`` is what ``datasets.load_dataset`` reads), ``croissant.json``,
 a STAC catalogue ``stac/``, ``release.json`` (inputs, run ids, options, code version, pair digests),
@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.storage import Store
-from operators.publish import card, croissant, recipes
-from operators.publish.layout import captions_document, prepare_pair, qa_document, release_path
-from operators.publish.shards import IMAGE_COLUMNS, ShardWriter, image_cell
+from operators.publish import card, croissant, provenance, recipes
+from operators.publish.classes import ReleaseClasses, add_class_files, release_classes
+from operators.publish.layout import (STAC_ROLES, captions_document, prepare_pair, qa_document, release_path,
+                                      stac_class_assets)
+from operators.publish.shards import IMAGE_TYPE, ShardWriter, image_cell
 from operators.publish.sources import (declared_licence, read_captions, read_dataset, read_qa, resolve_licence)
 from operators.publish.stac import CATALOG, catalog, item_path, pair_item
 from operators.publish.versions import (changelog, changelog_entry, code_version, diff_pairs, pair_digest,
@@ -100,6 +102,10 @@ def run(cfg: PublishConfig) -> dict:
     t0 = time.time()
     date = cfg.date or time.strftime("%Y-%m-%d", time.gmtime())
     dataset = read_dataset(cfg.input, cfg.default_split)
+    src = Store(dataset.uri)
+    classes = release_classes(src)                 # label_classes.json, else S2Looking's label1/label2
+    add_class_files(src, dataset.pairs, classes)
+    summary = provenance.read_summary(src)         # annotation_summary.json: how the masks were made
     caps = read_captions(cfg.captions) if cfg.captions else None
     qa = read_qa(cfg.qa) if cfg.qa else None
     declared = {"--input": declared_licence(cfg.input)}
@@ -114,7 +120,7 @@ def run(cfg: PublishConfig) -> dict:
     print(f"[publish] {cfg.name} {cfg.version}: {len(dataset.pairs)} pair(s) from {dataset.uri} ({dataset.kind}); "
           f"licence {licence}; writing {out.store.uri()}", flush=True)
 
-    rows, index, items, excluded, writers = _write_pairs(cfg, dataset, caps, qa, out, date)
+    rows, index, items, excluded, writers = _write_pairs(cfg, dataset, caps, qa, out, date, classes, summary)
     if not rows:
         raise SystemExit(f"nothing to publish: every pair of {cfg.input} was excluded "
                          f"({len(excluded)}; first: {excluded[0]['message'] if excluded else 'no pairs'})")
@@ -137,7 +143,9 @@ def run(cfg: PublishConfig) -> dict:
                                     dataset.tables if dataset.kind == "pairs_job" else None)
     review = recipes.review_summary(cfg.review) if cfg.review else None
     language = recipes.annotation_facts(caps, qa, review)
-    has_two = any(r.get("new_pixels") is not None for r in rows)
+    has_two = classes.per_class and any(r.get(classes.pixels_column(classes.classes[0])) is not None for r in rows)
+    if classes.declared:
+        out.put_json("label_classes.json", classes.document())
     prev = previous_version([v["version"] for v in versions if v["version"] != cfg.version], cfg.version)
     prev_store = root.child(prev) if prev else None
     if prev_store and not prev_store.exists("release.json"):
@@ -146,16 +154,19 @@ def run(cfg: PublishConfig) -> dict:
     prev_index = json.loads(prev_store.read_bytes("release.json"))["pairs"] if prev_store else {}
     changes = diff_pairs(prev_index, index)
     info = {"name": cfg.name, "version": cfg.version, "date": date, "licence": licence, "licence_note": licence_note,
-            "splits": counts, "has_two_maps": has_two, "has_captions": bool(caps), "has_qa": bool(qa),
-            "recipes": recipes.recipe_lines(dataset, caps, qa),
-            "limitations": recipes.limitations(dataset, counts, excluded, bool(caps), bool(qa), review, has_two),
-            "language": language}
+            "splits": counts, "has_two_maps": has_two, "classes": classes, "has_captions": bool(caps),
+            "has_qa": bool(qa), "recipes": recipes.recipe_lines(dataset, caps, qa),
+            "limitations": recipes.limitations(dataset, counts, excluded, bool(caps), bool(qa), review, has_two,
+                                               classes),
+            "masks": provenance.facts(summary), "language": language,
+            "excluded_by_people": [e for e in excluded if e.get("stage") == "annotation"]}
     out.put("README.md", card.render(info, tables).encode())
     shards = {s: [rel for rel, _ in writers[s].written] for s in present}
     out.put_json("croissant.json", croissant.document(
         name=cfg.name, version=cfg.version, date=date, licence=licence, description=description,
         shards={rel: out.hashes[rel] for s in present for rel in shards[s]}, has_captions=bool(caps),
-        has_qa=bool(qa), has_two_maps=has_two, rai=recipes.rai_fields(language, info["limitations"], dataset)))
+        has_qa=bool(qa), has_two_maps=has_two, classes=classes,
+        rai=recipes.rai_fields(language, info["limitations"], dataset, provenance.rai(summary))))
     out.put_json("stats.json", stats)
     out.put_json("excluded.json", excluded)
     out.put_json("changes.json", {"version": cfg.version, "previous": prev, **changes})
@@ -164,7 +175,11 @@ def run(cfg: PublishConfig) -> dict:
     out.put_json("release.json", {
         "name": cfg.name, "version": cfg.version, "date": date, "licence": licence, "licence_source": licence_note,
         "previous_version": prev, "code_version": code_version(), "options": dataclasses.asdict(cfg),
-        "inputs": {"dataset": {"uri": dataset.uri, "kind": dataset.kind, "runs": dataset.runs},
+        "inputs": {"dataset": {"uri": dataset.uri, "kind": dataset.kind, "runs": dataset.runs,
+                               "classes": classes.document()["classes"] if classes.declared else None,
+                               "annotation_summary": ({"file": provenance.SUMMARY_FILE,
+                                                       "generated_at": summary.get("generated_at")}
+                                                      if summary else None)},
                    **({"captions": {"uri": caps.uri, "runs": caps.runs}} if caps else {}),
                    **({"qa": {"uri": qa.uri, "runs": qa.runs}} if qa else {})},
         "counts": counts, "excluded": len(excluded), "shards": {s: writers[s].written for s in present},
@@ -185,21 +200,27 @@ def run(cfg: PublishConfig) -> dict:
             "seconds": round(time.time() - t0, 1)}
 
 
-def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: str):
+def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: str, classes: ReleaseClasses,
+                 summary: dict | None):
     """Every pair in split order: read, checked and written by a thread pool, its Parquet row added to its
-    split's shards. Returns (rows without images, {id: split and digest}, STAC items, excluded, writers)."""
+    split's shards. Returns (rows without images, {id: split and digest}, STAC items, excluded, writers).
+    Pairs the annotators excluded (``unusable``) are listed with their reason and never read."""
     excluded = [dict(e) for e in dataset.errors]
     excluded += [{"item": p.pair_id, "stage": "inputs", "message": f"unknown split {p.split!r}"}
                  for p in dataset.pairs if p.split not in SPLITS]
-    writers = {s: ShardWriter(s, out.put, cfg.shard_mb, cfg.rows_per_group) for s in SPLITS}
+    by_people, people_rows = provenance.excluded(summary, dataset.pairs)
+    excluded += people_rows
+    schema = classes.schema()
+    writers = {s: ShardWriter(s, out.put, cfg.shard_mb, cfg.rows_per_group, schema) for s in SPLITS}
     rows, index, items = [], {}, []
     src = Store(dataset.uri)
-    todo = sorted((p for p in dataset.pairs if p.split in SPLITS), key=lambda p: (SPLITS.index(p.split), p.pair_id))
+    todo = sorted((p for p in dataset.pairs if p.split in SPLITS and p.pair_id not in by_people),
+                  key=lambda p: (SPLITS.index(p.split), p.pair_id))
 
     def prepare(p):
         """In a worker thread: read, check and encode one pair, and write its layout files."""
         try:
-            prepared = prepare_pair(src, p, cfg.require_label)
+            prepared = prepare_pair(src, p, cfg.require_label, classes)
         except (ValueError, FileNotFoundError) as exc:
             return None, {"item": p.pair_id, "stage": "prepare", "message": str(exc)}
         for role, data in prepared.files.items():
@@ -213,36 +234,40 @@ def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: s
                 if err:
                     excluded.append(err)
                     continue
-                row, digest_files = _pair_row(out, prepared, caps, qa)
+                row, digest_files = _pair_row(out, prepared, caps, qa, classes, schema)
                 writers[prepared.split].add(row)
                 index[prepared.pair_id] = {"split": prepared.split, "digest": pair_digest(
                     digest_files, prepared.split, row["captions"] or [], row["qa"] or [])}
-                meta_row = {k: v for k, v in row.items() if k not in IMAGE_COLUMNS}
+                meta_row = {k: v for k, v in row.items() if k not in classes.image_columns()}
                 rows.append(meta_row)
-                items.append(pair_item(meta_row, {r: release_path(prepared.split, r, prepared.pair_id)
-                                                  for r in prepared.files}, *_label_classes(prepared.files), date))
+                paths = {r: release_path(prepared.split, r, prepared.pair_id) for r in prepared.files}
+                item = pair_item(meta_row, {r: v for r, v in paths.items() if r in STAC_ROLES},
+                                 *_label_classes(prepared.files, classes), date)
+                items.append(stac_class_assets(item, paths, classes))
     for w in writers.values():
         w.flush()
     return rows, index, items, excluded, writers
 
 
-def _label_classes(files: dict) -> tuple[list[str], list[dict]]:
-    classes = [{"name": "change", "classes": [0, 255]}]
+def _label_classes(files: dict, classes: ReleaseClasses) -> tuple[list[str], list[dict]]:
+    out = [{"name": "change", "classes": [0, 255]}]
     if "label_index" in files:
-        classes.append({"name": "label_index", "classes": [0, 1, 2]})
-    return ["manual"], classes
+        out.append({"name": "label_index", "classes": sorted(classes.index_values())})
+    return ["manual"], out
 
 
-def _pair_row(out: Recorder, p, caps, qa) -> tuple[dict, dict]:
+def _pair_row(out: Recorder, p, caps, qa, classes: ReleaseClasses, schema) -> tuple[dict, dict]:
     """One written pair's Parquet row and its files' hashes by role."""
     digests = {role: out.hashes[release_path(p.split, role, p.pair_id)] for role in p.files}
-    by_role = {role: col for col, role in IMAGE_COLUMNS.items()}
+    by_role = {role: col for col, role in classes.image_columns().items()}
+    pixels = p.stats.get("class_pixels") or {}
     row = {"id": p.pair_id, "split": p.split, "width": p.size[0], "height": p.size[1],
            **{by_role[r]: image_cell(d, release_path(p.split, r, p.pair_id)) for r, d in p.files.items()},
            "car": p.stats.get("car"), "changed_pixels": p.stats.get("changed_pixels"),
-           "new_pixels": p.stats.get("new_pixels"), "demolished_pixels": p.stats.get("demolished_pixels")}
-    for col in IMAGE_COLUMNS:
-        row.setdefault(col, None)
+           **({classes.pixels_column(c): pixels.get(c.name) for c in classes.classes} if classes.per_class else {})}
+    for f in schema:
+        if f.type == IMAGE_TYPE:
+            row.setdefault(f.name, None)
     # With a language source, a pair it kept nothing for gets an empty list, not null: Croissant readers
     # turn a null list into one record of null fields.
     c = caps.by_pair.get(p.pair_id) if caps else None
