@@ -232,6 +232,11 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
             except Exception as exc:  # noqa: BLE001 - the server's error, one line (never a key)
                 print(f"[chain] step {i + 1} {step}: cannot read its input {values[human]}: {exc}", flush=True)
                 return {"ran": ran, "failed": step, "returncode": 1}
+        if fp == people.MISSING and not dry_run:     # the people's export has not arrived yet
+            save()
+            line = f"waiting for {'annotators' if step.startswith('annotate') else 'reviewers'}: no export at {values[human]} yet"
+            print(f"[chain] {line}; save the project's JSON export there and run the chain again", flush=True)
+            return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
         go, why = plan.must_run(done.get((i, step)), argv, fp, stale)
         if not go:
             log.info("step %d %s: %s (%s), skipped", i + 1, step, why, done[(i, step)]["finished"])
@@ -296,7 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     if cli.PROG:
         ap.prog = cli.PROG
     args = ap.parse_args(argv)
-    s = run(args.config, args.from_step, args.dry_run, args.partial)
+    try:
+        s = run(args.config, args.from_step, args.dry_run, args.partial)
+    except SystemExit as exc:   # a wrong chain file or step: one line, nothing ran
+        if isinstance(exc.code, int) or exc.code is None:
+            raise
+        print(exc.code, file=sys.stderr)
+        return 2
     end = f"; stopped at {s['failed']}" if s["failed"] else "; waiting" if s.get("waiting") else "; done"
     print(f"[chain] ran {len(s['ran'])} step(s)" + end)
     return s["returncode"]

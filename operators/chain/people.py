@@ -16,6 +16,7 @@ from operators.io.storage import Store, read_uri
 # step -> the option naming its human input (an export file or a server URL)
 HUMAN_STEPS = {"annotate ingest": "export", "review ingest": "export"}
 SUMMARY_FILE = "annotation_summary.json"
+MISSING = "missing"
 
 
 def file_fingerprint(data: bytes) -> str:
@@ -38,7 +39,7 @@ def is_server(export: str) -> bool:
 
 def fingerprint(export: str, project_id: int | None, studio_call=None) -> str:
     """The fingerprint of a human step's input (see the module docstring). A missing file is
-    ``missing``: the step then runs (and fails, naming the file), as it did before any work arrived.
+    :data:`MISSING`: the chain then waits for the people (the export has not arrived).
     ``studio_call``: the Label Studio client's ``call`` (injected; imported when None)."""
     if is_server(export):
         if studio_call is None:
@@ -47,7 +48,7 @@ def fingerprint(export: str, project_id: int | None, studio_call=None) -> str:
     try:
         return file_fingerprint(read_uri(export))
     except FileNotFoundError:
-        return "missing"
+        return MISSING
 
 
 def progress(dataset: Store) -> dict | None:

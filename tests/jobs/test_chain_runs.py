@@ -192,3 +192,14 @@ def test_a_missing_label_studio_sdk_is_one_line_with_the_install_hint(tmp_path):
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "pip install label-studio-sdk==" in lines[0] and "step 1 'annotate export'" in lines[0]
     assert not (tmp_path / "root").exists()
+
+
+def test_an_export_that_has_not_arrived_is_waited_for_not_run(rec, setup, capsys):
+    config, root, ds, export = setup
+    export.unlink()
+    write_chain(config, root, ds, export)
+    s = chain_job.run(str(config))
+    assert s["returncode"] == 3 and rec.steps() == ["annotate export"]
+    assert f"waiting for annotators: no export at {export} yet" in capsys.readouterr().out
+    export.write_text("[]")
+    assert chain_job.run(str(config))["returncode"] == 0 and rec.steps() == ["annotate ingest", "caption", "report"]
