@@ -29,6 +29,7 @@ from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.sources import dataset_of
 from operators.io.storage import Store
 from operators.report import figures as fig
+from operators.report.annotation import mask_table, read_classes, read_summary
 from operators.report.html_page import Figure, GalleryItem, render_page
 from operators.report.markdown import markdown_table, review_result_tables
 from operators.report.stats import (car_stats, car_table, caption_stats, caption_table, pairs_job_car, pairs_job_stats,
@@ -79,7 +80,7 @@ def load_inputs(uris: list[str]) -> dict:
 def compute(cfg: ReportConfig, data: dict) -> tuple[dict, dict]:
     """``stats`` (JSON-ready) and ``tables`` (by section) from the loaded tables."""
     stats: dict = {"inputs": data["uris"]}
-    tables: dict = {k: [] for k in ("pairs_job", "car", "captions", "qa", "usage", "review")}
+    tables: dict = {k: [] for k in ("pairs_job", "car", "masks", "captions", "qa", "usage", "review")}
     car = None
     if "captions" in data:
         c = data["captions"]
@@ -112,8 +113,19 @@ def compute(cfg: ReportConfig, data: dict) -> tuple[dict, dict]:
     if data.get("review") is not None:
         stats["review"] = summarize_reviews(data["review"], accept_partly=cfg.accept_partly)
         tables["review"] = review_result_tables(stats["review"])
+    dataset = _dataset(cfg, data)
+    if dataset:   # how the masks were made: the dataset's class scheme and annotation summary
+        classes, summary = read_classes(Store(dataset)), read_summary(Store(dataset))
+        if classes or summary:
+            stats["masks"] = {"dataset": dataset, "classes": classes, "annotation_summary": summary}
+            tables["masks"].append(mask_table(classes, summary))
     stats["_car_values"] = car
     return stats, tables
+
+
+def _dataset(cfg: ReportConfig, data: dict) -> str | None:
+    """The dataset behind the inputs (``--images``, else an input holding images or the one a source.json names)."""
+    return cfg.images or data["uris"].get("images") or next((d for d in map(dataset_of, data["uris"].values()) if d), None)
 
 
 def draw_figures(cfg: ReportConfig, data: dict, stats: dict, folder: Path) -> dict[str, list[Figure]]:
@@ -181,8 +193,7 @@ def _read_image(store: Store, rel: str | None, mask: bool = False) -> np.ndarray
 
 
 def gallery(cfg: ReportConfig, data: dict) -> list[GalleryItem]:
-    images_uri = cfg.images or data["uris"].get("images") or next(
-        (d for d in map(dataset_of, data["uris"].values()) if d), None)
+    images_uri = _dataset(cfg, data)
     captions = data.get("captions", {}).get("captions")
     qa = data.get("qa", {}).get("qa")
     by_caption = {} if captions is None else {
@@ -226,7 +237,8 @@ def run(cfg: ReportConfig) -> dict:
     stats.pop("_car_values", None)
     stats["tables"] = {t.key: t.as_dict() for ts in tables.values() for t in ts}
     stats["figures"] = sorted(p.name for p in (out / "figures").glob("*.png"))
-    order = [("pairs_job", "Bitemporal pairs"), ("car", "Change magnitude"), ("captions", "Captions"),
+    order = [("pairs_job", "Bitemporal pairs"), ("car", "Change magnitude"), ("masks", "Change masks"),
+             ("captions", "Captions"),
              ("qa", "Question answering"), ("usage", "Tokens and cost"), ("review", "Human review")]
     md = "\n".join(markdown_table(t) for key, _ in order for t in tables[key])
     sections = [(key, heading, tables[key], figures.get(key, [])) for key, heading in order]

@@ -9,13 +9,12 @@ exported through the Label Studio client, cancelled ones counted too: a skip is 
 from __future__ import annotations
 
 import hashlib
-import json
 
 from operators.io.storage import Store, read_uri
+from operators.report.annotation import read_summary
 
 # step -> the option naming its human input (an export file or a server URL)
 HUMAN_STEPS = {"annotate ingest": "export", "review ingest": "export"}
-SUMMARY_FILE = "annotation_summary.json"
 MISSING = "missing"
 
 
@@ -54,12 +53,8 @@ def fingerprint(export: str, project_id: int | None, studio_call=None) -> str:
 def progress(dataset: Store) -> dict | None:
     """``{"total", "decided", "by_status"}`` of the pairs from the dataset's ``annotation_summary.json``
     (None when it has none or one without pair counts)."""
-    try:
-        doc = json.loads(dataset.read_bytes(SUMMARY_FILE)) if dataset.exists(SUMMARY_FILE) else None
-    except (OSError, ValueError):
-        return None
-    pairs = (doc or {}).get("pairs")
-    if not isinstance(pairs, dict) or not isinstance(pairs.get("total"), int) or not isinstance(pairs.get("decided"), int):
+    pairs = (read_summary(dataset) or {}).get("pairs") or {}
+    if not isinstance(pairs.get("total"), int) or not isinstance(pairs.get("decided"), int):
         return None
     return {"total": pairs["total"], "decided": pairs["decided"], "by_status": dict(pairs.get("by_status") or {})}
 
