@@ -166,19 +166,29 @@ def decide_pair(pair_id: str, rows: list[dict], masks_of: Masks, cfg: DecisionCo
     skipped = len(versions) - len(submitted)
     base = dict(pair_id=pair_id, annotations=len(submitted), skipped=skipped)
     experts = sorted((v for v in submitted if is_expert(v)), key=lambda v: (str(v.get("updated_at") or ""), made_order(v)))
+    drawings = sorted((v for v in submitted if not is_expert(v)), key=made_order)
     if experts:
         e = experts[-1]
+        d = PairDecision(status="expert", reason="decided by the expert", expert=e.get("annotator"), **base)
+        if drawings:
+            d.annotator, d.batch = drawings[0].get("annotator"), version_key(drawings[0])[0]
+        if len(drawings) >= 2:
+            # The annotators' agreement is still measured: it is their batch's, whoever decided the pair.
+            d.checker, d.batch = drawings[1].get("annotator"), version_key(drawings[1])[0]
+            try:
+                d.agreement, d.per_class = compare(masks_of(drawings[0]), masks_of(drawings[1]), cfg.tolerance_px)
+            except ValueError:
+                pass   # an unreadable drawing does not stand in the expert's way
         if unusable_reasons(e):
-            return PairDecision(status="unusable", reason=", ".join(unusable_reasons(e)) + " (expert)",
-                                expert=e.get("annotator"), batch=version_key(e)[0], **base)
-        return PairDecision(status="expert", reason="decided by the expert", expert=e.get("annotator"),
-                            merged_from=history_key(e), batch=version_key(e)[0], masks=masks_of(e), **base)
+            d.status, d.reason = "unusable", ", ".join(unusable_reasons(e)) + " (expert)"
+        else:
+            d.merged_from, d.masks = history_key(e), masks_of(e)
+        return d
     marked = [v for v in submitted if unusable_reasons(v)]
     if marked:
         reasons = sorted({r for v in marked for r in unusable_reasons(v)})
         return PairDecision(status="unusable", reason=", ".join(reasons), annotator=marked[0].get("annotator"),
                             batch=version_key(marked[0])[0], **base)
-    drawings = sorted(submitted, key=made_order)
     if not drawings:
         return PairDecision(status="unannotated", reason=(f"{skipped} skipped, none submitted" if skipped
                                                           else "no submitted annotation yet"), **base)
