@@ -35,7 +35,7 @@ def masks_of(r):
 
 def test_roles_follow_created_at_not_the_id_and_the_checkers_drawing_is_merged():
     annot, check = rect(4, 20, 4, 30), rect(5, 20, 4, 31)       # a pixel apart at the boundary
-    d = decide_pair("p", [row(9, "checker", check, 5), row(2, "annotator", annot, 1)], masks_of, CFG)
+    d = decide_pair("p", [row(2, "checker", check, 5), row(9, "annotator", annot, 1)], masks_of, CFG)
     assert (d.status, d.annotator, d.checker) == ("merged", "annotator", "checker")
     assert np.array_equal(d.masks["new"], check) and not np.array_equal(d.masks["new"], annot | check)
     assert d.agreement == 1.0 and d.per_class["new"]["f1"] < 1.0     # plain F1 would count the boundary
