@@ -35,11 +35,11 @@ from operators.annotation import export_ops
 from operators.annotation.decisions import REVIEW_QUEUE, DecisionConfig
 from operators.annotation.ingest_ops import ingest, ordered_run_id, resolve_classes, summarise
 from operators.annotation.prelabels import run_prelabels
-from operators.annotation.scheme import DEFAULT_CLASSES, labeling_config
+from operators.annotation.scheme import DEFAULT_CLASSES, labeling_config, parse_classes, read_scheme
 from operators.annotation.summary import format_status
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.layout import discover_pairs
-from operators.io.sources import write_source
+from operators.io.sources import holds_images, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, write_table_shard
 from operators.review.image_urls import ImageUrls
@@ -84,9 +84,16 @@ class StatusConfig:
     input: str = field(default="", metadata={"required": True, "help": "the dataset (its annotation tables and label_classes.json)"})
 
 
+def _dataset(uri: str) -> Store:
+    store = Store(uri)
+    if not holds_images(store):
+        raise ValueError(f"--input {uri}: no pairs there (A/ and B/, at the root or under train/ val/ test/)")
+    return store
+
+
 # -- export ------------------------------------------------------------------------------------------
 def run_export(cfg: ExportConfig) -> dict:
-    dataset, out = Store(cfg.input), Store(cfg.output)
+    dataset, out = _dataset(cfg.input), Store(cfg.output)
     classes = resolve_classes(dataset, cfg.classes)
     run_id = ordered_run_id(dataset)
     pairs = discover_pairs(dataset.uri())
@@ -162,7 +169,7 @@ def _decision_config(cfg) -> DecisionConfig:
 
 
 def run_ingest(cfg: IngestConfig) -> dict:
-    dataset = Store(cfg.input)
+    dataset = _dataset(cfg.input)
     classes = resolve_classes(dataset, cfg.classes)
     tasks = load_export(cfg.export, cfg.project_id)
     if not isinstance(tasks, list):
@@ -171,13 +178,14 @@ def run_ingest(cfg: IngestConfig) -> dict:
         _attach_prelabels(tasks, cfg.tasks)
     decisions = _decision_config(cfg)
     summary = ingest(dataset, tasks, classes, decisions, ordered_run_id(dataset), cfg.project_id)
-    return {**summary, "tasks": len(tasks), "input": dataset.uri()}
+    by = summary["pairs"]["by_status"]
+    return {**summary, "tasks": len(tasks), "input": dataset.uri(), "merged": by["merged"] + by["expert"]}
 
 
 def run_status(cfg: StatusConfig) -> dict:
     """The summary from the dataset's tables, with the settings of the last ingest."""
-    dataset = Store(cfg.input)
-    classes = resolve_classes(dataset, "")
+    dataset = _dataset(cfg.input)
+    classes = read_scheme(dataset) or parse_classes(DEFAULT_CLASSES)   # status only reads
     try:
         settings = json.loads(dataset.read_bytes("annotation_summary.json")).get("settings") or {}
     except (OSError, ValueError):
@@ -226,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_job_args(build_parser(), argv)
     cls, runner, show = COMMANDS[args.command]
     cfg = config_from_args(cls, args)
+    from operators.labelstudio.client import StudioError
     try:
         summary = runner(cfg)
-    except ValueError as exc:   # a malformed --classes or --prelabel, or one contradicting label_classes.json
+    except (ValueError, StudioError) as exc:   # a malformed option, a contradicting label_classes.json, no SDK
         raise SystemExit(f"jobs.annotate {args.command}: {exc}") from None
     show(cfg, summary)
     return 0
