@@ -238,3 +238,14 @@ def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(d
     (row,) = [r for r in history(dataset) if r["annotation_id"] == 1]
     assert json.loads(row["prelabel_iou"])["new"] == pytest.approx((drawn & pre).sum() / (drawn | pre).sum())
     assert json.loads(row["pixels"]) == {"new": int(drawn.sum()), "demolished": 0}
+
+
+def test_a_third_class_is_never_dropped(dataset, tmp_path):
+    _, tasks = export(dataset, tmp_path / "r1", classes="building:post,road:post,demolished:pre")
+    drawn = {"building": rect(0, 10, 0, 10), "road": rect(20, 24, 0, 56), "demolished": rect(30, 40, 40, 50)}
+    image = {"building": "post", "road": "post", "demolished": "pre"}
+    t = dict(tasks[0], id=1, annotations=[annotation(1, "a", [brush(c, image[c], m) for c, m in drawn.items()], 1)])
+    ingest(dataset, [t], tmp_path / "x.json")
+    for i, c in enumerate(drawn):
+        assert np.array_equal(read(dataset, f"label{i + 1}/s0.png"), drawn[c])
+    assert np.array_equal(read(dataset, "label/s0.png"), drawn["building"] | drawn["road"] | drawn["demolished"])
