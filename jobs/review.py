@@ -155,7 +155,7 @@ def run_export(cfg: ExportConfig) -> dict:
                "strata": [{"stratum": "|".join(k), "size": a.size, "sampled": a.sampled}
                           for k, a in sorted(alloc.items())]}
     if cfg.label_studio_url:
-        from operators.review.studio_client import call
+        from operators.labelstudio.client import call
         title = cfg.project_title or f"changeforge {kind} review: {posixpath.basename(src.uri())} seed {cfg.seed}"
         summary["label_studio"] = call("create_project_with_tasks", url=cfg.label_studio_url, title=title,
                                        label_config=labeling_config(kind), tasks=tasks,
@@ -170,7 +170,7 @@ def load_export(cfg: IngestConfig) -> list[dict]:
     if cfg.export.startswith(("http://", "https://")):
         if not cfg.project_id:
             raise SystemExit("jobs.review ingest: --export is a server URL; pass --project-id")
-        from operators.review.studio_client import call
+        from operators.labelstudio.client import call
         return call("export_json", url=cfg.export, project_id=cfg.project_id)
     return json.loads(read_uri(cfg.export))
 

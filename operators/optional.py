@@ -14,6 +14,7 @@ EXTRAS = {
     "wordcloud": ("report", "the report's word cloud"),
     "pycocoevalcap": ("score", "caption scoring (BLEU, METEOR, ROUGE-L, CIDEr-D)"),
     "sklearn": ("prelabels", "the pca-kmeans change proposals"),
+    "onnxruntime": ("prelabels", "onnx: pre-labels"),
 }
 
 

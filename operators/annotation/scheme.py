@@ -58,9 +58,16 @@ def labeling_config(classes: list[ChangeClass]) -> str:
                         f'pointSize="small" opacity="0.5">{labels}</PolygonLabels>')
         panes.append(f'<View style="flex: 1 1 50%; min-width: 0"><Header value="{title}" size="5"/>'
                      f'<Image name="{image}" value="${image}" zoom="true" zoomControl="true"/>{controls}</View>')
+    # The pair's quality: 'unusable' with its reasons excludes the pair; 'needs expert' hands it on
+    # (operators.annotation.decisions reads these values).
+    from operators.annotation.decisions import QUALITY_CHOICES
+    choices = "".join(f'<Choice value="{escape(q)}"/>' for q in QUALITY_CHOICES)
+    quality = ('  <Header value="Pair quality (leave empty when the pair can be annotated)" size="5"/>\n'
+               f'  <Choices name="quality" toName="post" choice="multiple" showInline="true">{choices}</Choices>\n')
     return ('<View>\n  <Header value="$title"/>\n'
             '  <Text name="instructions" value="$instructions"/>\n'
-            '  <View style="display: flex; gap: 12px">\n    ' + "\n    ".join(panes) + "\n  </View>\n</View>\n")
+            '  <View style="display: flex; gap: 12px">\n    ' + "\n    ".join(panes) + "\n  </View>\n" + quality +
+            "</View>\n")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ three in the LLM actors, one pair per coroutine, so the encoded images never ent
 from __future__ import annotations
 
 import json
-import posixpath
 from dataclasses import dataclass, field
 
 import cv2
@@ -24,12 +23,12 @@ from operators.llm.images import content_hash, data_url, estimate_image_tokens, 
 from operators.llm.usage import USAGE_SCHEMA
 from operators.language.mask_analysis import MaskAnalysisConfig, analyze_mask, binarize_mask
 from operators.language.validators import ValidatorConfig, mask_facts, validate_text, violations_json
-from operators.io.storage import Store, read_uri
+from operators.io.layout import (IMAGE_SUFFIXES, NO_MASK_YET, SPLITS, discover_pairs,  # noqa: F401 - re-exported
+                                 find_dataset_pairs, is_pairs_output, split_lists)
+from operators.io.storage import Store
 from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope
 
 JOB = "caption"
-SPLITS = ("train", "val", "test")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 
 CAPTIONS_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("split", pa.string()), ("filename", pa.string()),
@@ -58,88 +57,7 @@ TABLE_SCHEMAS = {"captions": CAPTIONS_SCHEMA, "pairs": PAIRS_SCHEMA, "usage": US
                  "errors": ERRORS_SCHEMA}
 
 
-# -- finding pairs ----------------------------------------------------------------------------------
-def _stem(name: str) -> str:
-    return posixpath.splitext(posixpath.basename(name))[0]
-
-
-def _split_of(name: str, default: str) -> str:
-    prefix = posixpath.basename(name).split("_", 1)[0].lower()
-    return prefix if prefix in SPLITS else default
-
-
-def split_lists(store: Store) -> dict[str, str]:
-    """``{stem: split}`` from ``list/train.txt``, ``list/val.txt`` and ``list/test.txt`` at the
-    dataset's root (the pairs job writes them; LEVIR-CD's loaders read them); ``{}`` without them."""
-    out: dict[str, str] = {}
-    for split in SPLITS:
-        rel = f"list/{split}.txt"
-        if store.exists(rel):
-            for line in store.read_bytes(rel).decode().splitlines():
-                if line.strip():
-                    out[_stem(line.strip())] = split
-    return out
-
-
-def is_pairs_output(store: Store) -> bool:
-    """A pairs job's output (its ``metadata/`` table next to ``A/ B/``): masks come later, from
-    annotation, so a pair without one is not annotated yet rather than broken."""
-    return bool(store.list("metadata", suffixes=(".parquet",), recursive=False))
-
-
-NO_MASK_YET = "no change mask in label/ yet (not annotated)"
-
-
-def find_dataset_pairs(input_uri: str, list_file: str | None = None,
-                       default_split: str = "train") -> tuple[list[dict], dict[str, int]]:
-    """:func:`discover_pairs`, and for a pairs job's output the pairs left out with a counted reason:
-    accepted slices whose ``label/`` mask does not exist yet are skipped (``{reason: count}``),
-    not made one error row each. Any other dataset keeps every pair (a missing file is the pair's
-    error row)."""
-    pairs = discover_pairs(input_uri, list_file, default_split)
-    if not is_pairs_output(Store(input_uri)):
-        return pairs, {}
-    kept = [p for p in pairs if p["label_rel"] or not (p["a_rel"] and p["b_rel"])]
-    skipped = len(pairs) - len(kept)
-    return kept, ({NO_MASK_YET: skipped} if skipped else {})
-
-
-def discover_pairs(input_uri: str, list_file: str | None = None, default_split: str = "train") -> list[dict]:
-    """Pairs in a LEVIR-CD layout: ``A/ B/ label/`` at the root or under ``train/ val/ test/``.
-
-    A name present in any of the three folders (or in the list file) is a pair; what is missing is
-    reported when the pair is prepared, so it ends as an error row rather than vanishing. The split is
-    the split folder, else the ``list/{train,val,test}.txt`` file naming the pair (a pairs job's
-    output), else a ``train_``/``val_``/``test_`` file-name prefix, else ``default_split``.
-    """
-    store = Store(input_uri)
-    roots = [("", None)] if store.list("A", suffixes=IMAGE_SUFFIXES) or not any(
-        store.list(f"{s}/A", suffixes=IMAGE_SUFFIXES) for s in SPLITS) else \
-        [(s, s) for s in SPLITS if store.list(f"{s}/A", suffixes=IMAGE_SUFFIXES)]
-    wanted = None
-    if list_file:
-        # Relative to the dataset (e.g. list/demo.txt), or any local path or s3:// URI.
-        inside = "://" not in list_file and not list_file.startswith("/") and store.exists(list_file)
-        text = (store.read_bytes(list_file) if inside else read_uri(list_file)).decode()
-        wanted = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    listed = split_lists(store) if roots == [("", None)] else {}
-    pairs = []
-    for base, split in roots:
-        prefix = f"{base}/" if base else ""
-        files: dict[str, dict[str, str]] = {}
-        for folder in ("A", "B", "label"):
-            for rel in store.list(f"{prefix}{folder}", suffixes=IMAGE_SUFFIXES):
-                files.setdefault(_stem(rel), {})[folder] = posixpath.basename(rel)
-        names = sorted(files) if wanted is None else sorted({_stem(w) for w in wanted})
-        for stem in names:
-            found = files.get(stem, {})
-            filename = found.get("A") or found.get("B") or found.get("label") or f"{stem}.png"
-            pairs.append({
-                "pair_id": f"{prefix}{stem}", "split": split or listed.get(stem) or _split_of(stem, default_split),
-                "filename": filename, "root": store.uri(),
-                **{f"{k.lower()}_rel": (f"{prefix}{k}/{found[k]}" if k in found else "") for k in ("A", "B", "label")},
-            })
-    return pairs
+# -- finding pairs: moved to operators.io.layout (re-exported: the captions and QA jobs import them here)
 
 
 # -- preparing a pair --------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""jobs.annotate export and ingest on a small pairs-output layout, without a server: tasks as Label Studio
-imports them, an export shaped as Label Studio writes it (brush RLE and polygons), the masks back as
-PNGs pixel for pixel, agreement against a plain computation, a disagreement withheld."""
+"""jobs.annotate export, ingest and status over two rounds, without a server: exports shaped as Label
+Studio writes them (brush RLE, polygons, `quality` choices, skips, ground truth, edits), the masks back
+as PNGs pixel for pixel, the history append-only and the derived state byte-identical when an old export
+arrives again."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,18 +14,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.annotate import ExportConfig, IngestConfig, run_export, run_ingest
+from jobs.annotate import ExportConfig, IngestConfig, StatusConfig, main, run_export, run_ingest, run_status
 from operators.annotation.brush_rle import decode_mask
+from operators.io.storage import Store
+from operators.io.tables import read_table
 from tests.annotation import drawing
 from tests.annotation.drawing import brush
 
 H, W = 40, 56                       # not square
-SPLITS = {"s_r0_c0": "train", "s_r0_c1": "test", "s_r1_c0": "val", "s_r1_c1": "train"}
+IDS = [f"s{i}" for i in range(8)]
+SPLITS = {sid: ("train", "val", "test")[i % 3] for i, sid in enumerate(IDS)}
 
 
-def make_dataset(root: Path) -> Path:
+def make_dataset(root: Path, ids=IDS) -> Path:
     rng = np.random.default_rng(1)
-    for sid in SPLITS:
+    for sid in ids:
         for folder in ("A", "B"):
             (root / folder).mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(root / folder / f"{sid}.png"), rng.integers(0, 255, (H, W, 3), dtype=np.uint8))
@@ -31,7 +36,7 @@ def make_dataset(root: Path) -> Path:
     for split in ("train", "val", "test"):
         (root / "list" / f"{split}.txt").write_text("".join(f"{k}.png\n" for k, v in SPLITS.items() if v == split))
     (root / "metadata").mkdir()
-    pq.write_table(pa.table({"slice_id": list(SPLITS)}), root / "metadata" / "part-x-0.parquet")
+    pq.write_table(pa.table({"slice_id": list(ids)}), root / "metadata" / "part-x-0.parquet")
     return root
 
 
@@ -45,101 +50,202 @@ def polygon(name, image, y0, y1, x0, x1):
             "original_height": H, "value": {"points": pts, "polygonlabels": [name]}}
 
 
-def annotation(aid, who, result, lead=10.0):
-    return {"id": aid, "completed_by": who, "result": result, "was_cancelled": False, "lead_time": lead,
-            "created_at": f"2026-01-01T00:00:{aid:02d}Z"}
+def quality(*choices):
+    return {"type": "choices", "from_name": "quality", "to_name": "post", "value": {"choices": list(choices)}}
 
 
-def f1(a, b):                        # plain oracle: 2|a&b| / (|a| + |b|)
-    a, b = a.ravel().tolist(), b.ravel().tolist()
-    inter = sum(1 for x, y in zip(a, b) if x and y)
-    return 1.0 if sum(a) + sum(b) == 0 else 2 * inter / (sum(a) + sum(b))
+def annotation(aid, who, result, minute, project=1, lead=10.0, cancelled=False, ground_truth=False, edited=None):
+    made = f"2026-01-01T00:{minute:02d}:00Z"
+    return {"id": aid, "completed_by": who, "result": result, "was_cancelled": cancelled, "lead_time": lead,
+            "ground_truth": ground_truth, "project": project, "created_at": made, "updated_at": edited or made}
+
+
+def read(ds: Path, rel: str):
+    m = cv2.imread(str(ds / rel), cv2.IMREAD_UNCHANGED)
+    return None if m is None else m > 0
+
+
+def tree_digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def history(ds: Path) -> list[dict]:
+    return pq.read_table(ds / "annotations").to_pylist()
+
+
+def state(ds: Path) -> dict:
+    return {r["pair_id"]: r for r in read_table(Store(str(ds)), "annotation_state").to_pylist()}
+
+
+# The round-1 drawings. s0: annotator and checker agree within the tolerance; the checker (id 3) drew
+# later than the annotator (id 4) although its id is lower. s2: they disagree (tolerant F1 0.6).
+S0_ANNOTATOR, S0_CHECKER = rect(5, 20, 5, 25), rect(6, 20, 5, 26)
+S1 = rect(0, 10, 0, 10)
+S2_A, S2_B = rect(0, 20, 0, 20), rect(0, 20, 10, 30)
+S3_NEW, S3_GONE = rect(8, 20, 10, 30), (25, 35, 40, 50)
+S6 = rect(30, 38, 2, 12)
+EXPERT = rect(2, 18, 4, 24)
+
+
+def round1(tasks: list[dict]) -> list[dict]:
+    by = {t["data"]["pair_id"]: dict(t, id=100 + i, project=1) for i, t in enumerate(tasks)}
+    by["s0"]["annotations"] = [annotation(4, "ann@x", [brush("new", "post", S0_ANNOTATOR)], 1),
+                               annotation(3, "chk@x", [brush("new", "post", S0_CHECKER)], 2)]
+    by["s1"]["annotations"] = [annotation(5, "ann@x", [brush("new", "post", S1)], 3),
+                               annotation(6, "chk@x", [brush("new", "post", S1)], 4)]
+    by["s2"]["annotations"] = [annotation(7, "ann@x", [brush("new", "post", S2_A)], 5),
+                               annotation(8, "chk@x", [brush("new", "post", S2_B)], 6)]
+    by["s3"]["annotations"] = [annotation(9, "ann@x", [brush("new", "post", S3_NEW), polygon("demolished", "pre", *S3_GONE)], 7)]
+    by["s4"]["annotations"] = [annotation(10, "ann@x", [quality("unusable", "cloud")], 8)]
+    by["s5"]["annotations"] = [annotation(11, "ann@x", [], 9, cancelled=True)]
+    by["s6"]["annotations"] = [annotation(12, "ann@x", [brush("new", "post", S6)], 10),
+                               annotation(13, "chk@x", [], 11, cancelled=True)]
+    del by["s7"]                     # exported, nobody has opened it yet
+    return list(by.values())
 
 
 @pytest.fixture()
-def exported(tmp_path):
-    ds = make_dataset(tmp_path / "root" / "pairs")
-    prelabels = tmp_path / "model"
-    prelabels.mkdir()
-    cv2.imwrite(str(prelabels / "s_r0_c0.png"), rect(5, 15, 5, 20).astype(np.uint8) * 255)
-    s = run_export(ExportConfig(input=str(ds), output=str(tmp_path / "export"), prelabel=f"folder:{prelabels}"))
-    return ds, tmp_path, s
+def dataset(tmp_path):
+    return make_dataset(tmp_path / "root" / "pairs")
 
 
-def test_export_writes_tasks_with_splits_and_prelabels(exported):
-    ds, tmp, s = exported
-    tasks = json.loads((tmp / "export" / "tasks.json").read_text())
-    assert {t["data"]["pair_id"]: t["data"]["split"] for t in tasks} == SPLITS
-    assert s["tasks"] == 4 and s["prelabelled"] == 1
-    assert all(t["data"]["pre"].startswith("/data/local-files/?d=pairs/A/") for t in tasks)
-    (pred,) = next(t for t in tasks if t["data"]["pair_id"] == "s_r0_c0")["predictions"]
-    assert pred["model_version"] == "folder:model" and pred["result"][0]["value"]["brushlabels"] == ["new"]
-    assert np.array_equal(decode_mask(pred["result"][0]["value"]["rle"], W, H), rect(5, 15, 5, 20))
-    xml = (tmp / "export" / "label_config.xml").read_text()
-    assert '<BrushLabels name="post_brush" toName="post"><Label value="new"' in xml
-    assert '<BrushLabels name="pre_brush" toName="pre"><Label value="demolished"' in xml
+def export(ds: Path, out: Path, **kw) -> tuple[dict, list[dict]]:
+    s = run_export(ExportConfig(input=str(ds), output=str(out), **kw))
+    return s, json.loads((out / "tasks.json").read_text())
 
 
-def test_ingest_writes_masks_agreement_and_withholds_disagreement(exported):
-    ds, tmp, _ = exported
-    tasks = json.loads((tmp / "export" / "tasks.json").read_text())
-    by = {t["data"]["pair_id"]: dict(t, id=i + 1) for i, t in enumerate(tasks)}
-    new0, dem0 = rect(8, 20, 10, 30), rect(25, 35, 40, 50)
-    by["s_r0_c0"]["annotations"] = [annotation(1, 7, [brush("new", "post", new0), polygon("demolished", "pre", 25, 35, 40, 50)])]
-    agree_a, agree_b = rect(0, 10, 0, 10), rect(0, 10, 1, 10)      # F1 = 2*90/(100+90) = 0.947
-    by["s_r0_c1"]["annotations"] = [annotation(3, 8, [brush("new", "post", agree_b)]),
-                                    annotation(2, 7, [brush("new", "post", agree_a)])]
-    by["s_r1_c0"]["annotations"] = [annotation(4, 7, [brush("new", "post", rect(0, 20, 0, 20))]),
-                                    annotation(5, 8, [brush("new", "post", rect(20, 40, 30, 56))])]
-    by["s_r1_c1"]["annotations"] = []
-    export = tmp / "ls-export.json"
-    export.write_text(json.dumps(list(by.values())))
+def ingest(ds: Path, export_tasks, path: Path, **kw) -> dict:
+    path.write_text(json.dumps(export_tasks))
+    return run_ingest(IngestConfig(input=str(ds), export=str(path), **kw))
 
-    s = run_ingest(IngestConfig(input=str(ds), export=str(export)))
-    read = lambda rel: cv2.imread(str(ds / rel), cv2.IMREAD_UNCHANGED)
-    # The single annotation as it is: both classes, 0/255 single channel, pixel for pixel.
-    assert read("label1/s_r0_c0.png").ndim == 2 and set(np.unique(read("label1/s_r0_c0.png"))) == {0, 255}
-    assert np.array_equal(read("label1/s_r0_c0.png") > 0, new0)
-    assert np.array_equal(read("label2/s_r0_c0.png") > 0, dem0)
-    assert np.array_equal(read("label/s_r0_c0.png") > 0, new0 | dem0)
-    # Two agreeing annotations: the earliest (id 2, created first) is merged.
-    assert np.array_equal(read("label1/s_r0_c1.png") > 0, agree_a)
-    # Disagreement and no annotation: no mask at all, listed instead.
-    for sid in ("s_r1_c0", "s_r1_c1"):
+
+def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_path, capsys):
+    ds = dataset
+    s, tasks = export(ds, tmp_path / "r1")
+    assert s["tasks"] == 8 and json.loads((ds / "label_classes.json").read_text())["classes"][1]["folder"] == "label2"
+    assert '<Choices name="quality"' in (tmp_path / "r1" / "label_config.xml").read_text()
+    r1 = round1(tasks)
+    s1 = ingest(ds, r1, tmp_path / "r1.json")
+
+    st = state(ds)
+    assert {k: v["status"] for k, v in st.items()} == {
+        "s0": "merged", "s1": "merged", "s2": "disagreement", "s3": "merged", "s4": "unusable",
+        "s5": "unannotated", "s6": "merged"}
+    # The checker's drawing is the mask (not the annotator's, not their union); who is who by created_at.
+    assert np.array_equal(read(ds, "label1/s0.png"), S0_CHECKER)
+    assert st["s0"]["annotator"] == "ann@x" and st["s0"]["checker"] == "chk@x"
+    assert np.array_equal(read(ds, "label1/s3.png"), S3_NEW)
+    assert np.array_equal(read(ds, "label2/s3.png"), rect(*S3_GONE))
+    assert np.array_equal(read(ds, "label/s3.png"), S3_NEW | rect(*S3_GONE))
+    assert np.array_equal(read(ds, "label1/s6.png"), S6)          # the skipped check is not a drawing
+    for sid in ("s2", "s4", "s5", "s7"):
         assert not any((ds / f / f"{sid}.png").exists() for f in ("label", "label1", "label2"))
-    pending = {r["pair_id"]: r for r in pq.read_table(ds / "annotation_pending").to_pylist()}
-    assert {k: v["status"] for k, v in pending.items()} == {"s_r1_c0": "disagreement", "s_r1_c1": "unannotated"}
-    assert s["merged"] == 2 and s["disagreements"] == ["s_r1_c0"] and s["double_annotated"] == 2
+    assert st["s4"]["reason"] == "cloud, unusable"
+    assert s1["pairs"]["by_status"] == {"merged": 4, "expert": 0, "awaiting_check": 0, "disagreement": 1,
+                                        "unusable": 1, "unannotated": 2, "not_exported": 0, "unreadable": 0}
+    assert s1["annotations"] == {"total": 11, "submitted": 9, "skipped": 2, "annotators": 2, "experts": 0}
+    assert s1["agreement"]["pairs"] == 3 and s1["agreement"]["mean"] == pytest.approx((1 + 1 + 0.6) / 3)
+    assert s1["excluded"] == [{"pair_id": "s4", "status": "unusable", "reason": "cloud, unusable"}]
+    assert s1["pairs"]["decided"] == 5 and s1["double_annotated_share"] == pytest.approx(2 / 4)
+    assert len(history(ds)) == 7 + 11                             # a task row per task, a row per annotation
+    pending = {r["pair_id"]: r["status"] for r in read_table(Store(str(ds)), "annotation_pending").to_pylist()}
+    assert pending == {"s2": "disagreement", "s4": "unusable", "s5": "unannotated"}
 
-    rows = pq.read_table(ds / "annotations").to_pylist()
-    assert len(rows) == (1 + 2 + 2) * 2                               # annotations x classes
-    agree = {(r["pair_id"], r["class"]): r["agreement_f1"] for r in rows if r["order"] == 0}
-    assert agree[("s_r0_c1", "new")] == pytest.approx(f1(agree_a, agree_b))
-    assert agree[("s_r1_c0", "new")] == pytest.approx(f1(rect(0, 20, 0, 20), rect(20, 40, 30, 56)))
-    assert agree[("s_r0_c1", "demolished")] == 1.0                   # both empty: they agree there is none
-    assert s["batch_agreement"] == pytest.approx((f1(agree_a, agree_b) + 0.0) / 2) and s["batch_accepted"] is False
-    first = next(r for r in rows if r["pair_id"] == "s_r0_c0" and r["class"] == "new")
-    pre = rect(5, 15, 5, 20)
-    assert first["iou_vs_prelabel"] == pytest.approx((new0 & pre).sum() / (new0 | pre).sum())
-    assert first["pixels"] == new0.sum() and first["annotator"] == "7" and first["lead_time_s"] == 10.0
+    # Round 2: the review queue carries s2 with both drawings; the annotate queue the pairs not decided.
+    s, review = export(ds, tmp_path / "r2-review", queue="review")
+    assert [t["data"]["item_id"] for t in review] == ["s2"] and review[0]["data"]["queue"] == "review"
+    assert [p["model_version"] for p in review[0]["predictions"]] == ["annotator:ann@x", "checker:chk@x"]
+    assert np.array_equal(decode_mask(review[0]["predictions"][1]["result"][0]["value"]["rle"], W, H), S2_B)
+    s, again = export(ds, tmp_path / "r2")
+    assert sorted(t["data"]["item_id"] for t in again) == ["s5", "s7"]      # never s4 (unusable)
+    r2 = [dict(review[0], id=200, project=2, annotations=[
+              annotation(20, "exp@x", [brush("new", "post", EXPERT)], 20, project=2, ground_truth=True)]),
+          dict(next(t for t in again if t["data"]["item_id"] == "s5"), id=201, project=2, annotations=[
+              annotation(21, "ann@x", [brush("new", "post", S1)], 21, project=2),
+              annotation(22, "chk@x", [brush("new", "post", S1)], 22, project=2)]),
+          dict(next(t for t in again if t["data"]["item_id"] == "s7"), id=202, project=2, annotations=[
+              annotation(23, "ann@x", [brush("new", "post", S6)], 23, project=2)])]
+    ingest(ds, r2, tmp_path / "r2.json")
+    st = state(ds)
+    assert st["s2"]["status"] == "expert" and np.array_equal(read(ds, "label1/s2.png"), EXPERT)
+    assert st["s5"]["status"] == "merged" and st["s7"]["status"] == "merged"
+    # Round 1's pairs are not in round 2's export: their masks stay.
+    assert np.array_equal(read(ds, "label1/s0.png"), S0_CHECKER) and (ds / "label2" / "s3.png").exists()
+    status = run_status(StatusConfig(input=str(ds)))
+    assert status["pairs"]["by_status"]["merged"] == 6 and status["pairs"]["by_status"]["expert"] == 1
+    assert status["pairs"]["decided"] == 8 and status["expert_resolved_share"] == pytest.approx(1 / 7)
+    assert main(["status", "--input", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert "merged 6, expert 1" in out and "excluded s4: cloud, unusable" in out
+    print(out)  # noqa: T201 - the report quotes it (pytest -s)
 
-    # --require-check: the single annotation now waits, and the maps an earlier ingest wrote are withdrawn.
-    s = run_ingest(IngestConfig(input=str(ds), export=str(export), require_check=True))
-    assert s["merged"] == 1 and not (ds / "label" / "s_r0_c0.png").exists()
+    # Round 1's export again, and an empty export: nothing changes, not a byte, not a history row.
+    before, rows = tree_digest(ds), len(history(ds))
+    ingest(ds, r1, tmp_path / "r1.json")
+    assert len(history(ds)) == rows and tree_digest(ds) == before
+    ingest(ds, [], tmp_path / "empty.json")
+    assert tree_digest(ds) == before
+
+    # An edited annotation is a new version; the latest wins.
+    edited = json.loads(json.dumps(r1))
+    s3 = next(t for t in edited if t["data"]["item_id"] == "s3")
+    s3["annotations"][0].update(result=[brush("new", "post", S6)], updated_at="2026-01-02T00:00:00Z")
+    ingest(ds, [s3], tmp_path / "edit.json")
+    assert len(history(ds)) == rows + 1
+    assert np.array_equal(read(ds, "label1/s3.png"), S6) and not read(ds, "label2/s3.png").any()
+    # --require-check: s3, s6 and s7 (single annotations) now wait, and every mask written for them goes.
+    s = ingest(ds, [], tmp_path / "empty.json", require_check=True)
+    assert s["pairs"]["by_status"]["awaiting_check"] == 3
+    for sid in ("s3", "s6", "s7"):
+        assert not any((ds / f / f"{sid}.png").exists() for f in ("label", "label1", "label2"))
 
 
-def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(exported):
-    ds, tmp, _ = exported
-    tasks = json.loads((tmp / "export" / "tasks.json").read_text())
+def test_a_rejected_batch_is_held_for_the_expert(dataset, tmp_path):
+    _, tasks = export(dataset, tmp_path / "r1")
+    by = {t["data"]["pair_id"]: dict(t, id=100 + i, project=1) for i, t in enumerate(tasks)}
+    by["s0"]["annotations"] = [annotation(1, "a", [brush("new", "post", S1)], 1), annotation(2, "b", [brush("new", "post", S1)], 2)]
+    by["s1"]["annotations"] = [annotation(3, "a", [brush("new", "post", S2_A)], 3), annotation(4, "b", [brush("new", "post", rect(30, 40, 40, 56))], 4)]
+    s = ingest(dataset, [by["s0"], by["s1"]], tmp_path / "x.json")
+    assert s["batches"] == [{"project": 1, "mean_agreement": 0.5, "pairs": 2, "accepted": False}]
+    st = state(dataset)
+    assert st["s0"]["status"] == "disagreement" and "batch (project 1) rejected" in st["s0"]["reason"]
+    assert not (dataset / "label" / "s0.png").exists()
+
+
+def test_single_class_scheme_travels_and_a_contradicting_classes_is_one_line(dataset, tmp_path):
+    _, tasks = export(dataset, tmp_path / "r1", classes="change:post")
+    doc = json.loads((dataset / "label_classes.json").read_text())
+    assert doc["classes"] == [{"name": "change", "image": "post", "folder": "label1"}]
+    t = dict(tasks[0], id=1, annotations=[annotation(1, "a", [brush("change", "post", S1)], 1)])
+    s = ingest(dataset, [t], tmp_path / "x.json")                  # no --classes: the dataset's scheme
+    assert s["classes"] == doc["classes"]
+    assert np.array_equal(read(dataset, "label1/s0.png"), S1) and np.array_equal(read(dataset, "label/s0.png"), S1)
+    assert not (dataset / "label2").exists()
+    with pytest.raises(SystemExit, match="contradicts the dataset's label_classes.json"):
+        main(["ingest", "--input", str(dataset), "--export", str(tmp_path / "x.json"), "--classes", "new:post,demolished:pre"])
+
+
+def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(dataset, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    cv2.imwrite(str(model / "s0.png"), rect(5, 15, 5, 20).astype(np.uint8) * 255)
+    _, tasks = export(dataset, tmp_path / "r1", prelabel=f"folder:{model}")
     drawn = rect(8, 20, 10, 30)
-    for i, t in enumerate(tasks):       # as downloaded from the UI: predictions by id only
-        t.update(id=i + 1, predictions=[i + 1], annotations=[annotation(i + 1, 7, [brush("new", "post", drawn)])])
-    export = tmp / "ui-export.json"
-    export.write_text(json.dumps(tasks))
+    t = dict(tasks[0], id=1, predictions=[1], annotations=[annotation(1, 7, [brush("new", "post", drawn)], 1)])
     pre = rect(5, 15, 5, 20)
-    expected = (drawn & pre).sum() / (drawn | pre).sum()
-    for given, iou in (("", None), (str(tmp / "export" / "tasks.json"), expected)):
-        run_ingest(IngestConfig(input=str(ds), export=str(export), tasks=given))
-        rows = pq.read_table(ds / "annotations").to_pylist()
-        row = next(r for r in rows if r["pair_id"] == "s_r0_c0" and r["class"] == "new")
-        assert row["iou_vs_prelabel"] == (None if iou is None else pytest.approx(iou))
+    ingest(dataset, [t], tmp_path / "ui.json", tasks=str(tmp_path / "r1" / "tasks.json"))
+    (row,) = [r for r in history(dataset) if r["annotation_id"] == 1]
+    assert json.loads(row["prelabel_iou"])["new"] == pytest.approx((drawn & pre).sum() / (drawn | pre).sum())
+    assert json.loads(row["pixels"]) == {"new": int(drawn.sum()), "demolished": 0}
+
+
+def test_a_third_class_is_never_dropped(dataset, tmp_path):
+    _, tasks = export(dataset, tmp_path / "r1", classes="building:post,road:post,demolished:pre")
+    drawn = {"building": rect(0, 10, 0, 10), "road": rect(20, 24, 0, 56), "demolished": rect(30, 40, 40, 50)}
+    image = {"building": "post", "road": "post", "demolished": "pre"}
+    t = dict(tasks[0], id=1, annotations=[annotation(1, "a", [brush(c, image[c], m) for c, m in drawn.items()], 1)])
+    ingest(dataset, [t], tmp_path / "x.json")
+    for i, c in enumerate(drawn):
+        assert np.array_equal(read(dataset, f"label{i + 1}/s0.png"), drawn[c])
+    assert np.array_equal(read(dataset, "label/s0.png"), drawn["building"] | drawn["road"] | drawn["demolished"])

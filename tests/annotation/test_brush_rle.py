@@ -64,3 +64,24 @@ def test_wrong_size_and_truncated_stream_are_errors():
         decode_mask(rle, 5, 4)
     with pytest.raises(ValueError, match="ends early"):
         decode_values(encode_mask(np.eye(9, dtype=np.uint8))[:8])
+
+
+def _stream(num: int, records: list[tuple[int, list[int]]]) -> list[int]:
+    """A stream written by hand: (repeated, values) records, 8-bit words, fields of 3, 4, 8, 16 bits."""
+    bits = f"{num:032b}{7:05b}" + "".join(f"{s - 1:04b}" for s in (3, 4, 8, 16))
+    for repeated, values in records:
+        n = len(values) if not repeated else values[1]
+        idx = next(i for i, s in enumerate((3, 4, 8, 16)) if n - 1 < 2 ** s)
+        bits += f"{int(repeated)}{idx:02b}" + format(n - 1, f"0{(3, 4, 8, 16)[idx]}b")
+        bits += f"{values[0]:08b}" if repeated else "".join(f"{v:08b}" for v in values)
+    bits += "0" * (-len(bits) % 8)
+    return [int(bits[i:i + 8], 2) for i in range(0, len(bits), 8)]
+
+
+def test_literal_runs_long_fields_and_a_final_run_past_the_count():
+    """Runs the encoder never writes (literal runs of several values, a 16-bit length field) but a valid
+    stream may hold; the last run is cut at the value count, as Label Studio's decoder does."""
+    rle = _stream(296, [(False, [1, 2, 3, 4, 5]), (True, [9, 20]), (True, [0, 270]), (False, [7, 8])])
+    expected = np.r_[[1, 2, 3, 4, 5], np.full(20, 9), np.zeros(270), [7, 8]][:296].astype(np.uint8)
+    assert np.array_equal(decode_values(rle), expected)
+    assert np.array_equal(decode_values(_stream(4, [(False, [200, 100, 50, 25])])), [200, 100, 50, 25])

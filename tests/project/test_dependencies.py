@@ -18,7 +18,7 @@ from operators.optional import EXTRAS
 REPO = Path(__file__).resolve().parents[2]
 OWN = {"jobs", "operators", "prompts", "tests", "benchmarks"}
 # Imported only inside the Label Studio SDK's own environment (it pins numpy/OpenCV below ours), never
-# from ours: operators/review/studio_client.py runs it there when it is not importable here.
+# from ours: operators/labelstudio/client.py runs it there when it is not importable here.
 OWN_ENVIRONMENT = {"label_studio_sdk",
                    # benchmarks/registration_arosics.py runs in AROSICS's environment (GDAL's bindings)
                    "arosics", "osgeo"}

@@ -30,7 +30,7 @@ TOKEN = "changeforge-test-token-0123456789abcdef"   # test equipment's own key; 
 def venv_dir() -> Path:
     """LABEL_STUDIO_VENV, else the review job's default (``~/.cache/changeforge/venv-labelstudio``), so
     that the job finds the SDK there too; never inside the checkout."""
-    from operators.review.studio_client import default_venv
+    from operators.labelstudio.client import default_venv
     return Path(os.environ.get("LABEL_STUDIO_VENV") or default_venv())
 
 
