@@ -168,3 +168,24 @@ def openai_server(openai_test_server_process, llm_namespace):
     server.reset()
     yield server
     server.restore_defaults()
+
+
+@pytest.fixture(scope="session")
+def label_studio(tmp_path_factory):
+    """The session's one Label Studio server on 127.0.0.1 (its own venv; installed on first use), serving
+    local files from a document root (``document_root``) holding a copy of data/levir-cd; a test puts
+    its own datasets under that root too."""
+    import shutil
+    from tests.review.label_studio_env import LabelStudioServer, venv_dir
+    base = tmp_path_factory.mktemp("label-studio")
+    root = base / "root"
+    shutil.copytree(DATA / "levir-cd", root / "levir-cd")
+    server = LabelStudioServer(base / "data", root, startup_s=900)
+    server.start()
+    # the jobs find the SDK in the same environment as the server (LABEL_STUDIO_VENV may move it)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -30,7 +30,7 @@ def _extra_hint(module: str, step: str) -> str:
 
 
 def _studio_hint(step: str) -> str | None:
-    from operators.review import studio_client as sc
+    from operators.labelstudio import client as sc
     if _installed("label_studio_sdk") or os.path.exists(sc.sdk_python()):
         return None
     venv = os.path.dirname(os.path.dirname(sc.sdk_python()))

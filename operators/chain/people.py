@@ -42,7 +42,7 @@ def fingerprint(export: str, project_id: int | None, studio_call=None) -> str:
     ``studio_call``: the Label Studio client's ``call`` (injected; imported when None)."""
     if is_server(export):
         if studio_call is None:
-            from operators.review.studio_client import call as studio_call
+            from operators.labelstudio.client import call as studio_call
         return export_fingerprint(studio_call("export_json", url=export, project_id=int(project_id or 0)))
     try:
         return file_fingerprint(read_uri(export))

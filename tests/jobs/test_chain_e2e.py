@@ -1,13 +1,21 @@
-"""The whole chain on real data, each job on the previous job's real output: two NAIP scenes -> pairs job
-(the demo geometry) -> annotate export into a real Label Studio -> two annotators through its API
-(brush masks of known shapes, one pair in disagreement) -> annotate ingest -> captions and QA against
-the OpenAI-compatible test server -> validate -> review export -> report -> score change with the
-pre-labels as predictions. One run for the module; each test checks one seam."""
+"""The full loop through ``changeforge chain``, with people in a real Label Studio (the session's one):
+two NAIP scenes -> pairs -> annotate export into project 1 -> the chain waits for the annotators ->
+round 1 through the REST API as their browsers do it (two agreeing pairs, one disagreement, one single
+annotation, one unusable, one skipped) -> the chain ingests the saved export and still waits -> round 2
+in a second project (the expert's ground-truth drawing resolves the disagreement, the open pairs are
+drawn) -> the chain picks up the new export by itself and runs captions, QA, validate, the report and
+publish -> round 1's export saved again is ingested again and changes nothing. One run for the module;
+each test checks one stage."""
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import cv2
@@ -17,12 +25,10 @@ import pytest
 
 from tests.annotation import drawing
 from tests.annotation.drawing import brush
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO
 from tests.review.test_review_label_studio import api
 
-# Starts its own Label Studio (its document root must hold the pairs output); the whole chain is set up
-# in the first test, hence the longer timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.labelstudio, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SCENES = ("m_4709963_se_14_1_20160816.tif", "m_4709963_se_14_1_20200831.tif")
 CROP = 256
@@ -32,88 +38,17 @@ def rect(y0, y1, x0, x1):
     return drawing.rect((CROP, CROP), y0, y1, x0, x1)
 
 
-# What the two annotators draw, by position of the pair in sorted order; the rest stays unannotated.
-PLAN = {
-    0: [{"new": rect(10, 60, 20, 90), "demolished": rect(100, 140, 150, 230)}],            # one annotation
-    1: [{"new": rect(30, 80, 30, 80)}, {"new": rect(30, 80, 32, 80)}],                      # two that agree
-    2: [{"new": rect(0, 50, 0, 50)}, {"new": rect(150, 250, 150, 250)}],                    # two that disagree
-    3: [{}],                                                                                # "no change here"
-}
+def patch(server, path, payload):
+    req = urllib.request.Request(server.url + path, data=json.dumps(payload).encode(), method="PATCH",
+                                 headers={"Authorization": f"Token {server.token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
 
 
-def masks_of(drawn: dict) -> dict:
-    return {c: drawn.get(c, np.zeros((CROP, CROP), bool)) for c in ("new", "demolished")}
-
-
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory, ray_session, openai_test_server_process):
-    from jobs import annotate, build_pairs, caption, qa, report, review, score, validate
-    from operators.pairs.selection.pairing import PairingConfig
-    from operators.pairs.registration.registration import RegistrationConfig
-    from tests.review.label_studio_env import LabelStudioServer, venv_dir
-
-    base = tmp_path_factory.mktemp("chain")
-    archive, root = base / "archive", base / "root"
-    archive.mkdir()
-    for name in SCENES:
-        shutil.copy(DATA / "naip" / name, archive / name)
-    pairs = root / "pairs"          # under Label Studio's document root: served as local files
-    out = {"base": base, "pairs": pairs}
-    out["build"] = build_pairs.run(
-        # Seed 3 draws the archive's one location into the test split: a job that labelled pairs by its
-        # --default-split (train) instead of list/ would show at every seam.
-        build_pairs.PairsJobConfig(input=str(archive), output=str(pairs), slice_size=512, stride=128, seed=3),
-        PairingConfig(reference_date="2021-01-01"),
-        RegistrationConfig(crop_size=CROP, tile_size=512, search_margin_px=64))
-
-    server = LabelStudioServer(base / "ls-data", root, startup_s=600)
-    server.start()
-    with pytest.MonkeyPatch.context() as mp:
-        try:
-            mp.setenv("LABEL_STUDIO_API_KEY", server.token)
-            mp.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
-            mp.setenv("OPENAI_API_KEY", "test-key")
-            export_cfg = annotate.ExportConfig(input=str(pairs), output=str(base / "tasks"), prelabel="cva",
-                                               annotations_per_task=2, label_studio_url=server.url)
-            out["export"] = annotate.run_export(export_cfg)
-            out["export_again"] = annotate.run_export(dataclasses.replace(   # reuses the project, imports
-                export_cfg, output=str(base / "tasks-again"), prelabel=""))      # nothing twice
-            pid = out["export"]["label_studio"]["project_id"]
-            out["project"] = api(server, f"/api/projects/{pid}")
-            listed = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"],
-                            key=lambda t: t["data"]["pair_id"])
-            out["listed"] = listed
-            out["served"] = api(server, listed[0]["data"]["pre"])
-            second = api(server, "/api/users/", {"email": "second@changeforge.test", "username": "second",
-                                                  "first_name": "Second", "last_name": "Annotator"})["id"]
-            first = api(server, "/api/current-user/whoami")["id"]
-            out["annotators"] = (first, second)
-            for i, drawings in PLAN.items():
-                for who, drawn in zip((first, second), drawings):
-                    image = {"new": "post", "demolished": "pre"}
-                    api(server, f"/api/tasks/{listed[i]['id']}/annotations/", {
-                        "result": [brush(c, image[c], m) for c, m in drawn.items()], "completed_by": who,
-                        "lead_time": 30.0 + i})
-            out["ingest"] = annotate.run_ingest(annotate.IngestConfig(input=str(pairs), export=server.url,
-                                                                      project_id=pid))
-        finally:
-            server.stop()
-
-        llm = openai_test_server_process
-        llm.configure(latency_ms=0, reject_json_schema=False, faults=[])
-        common = dict(model="test-model", base_url=llm.base_url, timeout_s=5.0, max_retries=2, actors=1,
-                      concurrent_batches=4, batch_size=4, progress_every_s=5.0)
-        out["caption"] = caption.run(caption.CaptionJobConfig(input=str(pairs), output=str(base / "captions"), **common))
-        out["qa"] = qa.run(qa.QAJobConfig(input=str(base / "captions"), output=str(base / "qa"), **common))
-    out["validate"] = validate.run(str(base / "qa" / "VQA.json"), str(base / "audit"))
-    out["review"] = review.run_export(review.ExportConfig(input=str(base / "captions"), output=str(base / "review"),
-                                                          sample=4, include_rejected=True))
-    rcfg = report.ReportConfig(input=[str(base / "captions"), str(base / "qa")], output=str(base / "report"))
-    out["report"] = report.run(rcfg)
-    out["gallery"] = report.gallery(rcfg, report.load_inputs(rcfg.input))
-    out["score"] = score.run_change(score.ChangeScoreConfig(pred=str(base / "tasks" / "prelabels" / "cva"),
-                                                            label=str(pairs / "label"), output=str(base / "score")))
-    return out
+def digest(folder: Path, under=("label", "label1", "label2", "annotations", "annotation_state",
+                                "annotation_pending")) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for d in under for p in sorted((folder / d).rglob("*")) if p.is_file()}
 
 
 def read_mask(path: Path) -> np.ndarray:
@@ -122,101 +57,189 @@ def read_mask(path: Path) -> np.ndarray:
     return m > 0
 
 
-def list_splits(pairs: Path) -> dict[str, str]:
-    return {line.strip()[:-4]: split for split in ("train", "val", "test")
-            for line in (pairs / "list" / f"{split}.txt").read_text().splitlines() if line.strip()}
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory, label_studio, openai_test_server_process):
+    from operators.labelstudio.client import call
+    from operators.chain import people
+
+    server, llm = label_studio, openai_test_server_process
+    llm.configure(latency_ms=0, reject_json_schema=False, faults=[])
+    base = tmp_path_factory.mktemp("chain-e2e")
+    archive = base / "archive"
+    archive.mkdir()
+    for name in SCENES:
+        shutil.copy(DATA / "naip" / name, archive / name)
+    root = server.document_root / base.name / "root"     # under Label Studio's document root: images served
+    export = root / "ls-export.json"
+    config = base / "chain.yaml"
+    config.write_text(f"""output: {root}
+steps:
+  - pairs: {{input: {archive}, slice-size: 512, stride: 128, split-seed: 3, reference-date: "2021-01-01",
+             crop-size: {CROP}, tile-size: 512, search-margin-px: 64}}
+  - annotate export: {{prelabel: cva, annotations-per-task: 2, label-studio-url: "{server.url}",
+                       project-title: "chain e2e {base.name} round 1", local-files-root: {server.document_root}}}
+  - annotate ingest: {{export: {export}}}
+  - caption: {{model: test-model, base-url: "{llm.base_url}", timeout-s: 5, max-retries: 2}}
+  - qa: {{model: test-model, base-url: "{llm.base_url}", timeout-s: 5, max-retries: 2}}
+  - validate: {{}}
+  - report: {{}}
+  - publish: {{name: naip-e2e, version: 1.0.0, licence: CC0-1.0, date: "2026-01-01"}}
+""")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LABEL_STUDIO_API_KEY": server.token, "OPENAI_API_KEY": "test-key",
+           "RAY_ADDRESS": ""}
+
+    def chain(*extra):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
+                              env=env, capture_output=True, text=True, timeout=1200)
+        return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+
+    def save_export(project_id: int, path: Path) -> None:   # the team lead: Export -> JSON in the UI
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+            path.write_text(json.dumps(call("export_json", url=server.url, project_id=project_id)))
+
+    pairs = root / "pairs"
+    out = {"root": root, "pairs": pairs, "export": export, "server": server}
+    out["run1"] = chain()                           # pairs, export; no export from the annotators yet
+    summary = json.loads((root / "annotate" / "export_summary.json").read_text())
+    pid = summary["label_studio"]["project_id"]
+    tasks = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"], key=lambda t: t["data"]["pair_id"])
+    out["tasks1"] = tasks
+    ids = [t["data"]["pair_id"] for t in tasks]
+    first = api(server, "/api/current-user/whoami")["id"]
+    second = api(server, "/api/users/", {"email": f"checker-{base.name}@changeforge.test", "username": f"c{base.name}",
+                                         "first_name": "C", "last_name": "C"})["id"]
+
+    def annotate(task, who, result, **extra):
+        return api(server, f"/api/tasks/{task['id']}/annotations/", {"result": result, "completed_by": who,
+                                                                      "lead_time": 30.0, **extra})
+    # Round 1, by position in id order.
+    annotate(tasks[0], first, [brush("new", "post", rect(30, 80, 30, 80))])
+    annotate(tasks[0], second, [brush("new", "post", rect(30, 81, 30, 80))])           # agree (a pixel off)
+    annotate(tasks[1], first, [brush("demolished", "pre", rect(100, 140, 150, 230))])
+    annotate(tasks[1], second, [brush("demolished", "pre", rect(100, 140, 150, 230))])  # agree
+    annotate(tasks[2], first, [brush("new", "post", rect(0, 50, 0, 50))])
+    annotate(tasks[2], second, [brush("new", "post", rect(150, 250, 150, 250))])       # disagree
+    annotate(tasks[3], first, [brush("new", "post", rect(10, 60, 20, 90))])             # one annotation
+    annotate(tasks[4], first, [{"type": "choices", "from_name": "quality", "to_name": "post",
+                                "value": {"choices": ["unusable", "cloud"]}}])           # unusable: cloud
+    annotate(tasks[5], first, [], was_cancelled=True)                                   # skipped
+    save_export(pid, export)
+    shutil.copy(export, base / "round1.json")
+    out["run2"] = chain()                           # ingest round 1; pairs still undecided
+    out["status1"] = subprocess.run([sys.executable, "-m", "jobs.cli", "annotate", "status", "--input", str(pairs)],
+                                    env=env, capture_output=True, text=True, timeout=300).stdout
+    out["ids"] = ids
+
+    # Round 2 in a second project: the open pairs, and the disagreement for the expert.
+    from jobs import annotate as annotate_job
+    title2 = f"chain e2e {base.name} round 2"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+        r2 = annotate_job.run_export(annotate_job.ExportConfig(
+            input=str(pairs), output=str(base / "round2"), label_studio_url=server.url, project_title=title2,
+            local_files_root=str(server.document_root)))
+        annotate_job.run_export(annotate_job.ExportConfig(
+            input=str(pairs), output=str(base / "round2-review"), queue="review", label_studio_url=server.url,
+            project_title=title2, local_files_root=str(server.document_root)))
+    pid2 = r2["label_studio"]["project_id"]
+    assert pid2 != pid
+    tasks2 = {t["data"]["pair_id"]: t for t in api(server, f"/api/tasks?project={pid2}&page_size=100")["tasks"]}
+    out["tasks2"] = tasks2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+        out["fp2_before"] = people.fingerprint(server.url, pid2)
+    expert = annotate(tasks2[ids[2]], first, [brush("new", "post", rect(0, 60, 0, 60))], ground_truth=True)
+    if not expert.get("ground_truth"):       # marked in the Data Manager, as Label Studio does it
+        patch(server, f"/api/annotations/{expert['id']}/", {"ground_truth": True})
+    for i, pair_id in enumerate(ids[5:]):
+        annotate(tasks2[pair_id], second, [brush("new", "post", rect(5, 40 + i, 5, 40))])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+        out["fp2_after"] = people.fingerprint(server.url, pid2)
+    save_export(pid2, export)
+    out["run3"] = chain()                           # the new export at the same path: ingest, then the rest
+    out["after_round2"] = digest(pairs)
+    out["release_sums"] = (root / "releases" / "1.0.0" / "SHA256SUMS").read_text()
+    out["status2"] = subprocess.run([sys.executable, "-m", "jobs.cli", "annotate", "status", "--input", str(pairs)],
+                                    env=env, capture_output=True, text=True, timeout=300).stdout
+
+    shutil.copy(base / "round1.json", export)       # round 1's export arrives again
+    out["run4"] = chain()
+    out["after_again"] = digest(pairs)
+    out["release_sums_again"] = (root / "releases" / "1.0.0" / "SHA256SUMS").read_text()
+    out["run5"] = chain()
+    print(out["status2"])  # noqa: T201 - the status a team lead reads (pytest -s)
+    return out
 
 
-def test_export_every_accepted_pair_is_a_task_with_its_split_and_prelabel(chain):
-    pairs, splits = chain["pairs"], list_splits(chain["pairs"])
-    stems = sorted(p.stem for p in (pairs / "A").glob("*.png"))
-    assert len(stems) == chain["build"]["accepted_total"] >= 6 and sorted(splits) == stems
-    assert set(splits.values()) == {"test"}
-    tasks = json.loads((chain["base"] / "tasks" / "tasks.json").read_text())
-    assert {t["data"]["pair_id"]: t["data"]["split"] for t in tasks} == splits
-    assert all(t["predictions"][0]["model_version"] == "changeforge:cva" for t in tasks)
-    # In Label Studio: every task once, with its prediction, images served from the pairs output.
-    assert chain["project"]["maximum_annotations"] == 2
-    again = chain["export_again"]["label_studio"]
-    assert again["project_id"] == chain["project"]["id"] and again["imported"] == 0
-    assert again["already_there"] == len(stems)
-    assert sorted(t["data"]["pair_id"] for t in chain["listed"]) == stems
-    assert all(t["total_predictions"] == 1 for t in chain["listed"])
-    assert chain["served"] == (pairs / "A" / f"{chain['listed'][0]['data']['pair_id']}.png").read_bytes()
+def explain(run: dict) -> str:
+    return run["out"][-3000:] + run["err"][-3000:]
 
 
-def test_ingest_masks_equal_the_drawn_shapes_and_the_disagreement_is_withheld(chain):
-    pairs, listed = chain["pairs"], chain["listed"]
-    for i in (0, 1, 3):
-        stem, drawn = listed[i]["data"]["pair_id"], masks_of(PLAN[i][0])
-        assert np.array_equal(read_mask(pairs / "label1" / f"{stem}.png"), drawn["new"])
-        assert np.array_equal(read_mask(pairs / "label2" / f"{stem}.png"), drawn["demolished"])
-        assert np.array_equal(read_mask(pairs / "label" / f"{stem}.png"), drawn["new"] | drawn["demolished"])
-    withheld = [t["data"]["pair_id"] for t in listed[2:3] + listed[4:]]
-    for stem in withheld:
-        assert not any((pairs / f / f"{stem}.png").exists() for f in ("label", "label1", "label2"))
-    pending = {r["pair_id"]: r["status"] for r in pq.read_table(pairs / "annotation_pending").to_pylist()}
-    assert pending == {withheld[0]: "disagreement", **{s: "unannotated" for s in withheld[1:]}}
-    assert chain["ingest"]["merged"] == 3 and chain["ingest"]["disagreements"] == [withheld[0]]
+def test_the_chain_waits_for_the_annotators_export(loop):
+    r = loop["run1"]
+    assert r["code"] == 3, explain(r)
+    assert f"waiting for annotators: no export at {loop['export']} yet" in r["out"]
+    assert len(loop["ids"]) >= 7 and len(set(loop["ids"])) == len(loop["ids"])
 
 
-def test_agreement_and_prelabel_iou_equal_an_independent_computation(chain):
-    rows = pq.read_table(chain["pairs"] / "annotations").to_pylist()
-    listed = chain["listed"]
-    for i in (1, 2):
-        a, b = (masks_of(d)["new"] for d in PLAN[i])
-        inter, union = int((a & b).sum()), int((a | b).sum())
-        row = next(r for r in rows if r["pair_id"] == listed[i]["data"]["pair_id"] and r["class"] == "new"
-                   and r["order"] == 0)
-        assert row["agreement_iou"] == pytest.approx(inter / union)
-        assert row["agreement_f1"] == pytest.approx(2 * inter / (a.sum() + b.sum()))
-        assert {r["annotator"] for r in rows if r["pair_id"] == row["pair_id"]} == {str(x) for x in chain["annotators"]}
-    stem = listed[0]["data"]["pair_id"]
-    cva = read_mask(chain["base"] / "tasks" / "prelabels" / "cva" / f"{stem}.png")
-    drawn = PLAN[0][0]["new"]
-    row = next(r for r in rows if r["pair_id"] == stem and r["class"] == "new")
-    assert row["iou_vs_prelabel"] == pytest.approx((cva & drawn).sum() / (cva | drawn).sum())
-    assert row["lead_time_s"] == 30.0 and row["pixels"] == drawn.sum()
+def test_round_one_is_ingested_and_the_chain_says_how_far_the_people_are(loop):
+    r, n = loop["run2"], len(loop["ids"])
+    assert r["code"] == 3, explain(r)
+    assert "annotate ingest (not finished before)" in r["out"] and "step 4/8 caption" not in r["out"]
+    # decided: two agreeing, one single annotation, one unusable
+    m = re.search(r"waiting for annotators: (\d+) of (\d+) pairs decided \((.*?)\)", r["out"])
+    assert m and (int(m[1]), int(m[2])) == (4, n), r["out"]
+    assert "disagreement 1" in m[3] and f"unannotated {n - 5}" in m[3]
+    assert "disagreement" in loop["status1"] and "unusable" in loop["status1"]
 
 
-def test_captions_and_qa_take_the_pairs_output_with_its_splits(chain):
-    pairs, splits = chain["pairs"], list_splits(chain["pairs"])
-    merged = sorted(p.stem for p in (pairs / "label").glob("*.png"))
-    n_unlabelled = len(splits) - len(merged)
-    for job, folder in (("caption", "captions"), ("qa", "qa")):
-        s = chain[job]
-        assert s["pairs_found"] == len(merged) == 3 and s["errors"] == 0
-        assert s["pairs_skipped"] == {"no change mask in label/ yet (not annotated)": n_unlabelled}
-        rows = pq.read_table(chain["base"] / folder / "pairs").to_pylist()
-        assert sorted(r["pair_id"] for r in rows) == merged
-        assert all(r["split"] == splits[r["pair_id"]] for r in rows)
-    source = json.loads((chain["base"] / "qa" / "source.json").read_text())
-    assert Path(source["dataset"]) == pairs
-    cc = json.loads((chain["base"] / "captions" / "LevirCCcaptions.json").read_text())
-    written = {i["filename"][:-4]: i["split"] for i in cc["images"]}   # pairs with a selected caption
-    assert written and written == {m: splits[m] for m in written} and set(written) <= set(merged)
+def test_the_server_fingerprint_changes_with_the_people_s_work(loop):
+    assert loop["fp2_before"].startswith("labelstudio:") and loop["fp2_after"] != loop["fp2_before"]
 
 
-def test_validate_review_and_report_find_the_dataset_without_images_options(chain):
-    vqa = json.loads((chain["base"] / "qa" / "VQA.json").read_text())
-    n_answers = sum(len(i["qa"]) for i in vqa["images"])
-    assert chain["validate"]["claims"] == n_answers > 0 and chain["validate"]["errors"] == 0
-    tasks = json.loads((chain["base"] / "review" / "tasks.json").read_text())
-    assert len(tasks) == 4 and all("pairs/A/" in t["data"]["pre"] for t in tasks)
-    assert chain["report"]["captions"] and chain["report"]["qa"] and chain["report"]["car"]["source"]
-    assert chain["gallery"] and all(g.images["pre"] is not None and g.images["mask"] is not None
-                                    for g in chain["gallery"])
+def test_the_chain_picks_up_round_two_by_itself_and_runs_to_the_release(loop):
+    r, ids = loop["run3"], loop["ids"]
+    assert r["code"] == 0, explain(r)
+    assert "annotate ingest (its input changed" in r["out"] and "ran 6 step(s); done" in r["out"]
+    assert "step 1/8 pairs" not in r["out"] and "step 2/8 annotate export" not in r["out"]
+    pairs = loop["pairs"]
+    state = {r["pair_id"]: r["status"] for r in pq.read_table(pairs / "annotation_pending").to_pylist()} \
+        if (pairs / "annotation_pending").exists() else {}
+    assert state.get(ids[4]) == "unusable"
+    s = json.loads((pairs / "annotation_summary.json").read_text())
+    assert s["pairs"]["decided"] == s["pairs"]["total"] == len(ids)
+    assert s["pairs"]["by_status"]["expert"] == 1 and s["pairs"]["by_status"]["unusable"] == 1
+    # The expert's drawing decided the disagreement.
+    assert np.array_equal(read_mask(pairs / "label1" / f"{ids[2]}.png"), rect(0, 60, 0, 60))
 
 
-def test_score_change_with_the_prelabels_as_predictions(chain):
-    pairs = chain["pairs"]
-    labelled = sorted(p.name for p in (pairs / "label").glob("*.png"))
-    tp = fp = fn = 0
-    for name in labelled:
-        pred = read_mask(chain["base"] / "tasks" / "prelabels" / "cva" / name)
-        truth = read_mask(pairs / "label" / name)
-        tp, fp, fn = tp + int((pred & truth).sum()), fp + int((pred & ~truth).sum()), fn + int((~pred & truth).sum())
-    doc = chain["score"]
-    assert doc["n_images"] == len(labelled) == 3
-    assert doc["n_errors"] == len(list((pairs / "A").glob("*.png"))) - 3       # predictions without a mask yet
-    assert doc["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+def test_the_release_holds_exactly_the_decided_pairs_and_lists_the_unusable_one(loop):
+    ids, release = loop["ids"], loop["root"] / "releases" / "1.0.0"
+    published = {json.loads(p.read_text())["id"] for p in (release / "stac" / "items").glob("*.json")}
+    assert published == set(ids) - {ids[4]}
+    excluded = json.loads((release / "excluded.json").read_text())
+    assert [(e["item"], e["stage"], e["status"]) for e in excluded] == [(ids[4], "annotation", "unusable")]
+    assert "cloud" in excluded[0]["reason"]
+    for i in (0, 1, 3):       # the merged masks are what was drawn (the checker's for an agreeing pair)
+        split = json.loads((release / "stac" / "items" / f"{ids[i]}.json").read_text())["properties"]["ml-aoi:split"]
+        assert np.array_equal(read_mask(release / split / "label" / f"{ids[i]}.png"),
+                              read_mask(loop["pairs"] / "label" / f"{ids[i]}.png"))
+    croissant = json.loads((release / "croissant.json").read_text())
+    assert "double-annotated share" in croissant["rai:dataAnnotationAnalysis"]
+    assert "1 pair(s) the annotators marked unusable" in croissant["rai:dataPreprocessingProtocol"]
+    card = (release / "README.md").read_text()
+    assert f"- {ids[4]}: unusable:" in card
+    # captions and QA ran on the pairs output with their masks
+    cc = json.loads((loop["root"] / "captions" / "LevirCCcaptions.json").read_text())
+    assert {i["filename"][:-4] for i in cc["images"]} <= published
+
+
+def test_round_one_ingested_again_changes_nothing(loop):
+    r = loop["run4"]
+    assert r["code"] == 0, explain(r)
+    assert "annotate ingest (its input changed" in r["out"]
+    assert loop["after_again"] == loop["after_round2"]
+    assert loop["release_sums_again"] == loop["release_sums"]
+    assert loop["run5"]["code"] == 0 and "ran 0 step(s)" in loop["run5"]["out"], explain(loop["run5"])
