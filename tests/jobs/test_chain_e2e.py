@@ -58,11 +58,12 @@ def read_mask(path: Path) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory, label_studio, openai_test_server_process):
+def loop(tmp_path_factory, label_studio, openai_test_server_process, request):
     from operators.labelstudio.client import call
     from operators.chain import people
 
     server, llm = label_studio, openai_test_server_process
+    request_finalizer = request.addfinalizer
     llm.configure(latency_ms=0, reject_json_schema=False, faults=[])
     base = tmp_path_factory.mktemp("chain-e2e")
     archive = base / "archive"
@@ -85,8 +86,14 @@ steps:
   - report: {{}}
   - publish: {{name: naip-e2e, version: 1.0.0, licence: CC0-1.0, date: "2026-01-01"}}
 """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LABEL_STUDIO_API_KEY": server.token, "OPENAI_API_KEY": "test-key",
-           "RAY_ADDRESS": ""}
+    # One Ray for the chain's steps to attach to (RAY_ADDRESS, as on a cluster): on a loaded machine a
+    # local Ray per step can miss Ray's 30 s raylet start-up limit.
+    from tests.jobs.ray_head import ray_head
+    head = ray_head()
+    cluster = head.__enter__()
+    request_finalizer(lambda: head.__exit__(None, None, None))
+    env = {**cluster.env, "PYTHONPATH": str(REPO), "LABEL_STUDIO_API_KEY": server.token, "OPENAI_API_KEY": "test-key",
+           "RAY_ADDRESS": cluster.address}
 
     def chain(*extra):
         proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
@@ -101,6 +108,7 @@ steps:
     pairs = root / "pairs"
     out = {"root": root, "pairs": pairs, "export": export, "server": server}
     out["run1"] = chain()                           # pairs, export; no export from the annotators yet
+    assert out["run1"]["code"] == 3, explain(out["run1"])
     summary = json.loads((root / "annotate" / "export_summary.json").read_text())
     pid = summary["label_studio"]["project_id"]
     tasks = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"], key=lambda t: t["data"]["pair_id"])
@@ -127,6 +135,7 @@ steps:
     save_export(pid, export)
     shutil.copy(export, base / "round1.json")
     out["run2"] = chain()                           # ingest round 1; pairs still undecided
+    assert out["run2"]["code"] == 3, explain(out["run2"])
     out["status1"] = subprocess.run([sys.executable, "-m", "jobs.cli", "annotate", "status", "--input", str(pairs)],
                                     env=env, capture_output=True, text=True, timeout=300).stdout
     out["ids"] = ids
@@ -159,6 +168,7 @@ steps:
         out["fp2_after"] = people.fingerprint(server.url, pid2)
     save_export(pid2, export)
     out["run3"] = chain()                           # the new export at the same path: ingest, then the rest
+    assert out["run3"]["code"] == 0, explain(out["run3"])
     out["after_round2"] = digest(pairs)
     out["release_sums"] = (root / "releases" / "1.0.0" / "SHA256SUMS").read_text()
     out["status2"] = subprocess.run([sys.executable, "-m", "jobs.cli", "annotate", "status", "--input", str(pairs)],
@@ -166,9 +176,11 @@ steps:
 
     shutil.copy(base / "round1.json", export)       # round 1's export arrives again
     out["run4"] = chain()
+    assert out["run4"]["code"] == 0, explain(out["run4"])
     out["after_again"] = digest(pairs)
     out["release_sums_again"] = (root / "releases" / "1.0.0" / "SHA256SUMS").read_text()
     out["run5"] = chain()
+    (Path(os.environ.get("CHAIN_E2E_NOTES", str(base))) / "annotate-status.txt").write_text(out["status2"])
     print(out["status2"])  # noqa: T201 - the status a team lead reads (pytest -s)
     return out
 
