@@ -40,7 +40,7 @@ def workdir(tmp_path: Path) -> Path:
 
 @pytest.mark.slow          # six steps, each its own process; captions and QA start a Ray each
 @pytest.mark.timeout(900)
-def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_process, request):
+def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_process, request, ray_session):
     server = openai_test_server_process
     server.configure(latency_ms=0, reject_json_schema=False, faults=[])
     text = chain_file("chain-levir.yaml")
@@ -48,13 +48,10 @@ def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_p
     cwd = workdir(tmp_path)
     config = cwd / "chain-levir.yaml"
     config.write_text(text.replace(DOC_URL, server.base_url))   # the session's server, not the page's port
-    # One Ray for the steps to attach to (RAY_ADDRESS, as on a cluster): on a loaded machine a local Ray
-    # per step can miss Ray's 30 s raylet start-up limit.
-    from tests.jobs.ray_head import ray_head
-    head = ray_head()
-    cluster = head.__enter__()
-    request.addfinalizer(lambda: head.__exit__(None, None, None))
-    env = {**cluster.env, "OPENAI_API_KEY": "test-key", "RAY_ADDRESS": cluster.address}
+    # The steps attach to the session's Ray (RAY_ADDRESS, as on a cluster): on a loaded machine a local
+    # Ray started by each step can miss Ray's fixed 30 s node start-up limit.
+    ray_address = ray_session.address_info["gcs_address"]
+    env = {**os.environ, "OPENAI_API_KEY": "test-key", "RAY_ADDRESS": ray_address}
     out = run_chain(cwd, config, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     root = cwd / yaml.safe_load(text)["output"]
