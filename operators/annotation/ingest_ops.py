@@ -276,6 +276,9 @@ def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: D
             labels.append(write_masks(dataset, pair, classes, d.masks))
         elif (before.get(pid) or {}).get("status") in WITH_MASK:
             withdraw_masks(dataset, pair, classes)
+            # labels/ keeps the pair as unlabelled (no URI, no pixels): the report's CAR drops it.
+            labels.append({"slice_id": pid, "label_uri": None, "new_pixels": None, "demolished_pixels": None,
+                           "changed_pixels": None})
         states.append(state_row(d, pair))
         pending.append({"pair_id": pid, "split": pair["split"], "task_id": latest_task.get(pid), "status": d.status,
                         "annotations": d.annotations, "pair_agreement": d.agreement, "reason": d.reason,

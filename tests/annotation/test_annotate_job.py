@@ -199,6 +199,8 @@ def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_
     assert s["pairs"]["by_status"]["awaiting_check"] == 3
     for sid in ("s3", "s6", "s7"):
         assert not any((ds / f / f"{sid}.png").exists() for f in ("label", "label1", "label2"))
+    labels = {r["slice_id"]: r for r in read_table(Store(str(ds)), "labels").to_pylist()}
+    assert labels["s3"]["label_uri"] is None and labels["s0"]["changed_pixels"] == int(S0_CHECKER.sum())
 
 
 def test_a_rejected_batch_is_held_for_the_expert(dataset, tmp_path):
