@@ -197,7 +197,10 @@ def _annotate_rows(rows: list[dict], decoder: _Decoder, classes, errors: list[di
         try:
             w, h = decoder.size(r["pair_id"])
             pre = class_masks(json.loads(task["result"]), classes, w, h)
-            r["prelabel_iou"] = json.dumps({c.name: overlap(masks[c.name], pre[c.name])[0] for c in classes})
+            # A class neither drew is left out (null): "both empty" says nothing about the pre-label.
+            r["prelabel_iou"] = json.dumps({c.name: (overlap(masks[c.name], pre[c.name])[0]
+                                                     if masks[c.name].any() or pre[c.name].any() else None)
+                                            for c in classes})
         except (ValueError, OSError) as exc:
             errors.append(error_record(r["pair_id"], "annotate_prelabel_iou", exc, job=JOB, run_id=run_id))
 
