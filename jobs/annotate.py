@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from operators.annotation import export_ops
 from operators.annotation.decisions import REVIEW_QUEUE, DecisionConfig
-from operators.annotation.ingest_ops import ingest, ordered_run_id, resolve_classes, summarise
+from operators.annotation.ingest_ops import PENDING_SCHEMA, ingest, ordered_run_id, resolve_classes, summarise
 from operators.annotation.prelabels import run_prelabels
 from operators.annotation.scheme import DEFAULT_CLASSES, labeling_config, parse_classes, read_scheme
 from operators.annotation.summary import format_status
@@ -41,7 +41,7 @@ from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.layout import discover_pairs
 from operators.io.sources import holds_images, write_source
 from operators.io.storage import Store, read_uri
-from operators.io.tables import ERRORS_SCHEMA, write_table_shard
+from operators.io.tables import ERRORS_SCHEMA, read_table, write_table_shard
 from operators.review.image_urls import ImageUrls
 
 log = logging.getLogger("changeforge.annotate")
@@ -179,7 +179,10 @@ def run_ingest(cfg: IngestConfig) -> dict:
     decisions = _decision_config(cfg)
     summary = ingest(dataset, tasks, classes, decisions, ordered_run_id(dataset), cfg.project_id)
     by = summary["pairs"]["by_status"]
-    return {**summary, "tasks": len(tasks), "input": dataset.uri(), "merged": by["merged"] + by["expert"]}
+    held = read_table(dataset, "annotation_pending", PENDING_SCHEMA)
+    disagreements = sorted(r["pair_id"] for r in ([] if held is None else held.to_pylist()) if r["status"] == "disagreement")
+    return {**summary, "tasks": len(tasks), "input": dataset.uri(), "merged": by["merged"] + by["expert"],
+            "disagreements": disagreements}
 
 
 def run_status(cfg: StatusConfig) -> dict:

@@ -197,7 +197,10 @@ def _annotate_rows(rows: list[dict], decoder: _Decoder, classes, errors: list[di
         try:
             w, h = decoder.size(r["pair_id"])
             pre = class_masks(json.loads(task["result"]), classes, w, h)
-            r["prelabel_iou"] = json.dumps({c.name: overlap(masks[c.name], pre[c.name])[0] for c in classes})
+            # A class neither drew is left out (null): "both empty" says nothing about the pre-label.
+            r["prelabel_iou"] = json.dumps({c.name: (overlap(masks[c.name], pre[c.name])[0]
+                                                     if masks[c.name].any() or pre[c.name].any() else None)
+                                            for c in classes})
         except (ValueError, OSError) as exc:
             errors.append(error_record(r["pair_id"], "annotate_prelabel_iou", exc, job=JOB, run_id=run_id))
 
@@ -276,6 +279,9 @@ def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: D
             labels.append(write_masks(dataset, pair, classes, d.masks))
         elif (before.get(pid) or {}).get("status") in WITH_MASK:
             withdraw_masks(dataset, pair, classes)
+            # labels/ keeps the pair as unlabelled (no URI, no pixels): the report's CAR drops it.
+            labels.append({"slice_id": pid, "label_uri": None, "new_pixels": None, "demolished_pixels": None,
+                           "changed_pixels": None})
         states.append(state_row(d, pair))
         pending.append({"pair_id": pid, "split": pair["split"], "task_id": latest_task.get(pid), "status": d.status,
                         "annotations": d.annotations, "pair_agreement": d.agreement, "reason": d.reason,

@@ -30,7 +30,9 @@ def _method(models: list[str]) -> str:
     if not models:
         return "none"
     name = Counter(models).most_common(1)[0][0]
-    return name.split(":", 1)[1] if name.startswith("changeforge:") else name
+    if name.startswith("changeforge:"):   # the classical proposals: cva, irmad, pca-kmeans
+        return name.split(":", 1)[1]
+    return "folder" if name.startswith("folder:") else name   # onnx:<file name> as it is
 
 
 def build_summary(*, pairs: list[dict], states: dict[str, dict], history: list[dict], exported: set[str],

@@ -148,6 +148,7 @@ def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_
     assert s1["agreement"]["pairs"] == 3 and s1["agreement"]["mean"] == pytest.approx((1 + 1 + 0.6) / 3)
     assert s1["excluded"] == [{"pair_id": "s4", "status": "unusable", "reason": "cloud, unusable"}]
     assert s1["pairs"]["decided"] == 5 and s1["double_annotated_share"] == pytest.approx(2 / 4)
+    assert s1["disagreements"] == ["s2"] and s1["merged"] == 4
     assert len(history(ds)) == 7 + 11                             # a task row per task, a row per annotation
     pending = {r["pair_id"]: r["status"] for r in read_table(Store(str(ds)), "annotation_pending").to_pylist()}
     assert pending == {"s2": "disagreement", "s4": "unusable", "s5": "unannotated"}
@@ -199,6 +200,8 @@ def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_
     assert s["pairs"]["by_status"]["awaiting_check"] == 3
     for sid in ("s3", "s6", "s7"):
         assert not any((ds / f / f"{sid}.png").exists() for f in ("label", "label1", "label2"))
+    labels = {r["slice_id"]: r for r in read_table(Store(str(ds)), "labels").to_pylist()}
+    assert labels["s3"]["label_uri"] is None and labels["s0"]["changed_pixels"] == int(S0_CHECKER.sum())
 
 
 def test_a_rejected_batch_is_held_for_the_expert(dataset, tmp_path):
@@ -238,6 +241,8 @@ def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(d
     (row,) = [r for r in history(dataset) if r["annotation_id"] == 1]
     assert json.loads(row["prelabel_iou"])["new"] == pytest.approx((drawn & pre).sum() / (drawn | pre).sum())
     assert json.loads(row["pixels"]) == {"new": int(drawn.sum()), "demolished": 0}
+    summary = json.loads((dataset / "annotation_summary.json").read_text())
+    assert summary["prelabel"] == {"method": "folder", "median_iou": pytest.approx((drawn & pre).sum() / (drawn | pre).sum())}
 
 
 def test_a_third_class_is_never_dropped(dataset, tmp_path):
