@@ -40,7 +40,7 @@ def workdir(tmp_path: Path) -> Path:
 
 @pytest.mark.slow          # six steps, each its own process; captions and QA start a Ray each
 @pytest.mark.timeout(900)
-def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_process, request, ray_session):
+def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_process, ray_session):
     server = openai_test_server_process
     server.configure(latency_ms=0, reject_json_schema=False, faults=[])
     text = chain_file("chain-levir.yaml")

@@ -58,7 +58,7 @@ def read_mask(path: Path) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory, label_studio, openai_test_server_process, request, ray_session):
+def loop(tmp_path_factory, label_studio, openai_test_server_process, ray_session):
     # min-agreement 0.6: round 1's batch (two agreeing pairs and one disagreement, mean F1 0.67) is
     # accepted, while the disagreement (F1 0) still goes to the expert; at the default 0.8 the whole
     # batch would wait for expert review.
@@ -66,7 +66,6 @@ def loop(tmp_path_factory, label_studio, openai_test_server_process, request, ra
     from operators.chain import people
 
     server, llm = label_studio, openai_test_server_process
-    request_finalizer = request.addfinalizer
     llm.configure(latency_ms=0, reject_json_schema=False, faults=[])
     base = tmp_path_factory.mktemp("chain-e2e")
     archive = base / "archive"
