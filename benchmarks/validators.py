@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> dict:
                 caught_own[s["rule"]] += s["rule"] in fired
             elif args.show:
                 print(f"MISSED [{s['rule']}] {key} {s['question'] or ''} {s['text']!r}")
-    print(f"{len(facts_cache)} real masks (whole and quadrants), {len(statements)} statements")
+    synthetic = sum(1 for name, _ in facts_cache if name.startswith("synth:"))
+    print(f"{len(facts_cache) - synthetic} real masks (whole and quadrants), {synthetic} synthetic, "
+          f"{len(statements)} statements")
     print(f"{'rule':<10} {'planted':>7} {'caught':>6} {'by rule':>7} {'true':>5} {'false rejects':>13} {'rejecting':>9}")
     for rule in RULES:
         print(f"{rule:<10} {planted[rule]:>7} {caught[rule]:>6} {caught_own[rule]:>7} {true_n[rule]:>5} "
