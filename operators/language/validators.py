@@ -441,7 +441,8 @@ _FIGURE_UNITS = (r"(%|percent\b|per cent\b|pct\b|square (metres|meters|feet|foot
 def _strict_figure() -> re.Pattern:
     words = "|".join(sorted(map(re.escape, [w for w in _NUMBER_WORDS if not w.startswith(("a ", "single", "only"))]),
                             key=len, reverse=True))
-    return re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?|\.\d+|" + words + r"|a few|several)"
+    return re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?|\.\d+|" + words + r"|a few|several|a hundred|a thousand|"
+                      r"hundreds of|thousands of)"
                       r"(?:\s+(?:hundred|thousand|million))?(?:\s*-\s*\d+(?:\.\d+)?)?\s*-?\s*" + _FIGURE_UNITS
                       + r"|(?<![\d.])0?\.\d+\b")
 
