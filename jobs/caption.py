@@ -97,8 +97,8 @@ class CaptionJobConfig:
     image_token_rule: str = ""
     max_request_bytes: int = 20_000_000
     api_key_source: str = "env:OPENAI_API_KEY"
-    generate_template: str = "caption_generate.v1"
-    judge_template: str = "caption_judge.v1"
+    generate_template: str = "caption_generate.v2"
+    judge_template: str = "caption_judge.v2"
     prompts_dir: str = ""
     actors: int = 2
     concurrent_batches: int = 8
@@ -125,10 +125,10 @@ HELP = {
     "max_image_side": "images are downscaled so that their longer side is at most this many pixels",
     "detail": "image detail level sent with each image: low, high or auto",
     "image_format": "encoding of the pre/post images in the data URLs: png (lossless) or jpeg",
-    "overall": "how a candidate's overall score is formed: criteria = mean of the five criteria, but a caption "
-               "with accuracy <= 4 (hallucinated) scores its accuracy, so it is never selected; judge = the "
-               "judge's own overall score; mean = mean of the five criteria; min = lowest criterion; "
-               "< 7 is rejected, top 3 kept (ties kept)",
+    "overall": "how a candidate's integer overall score is formed: criteria = mean of the five criteria rounded "
+               "half up, but a caption with accuracy <= 4 (hallucinated) scores its accuracy, so it is never "
+               "selected; judge = the judge's own overall score; min = lowest criterion; mean = unrounded mean "
+               "(a float: ties at the cut become rare, not the paper's); < 7 is rejected, top 3 kept (ties kept)",
     "validators": "grounded validators on every caption (checked against its mask): reject = a caption that breaks a rule is "
                   "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",

@@ -52,8 +52,8 @@ VQA_FILE = "VQA.json"
 class QAJobConfig(CaptionJobConfig):
     """The captions job's options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
     max_tokens: int = 2000                # five QA pairs are longer than five captions
-    generate_template: str = "qa_generate.v1"
-    judge_template: str = "qa_judge.v1"
+    generate_template: str = "qa_generate.v2"
+    judge_template: str = "qa_judge.v2"
     dataset: str = ""
     captions: str = ""
     qa_per_pair: int = 5
@@ -70,10 +70,13 @@ HELP = {
     "qa_per_pair": "QA pairs generated per image pair, each of a different question type (of the paper's 8)",
     "seed": "seed of the per-pair draw of question types (with the pair id; recorded in pairs/)",
     "validators": "grounded validators on every answer: reject = a QA pair that breaks a rule is not sent to the "
-                  "judge (recorded with the rule), flag = sent, verdict stored, off = not run",
-    "overall": "how a QA pair's overall score is formed: criteria = mean of the four criteria, but a QA pair "
-               "with answer accuracy <= 4 (hallucinated) scores its accuracy; judge = the judge's own overall "
-               "score; mean = mean of the four criteria; min = lowest criterion; below 7 is discarded (no top-k)",
+                  "judge (recorded with the rule), flag = sent, verdict stored, off = not run. Under every policy "
+                  "an answer with a figure (a percentage or a measured quantity, hedged or not: the paper's "
+                  "numbers rule) is not sent to the judge",
+    "overall": "how a QA pair's integer overall score is formed: criteria = mean of the four criteria rounded "
+               "half up, but a QA pair with answer accuracy <= 4 (hallucinated) scores its accuracy; judge = the "
+               "judge's own overall score; min = lowest criterion; mean = unrounded mean (a float, not the "
+               "paper's); below 7 is discarded (no top-k)",
     "generate_template": "prompt template (file stem under --prompts-dir) for QA generation",
     "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",

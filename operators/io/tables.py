@@ -185,15 +185,37 @@ class TableReadError(RuntimeError):
     """A shard that exists but cannot be read: named, never skipped (skipping would hide rows)."""
 
 
+# Columns renamed so that the captions and QA jobs' tables use one vocabulary (0.x -> next release). Readers
+# accept the old names for one release: a shard written before the rename reads back under the new name
+# (read_table, and operators.review.outputs.read_current). Only where the table holds the old name.
+RENAMED_COLUMNS: dict[str, dict[str, str]] = {
+    "qa": {"prompt_version_generate": "generate_prompt_version", "prompt_version_judge": "judge_prompt_version",
+           "reason": "selection_reason"},
+    "pairs": {"prompt_version_generate": "generate_prompt_version", "prompt_version_judge": "judge_prompt_version"},
+}
+
+
+def rename_legacy_columns(table: str, t: pa.Table) -> pa.Table:
+    """``t`` (one shard of ``table``) with its deprecated column names replaced by the current ones."""
+    renames = {old: new for old, new in RENAMED_COLUMNS.get(table, {}).items()
+               if old in t.column_names and new not in t.column_names}
+    if not renames:
+        return t
+    return t.rename_columns([renames.get(c, c) for c in t.column_names])
+
+
 def _read_shard(store: Store, rel: str, columns: Sequence[str] | None) -> pa.Table:
     data = retry_transient(lambda: store.read_bytes(rel), f"read {store.uri(rel)}")
+    name = rel.split("/")[0]
     try:
         pf = pq.ParquetFile(io.BytesIO(data))
         names = pf.schema_arrow.names
         if columns:  # the key (and run_id, resolved) always come along: the current state needs them
             columns = list(dict.fromkeys([*columns, *table_key(pf.schema_arrow), "run_id", "resolved"]))
+            old = {new: o for o, new in RENAMED_COLUMNS.get(name, {}).items()}
+            columns += [old[c] for c in columns if c in old and c not in names]   # asked by its new name
         t = pf.read(columns=[c for c in columns if c in names] if columns else None)
-        return t.replace_schema_metadata({**(pf.schema_arrow.metadata or {})})
+        return rename_legacy_columns(name, t.replace_schema_metadata({**(pf.schema_arrow.metadata or {})}))
     except Exception as exc:  # noqa: BLE001 - reported with the shard's name
         raise TableReadError(
             f"shard {store.uri(rel)} of table {rel.split('/')[0]!r} is not readable Parquet ({exc}). "

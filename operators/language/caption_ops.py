@@ -121,6 +121,7 @@ def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: st
             "a_url": data_url(a_s, config.image_format), "b_url": data_url(b_s, config.image_format),
             "mask_url": data_url(m_s, "png"),
             "image_tokens": estimate_image_tokens(w, h, config.detail),
+            "mask_tokens": estimate_image_tokens(m_s.shape[1], m_s.shape[0], MASK_DETAIL),
         }
         return [envelope("_generate", record)]
     except Exception as exc:  # noqa: BLE001 - every pair ends in a table
@@ -128,6 +129,31 @@ def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: st
 
 
 # -- the two LLM stages --------------------------------------------------------------------------------
+# The mask is a coarse binary guide: low detail (one tile's price) is all it needs, in every stage and job.
+MASK_DETAIL = "low"
+
+
+def pair_values(record: dict) -> dict:
+    """The template values every stage of a pair shares (its mask metadata)."""
+    return {"car_percent": f"{100 * record['car']:.1f}", "region": record["change_region"],
+            "components": record["components"]}
+
+
+def pair_messages(template: PromptTemplate, record: dict, detail: str, stage_text: str, system: str,
+                  mask: bool = True) -> list[dict]:
+    """A stage's messages, laid out for providers' prefix caches: what every request shares first (the
+    system text), then what the pair's requests share (its images, always in the order A, B, mask and at
+    the same detail, then its metadata), the stage's own text last. A v1 template (no pair section) keeps
+    its old layout: its text before the images, and the judge without the mask."""
+    images = [image_part(record["a_url"], detail), image_part(record["b_url"], detail)]
+    if mask or template.pair:
+        images.append(image_part(record["mask_url"], MASK_DETAIL))
+    if template.pair:
+        content = images + [{"type": "text", "text": template.render_pair(**pair_values(record))},
+                            {"type": "text", "text": stage_text}]
+    else:
+        content = [{"type": "text", "text": stage_text}] + images
+    return [{"role": "system", "content": system}, {"role": "user", "content": content}]
 @dataclass(frozen=True)
 class CaptionPrompts:
     generate: PromptTemplate
@@ -144,13 +170,9 @@ class CaptionPrompts:
 
 
 def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
-    system, user = prompts.generate.render(car_percent=f"{100 * record['car']:.1f}",
-                                           region=record["change_region"], components=record["components"])
-    # The mask is a coarse binary guide: low detail (one tile's price) is all it needs.
-    content = [{"type": "text", "text": user}, image_part(record["a_url"], prompts.detail),
-               image_part(record["b_url"], prompts.detail), image_part(record["mask_url"], "low")]
+    system, user = prompts.generate.render(**pair_values(record))
     return LLMRequest(
-        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        item=record["pair_id"], messages=pair_messages(prompts.generate, record, prompts.detail, user, system),
         schema=generation_schema(), schema_name="change_captions",
         cache_parts={"stage": "caption_generate", "template": prompts.generate.version, "images": record["hashes"],
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
@@ -183,11 +205,10 @@ def _judged(prompts: CaptionPrompts, record: dict) -> list[str]:
 def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
     judged = _judged(prompts, record)
     listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged)
-    system, user = prompts.judge.render(region=record["change_region"], captions=listing,
-                                        keys=", ".join(judged))
-    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
+    system, user = prompts.judge.render(**pair_values(record), captions=listing, keys=", ".join(judged))
     return LLMRequest(
-        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        item=record["pair_id"],
+        messages=pair_messages(prompts.judge, record, prompts.detail, user, system, mask=False),
         schema=judge_schema(tuple(judged)), schema_name="caption_scores",
         cache_parts={"stage": "caption_judge", "template": prompts.judge.version,
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},

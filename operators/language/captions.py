@@ -1,16 +1,18 @@
 """Caption logic without Ray or HTTP: prompt templates, reply schemas, scoring and selection, and the
 LEVIR-CC caption file.
 
-Selection (JL1-CC, section II-B2): every candidate gets five criterion scores (1-10) from the judge;
-its *overall* score is, by ``--overall``,
+Selection (JL1-CC, section II-B2): every candidate gets five integer criterion scores (1-10) from the
+judge; its *overall* score is an integer, as the paper's are, by ``--overall``,
 
-- ``criteria`` (the default): the mean of the five criterion scores, except that a caption the
-  accuracy criterion marks as hallucinated (accuracy <= 4, the band the judge prompt reserves for a
-  hallucinated change or object) scores its accuracy instead, so it is always rejected;
-- ``judge``: the judge's own ``overall`` field (unconstrained: a judge can give 8 to a caption it
-  scored 2 for accuracy);
-- ``mean``: the mean of the five criterion scores;
-- ``min``: the lowest criterion score (a caption is only as good as its worst aspect).
+- ``criteria`` (the default): the mean of the five criterion scores rounded half up (7.4 -> 7, 7.5 -> 8),
+  except that a caption the accuracy criterion marks as hallucinated (accuracy <= 4, the band the
+  judge prompt reserves for a hallucinated change or object) scores its accuracy instead, so it is
+  always rejected;
+- ``judge``: the judge's own integer ``overall`` field (unconstrained: a judge can give 8 to a caption
+  it scored 2 for accuracy);
+- ``min``: the lowest criterion score (a caption is only as good as its worst aspect);
+- ``mean``: the unrounded mean of the five criterion scores, a float (not the paper's: ties at the cut
+  then almost never happen, so a pair keeps 3 captions where the paper keeps 3.40 on average).
 
 Candidates with overall < 7 are rejected; of the rest the three best are kept, and every candidate
 tied with the third is kept too (so a pair can keep 4 or 5).
@@ -18,6 +20,7 @@ tied with the third is kept too (so a pair can keep 4 or 5).
 from __future__ import annotations
 
 import importlib.resources
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -35,24 +38,34 @@ PROMPTS_DIR = Path(str(importlib.resources.files("prompts")))
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    version: str       # file stem, e.g. "caption_generate.v1"; stored with results and in cache keys
+    version: str       # file stem, e.g. "caption_generate.v2"; stored with results and in cache keys
     system: str
     user: str
+    # What all of a pair's requests share after its images (its mask metadata). A template with a pair
+    # section is laid out for prefix caching: system, images, pair text, then the stage's text (``user``);
+    # one without (v1) keeps its text before the images.
+    pair: str = ""
 
     def render(self, **values) -> tuple[str, str]:
         return (string.Template(self.system).substitute(values),
                 string.Template(self.user).substitute(values))
 
+    def render_pair(self, **values) -> str:
+        return string.Template(self.pair).substitute(values)
+
 
 def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTemplate:
-    """Read ``<prompts_dir>/<name>.txt`` (default: the packaged templates) with ``## system`` and
-    ``## user`` sections."""
-    path = Path(prompts_dir or PROMPTS_DIR) / f"{name}.txt"
+    """Read ``<prompts_dir>/<name>.txt`` (default: the packaged templates) with ``## system``, ``## pair``
+    (optional) and ``## user`` sections. A section that is one line ``@<name>`` is the text of
+    ``<prompts_dir>/<name>.txt``: the system text and the pair text every stage shares, versioned like the
+    templates (an included file is never edited either, so a template's stem still names its text)."""
+    folder = Path(prompts_dir or PROMPTS_DIR)
+    path = folder / f"{name}.txt"
     text = path.read_text(encoding="utf-8")
     sections: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
-        m = re.match(r"^## (system|user)\s*$", line)
+        m = re.match(r"^## (system|pair|user)\s*$", line)
         if m:
             current = m.group(1)
             sections[current] = []
@@ -60,8 +73,13 @@ def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTem
             sections[current].append(line)
     if "user" not in sections:
         raise ValueError(f"{path}: no '## user' section")
-    return PromptTemplate(version=path.stem, system="\n".join(sections.get("system", [])).strip(),
-                          user="\n".join(sections["user"]).strip())
+
+    def section(key: str) -> str:
+        body = "\n".join(sections.get(key, [])).strip()
+        if re.fullmatch(r"@[\w.-]+", body):
+            return (folder / f"{body[1:]}.txt").read_text(encoding="utf-8").strip()
+        return body
+    return PromptTemplate(version=path.stem, system=section("system"), user=section("user"), pair=section("pair"))
 
 
 def generation_schema() -> dict:
@@ -79,16 +97,22 @@ def judge_schema(keys: tuple[str, ...] = PERSPECTIVES) -> dict:
             "additionalProperties": False}
 
 
+def round_half_up(x: float) -> int:
+    """7.5 -> 8 (Python's round() would give 8 for 7.5 but 6 for 6.5)."""
+    return int(math.floor(x + 0.5))
+
+
 def overall_score(scores: dict, mode: str = "criteria", criteria: tuple[str, ...] = CRITERIA,
-                  hallucination: tuple[str, ...] = HALLUCINATION_CRITERIA) -> float:
-    """``criteria``: the scored criteria (the QA job's four differ from the captions' five);
-    ``hallucination``: those whose low band (<= HALLUCINATION_MAX) means a hallucination."""
+                  hallucination: tuple[str, ...] = HALLUCINATION_CRITERIA) -> int | float:
+    """An integer, except under ``mean``. ``criteria``: the scored criteria (the QA job's four differ
+    from the captions' five); ``hallucination``: those whose low band (<= HALLUCINATION_MAX) means a
+    hallucination."""
     if mode == "judge":
-        return float(scores["overall"])
-    values = [float(scores[c]) for c in criteria]
+        return int(scores["overall"])
+    values = [int(scores[c]) for c in criteria]
     if mode == "criteria":
-        flagged = [float(scores[c]) for c in hallucination if float(scores[c]) <= HALLUCINATION_MAX]
-        return min(flagged) if flagged else sum(values) / len(values)
+        flagged = [int(scores[c]) for c in hallucination if int(scores[c]) <= HALLUCINATION_MAX]
+        return min(flagged) if flagged else round_half_up(sum(values) / len(values))
     if mode == "mean":
         return sum(values) / len(values)
     if mode == "min":

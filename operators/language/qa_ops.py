@@ -5,8 +5,10 @@ as request builders and handlers for the generic :mod:`operators.llm.stage`.
 Row flow (envelopes, see :mod:`operators.io.tables`):
 ``prepare_qa_pair`` -> ``_qa_generate`` (or ``errors``) -> generation stage -> validators ->
 ``_qa_judge`` (+ ``usage``) -> judge stage -> ``qa`` x5 and ``pairs`` (+ ``usage``) -> TableSink.
-With ``--validators reject`` a QA pair that breaks a rule is not sent to the judge; when all five
-break one there is no judge request and the pair's rows are written straight after generation.
+An answer holding a figure (a percentage or a measured quantity, hedged or not: the paper's numbers rule,
+:func:`operators.language.validators.qa_validator_config`) is not sent to the judge under any policy;
+with ``--validators reject`` neither is one that breaks any rule. When all five are kept back there is no
+judge request and the pair's rows are written straight after generation.
 """
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ import pyarrow as pa
 
 from operators.io.storage import Store
 from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
-from operators.language.caption_ops import CAPTIONS_SCHEMA, CaptionPrompts, PrepareConfig, prepare_pair
+from operators.language.caption_ops import (CAPTIONS_SCHEMA, CaptionPrompts, PrepareConfig, pair_messages, pair_values,
+                                            prepare_pair)
 from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
                                    overall_score, select_qa)
-from operators.language.validators import validate_text, violations_json
+from operators.language.validators import RULES, qa_validator_config, validate_text, violations_json
 from operators.llm.client import LLMRequest, LLMResult
-from operators.llm.images import image_part
 from operators.llm.usage import USAGE_SCHEMA
 
 JOB = "qa"
@@ -33,9 +35,9 @@ QA_SCHEMA = pa.schema([
     *[(f"score_{c}", pa.int32()) for c in QA_CRITERIA],
     ("judge_overall", pa.int32()), ("judge_reason", pa.string()),
     ("overall", pa.float64()), ("overall_mode", pa.string()),
-    ("selected", pa.bool_()), ("reason", pa.string()),
+    ("selected", pa.bool_()), ("selection_reason", pa.string()),
     ("validator_ok", pa.bool_()), ("validator_violations", pa.string()), ("validators", pa.string()),
-    ("prompt_version_generate", pa.string()), ("prompt_version_judge", pa.string()),
+    ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
 ])
 
@@ -48,7 +50,7 @@ QA_PAIRS_SCHEMA = pa.schema([
     ("context_captions", pa.list_(pa.string())),
     ("n_candidates", pa.int32()), ("n_validator_rejected", pa.int32()), ("n_judged", pa.int32()),
     ("n_selected", pa.int32()),
-    ("prompt_version_generate", pa.string()), ("prompt_version_judge", pa.string()),
+    ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
 ])
 
@@ -118,33 +120,38 @@ def prepare_qa_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id:
 QAPrompts = CaptionPrompts  # the same settings (templates, image encoding, overall mode, models, validators)
 
 
-def _captions_block(captions: list[str]) -> str:
+def _captions_block(captions: list[str], template=None) -> str:
     if not captions:
         return ""
+    if template is not None and template.pair:  # after the pair's metadata, before the task
+        return "Change captions of this pair (verified):\n" + "\n".join(f"- {c}" for c in captions)
     return "- change captions (verified):\n" + "\n".join(f"  - {c}" for c in captions)
+
+
+def _image_tokens(record: dict) -> int:
+    """A's and B's tokens at the run's detail plus the mask's at low (older records: three at the detail)."""
+    return 2 * int(record["image_tokens"]) + int(record.get("mask_tokens", record["image_tokens"]))
 
 
 def build_generate_request(prompts: QAPrompts, record: dict) -> LLMRequest:
     types = record["question_types"]
     keys = [TYPE_KEYS[t] for t in types]
     system, user = prompts.generate.render(
-        car_percent=f"{100 * record['car']:.1f}", region=record["change_region"], components=record["components"],
-        captions_block=_captions_block(record["context_captions"]), n_questions=len(types),
-        type_list="\n".join(f"- {k} ({t}): {TYPE_GUIDES[t]}" for k, t in zip(keys, types)), keys=", ".join(keys))
-    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail)
-                                                  for k in ("a_url", "b_url", "mask_url")]
+        **pair_values(record), captions_block=_captions_block(record["context_captions"], prompts.generate),
+        n_questions=len(types), type_list="\n".join(f"- {k} ({t}): {TYPE_GUIDES[t]}" for k, t in zip(keys, types)),
+        keys=", ".join(keys))
     return LLMRequest(
-        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        item=record["pair_id"], messages=pair_messages(prompts.generate, record, prompts.detail, user, system),
         schema=generation_schema(types), schema_name="change_qa",
         cache_parts={"stage": "qa_generate", "template": prompts.generate.version, "images": record["hashes"],
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
                      "types": types, "context": record["context_captions"]},
-        image_tokens=3 * int(record["image_tokens"]))
+        image_tokens=_image_tokens(record))
 
 
 def _common(prompts: QAPrompts, record: dict) -> dict:
     return {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
-            "prompt_version_generate": prompts.generate.version, "prompt_version_judge": prompts.judge.version,
+            "generate_prompt_version": prompts.generate.version, "judge_prompt_version": prompts.judge.version,
             "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
 
 
@@ -153,12 +160,16 @@ def handle_generate_result(prompts: QAPrompts, record: dict, result: LLMResult) 
     for t in record["question_types"]:
         entry = result.value[TYPE_KEYS[t]]
         qa.append({"type": t, "question": entry["question"].strip(), "answer": entry["answer"].strip()})
+    cfg = qa_validator_config(prompts.validator_config)
     for item in qa:
-        if prompts.validators == "off":
+        # The numbers rule is the paper's selection rule, not a grounded check: it runs under every policy
+        # (alone under "off") and keeps an answer with a figure from the judge.
+        rules = ("numbers",) if prompts.validators == "off" else RULES
+        ok, violations = validate_text(item["answer"], record["mask_facts"], item["question"], item["type"], cfg,
+                                       rules=rules)
+        if prompts.validators == "off" and ok:
             item["validator_ok"], item["violations"] = None, None
         else:
-            ok, violations = validate_text(item["answer"], record["mask_facts"], item["question"], item["type"],
-                                           prompts.validator_config)
             item["validator_ok"], item["violations"] = ok, violations_json(violations)
     record = dict(record, qa=qa)
     if not judged_indices(prompts, qa):
@@ -166,9 +177,17 @@ def handle_generate_result(prompts: QAPrompts, record: dict, result: LLMResult) 
     return [envelope("_qa_judge", record)]
 
 
+def rejected_before_judge(prompts: QAPrompts, q: dict) -> bool:
+    """An answer with a figure (the numbers rule, under every policy), or under ``reject`` one that breaks
+    any rule."""
+    if q["validator_ok"] is not False:
+        return False
+    return prompts.validators == "reject" or any(v["rule"] == "numbers" for v in json.loads(q["violations"] or "[]"))
+
+
 def judged_indices(prompts: QAPrompts, qa: list[dict]) -> list[int]:
-    """Which QA pairs go to the judge: all, except under ``reject`` those a validator rejected."""
-    return [i for i, q in enumerate(qa) if prompts.validators != "reject" or q["validator_ok"] is not False]
+    """Which QA pairs go to the judge: all but those :func:`rejected_before_judge`."""
+    return [i for i, q in enumerate(qa) if not rejected_before_judge(prompts, q)]
 
 
 def build_judge_request(prompts: QAPrompts, record: dict) -> LLMRequest:
@@ -177,17 +196,17 @@ def build_judge_request(prompts: QAPrompts, record: dict) -> LLMRequest:
     types = [qa[i]["type"] for i in idx]
     listing = "\n".join(f"{TYPE_KEYS[qa[i]['type']]} ({qa[i]['type']}):\n  Q: {qa[i]['question']}\n  A: {qa[i]['answer']}"
                         for i in idx)
-    system, user = prompts.judge.render(region=record["change_region"], qa_listing=listing,
+    system, user = prompts.judge.render(**pair_values(record), qa_listing=listing,
                                         keys=", ".join(TYPE_KEYS[t] for t in types))
-    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
     return LLMRequest(
-        item=record["pair_id"], messages=[{"role": "system", "content": system}, {"role": "user", "content": content}],
+        item=record["pair_id"],
+        messages=pair_messages(prompts.judge, record, prompts.detail, user, system, mask=False),
         schema=judge_schema(types), schema_name="qa_scores",
         cache_parts={"stage": "qa_judge", "template": prompts.judge.version,
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
                      "candidates": [[qa[i]["type"], qa[i]["question"], qa[i]["answer"]] for i in idx]},
-        image_tokens=2 * int(record["image_tokens"]))
+        image_tokens=_image_tokens(record) if prompts.judge.pair else 2 * int(record["image_tokens"]))
 
 
 def handle_judge_result(prompts: QAPrompts, record: dict, result: LLMResult) -> list[dict]:
@@ -204,16 +223,18 @@ def finish_pair(prompts: QAPrompts, record: dict, scores_by_type: dict[str, dict
         row = {**common, "qa_index": i, "question_type": q["type"], "question": q["question"], "answer": q["answer"],
                "validator_ok": q["validator_ok"], "validator_violations": q["violations"],
                "validators": prompts.validators, "overall_mode": prompts.overall_mode}
-        if scores is None:  # rejected by a validator before the judge (policy reject)
+        if scores is None:  # rejected before the judge: a figure in the answer, or any rule under reject
             rules = sorted({v["rule"] for v in json.loads(q["violations"] or "[]")})
-            row.update(selected=False, reason=f"validator: {', '.join(rules)}")
+            if prompts.validators != "reject":
+                rules = ["numbers"]
+            row.update(selected=False, selection_reason=f"validator: {', '.join(rules)}")
             n_rejected += 1
         else:
             overall = overall_score(scores, prompts.overall_mode)
             sel = select_qa(overall)
             row.update({f"score_{c}": int(scores[c]) for c in QA_CRITERIA})
             row.update(judge_overall=int(scores["overall"]), judge_reason=scores["reason"], overall=overall,
-                       selected=sel.selected, reason=sel.reason)
+                       selected=sel.selected, selection_reason=sel.reason)
             n_selected += sel.selected
         out.append(envelope("qa", row))
     out.append(envelope("pairs", {

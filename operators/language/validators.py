@@ -57,6 +57,7 @@ that takes its verb's polarity; exceptions after a negation assert change): see
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -74,7 +75,15 @@ RULES = ("numbers", "change", "location", "magnitude", "counts", "existence")
 @dataclass(frozen=True)
 class ValidatorConfig:
     empty_car: float = 0.0             # a mask with CAR at or below this has no change
-    no_change_max_car: float = 0.01    # "no change" is tolerated up to this CAR (speckle, slivers)
+    # The no-change floor, in pixels of the mask, tied to the smallest object class the change classes name:
+    # a building. The smallest whole house in the bundled LEVIR-CD masks (0.5 m/px) covers about 220 px
+    # (7 m x 8 m), so a changed component of 200 px is one object: "no change" is wrong from one such
+    # component on (a house at 0.29 % of a 1024 px crop is change), and "a new house" needs one. Smaller
+    # components (slivers of a roof at a crop's edge, speckle) are not change. For imagery coarser or finer
+    # than ~0.5 m/px, scale it by the square of the ratio of ground sample distances.
+    min_object_px: int = 200
+    no_change_max_car: float = 0.01    # only for facts without component sizes (stored by older versions)
+    object_share: float = 0.5          # an object lies in a place when this share of its pixels does
     presence_fraction: float = 0.005   # a region "has change" when this share of its pixels changed ...
     presence_density: float = 0.45     # ... and it changed at least this times as densely as the whole image
                                        #     (for a 3x3 cell: holds 5% of the change), or is clearly changed
@@ -95,6 +104,17 @@ class ValidatorConfig:
     # it must agree with the CAR within this many percentage points (or this share of the CAR)
     estimate_abs_tol: float = 5.0
     estimate_rel_tol: float = 0.35
+    # The QA job's rule (JL1-QA, II-C3): an answer holds no percentage or measured figure at all, hedged or not
+    # ("approximately 2 percent", "about 15%", "roughly 3 hundred square metres"); verbal shares ("about a
+    # fifth") and object counts are still checked against the mask. Off for captions and audits.
+    strict_numbers: bool = False
+
+
+def qa_validator_config(cfg: "ValidatorConfig | None" = None) -> "ValidatorConfig":
+    """The configuration the QA job checks answers with: ``cfg`` (default: the defaults) with the strict
+    numbers rule."""
+    from dataclasses import replace
+    return replace(cfg or ValidatorConfig(), strict_numbers=True)
 
 
 @dataclass(frozen=True)
@@ -175,16 +195,19 @@ def mask_facts(mask: np.ndarray, components: int | None = None, min_component_px
     changed = regions["all"][0]
     rows, cols = _bands(h, GRID), _bands(w, GRID)
     grid = [[int(m[rows[i]:rows[i + 1], cols[j]:cols[j + 1]].sum()) for j in range(GRID)] for i in range(GRID)]
+    by_region, objects = _components_by_region(m, min_component_px)
     return {"height": h, "width": w, "changed_pixels": changed, "car": changed / float(h * w) if h * w else 0.0,
             "components": int(components), "regions": regions, "grid": grid,
-            "region_components": _components_by_region(m, min_component_px)}
+            "region_components": by_region, "objects": objects}
 
 
-def _components_by_region(m: np.ndarray, min_px: int) -> dict[str, list[int]]:
+def _components_by_region(m: np.ndarray, min_px: int) -> tuple[dict[str, list[int]], list[list]]:
     """Ids of the changed components (>= ``min_px``, 8-connected, as in the mask analysis) touching each
-    named region, so that "three houses in the lower-right" is counted where it is said to be."""
+    named region, so that "three houses in the lower-right" is counted where it is said to be; and every
+    such component as ``[id, pixels, [[grid cell, pixels], ...]]`` (its pixels on the 12x12 grid), so that
+    whether one object lies in a place, or outside the places a text excepts, can be measured."""
     if not m.any():
-        return {name: [] for name in list(region_boxes(*m.shape)) + ["ring"]}
+        return {name: [] for name in list(region_boxes(*m.shape)) + ["ring"]}, []
     n, labels, stats, _ = cv2.connectedComponentsWithStats(m.astype(np.uint8), connectivity=8)
     keep = np.zeros(n, bool)
     keep[1:] = stats[1:, cv2.CC_STAT_AREA] >= min_px
@@ -197,7 +220,54 @@ def _components_by_region(m: np.ndarray, min_px: int) -> dict[str, list[int]]:
     center = set(out["cell:center"])
     out["ring"] = sorted(set(out["all"]) - center | {i for k, v in out.items() if k.startswith("cell:")
                                                       and k != "cell:center" for i in v})
-    return out
+    h, w = m.shape
+    rows = np.searchsorted(_bands(h, GRID)[1:], np.arange(h), side="right")
+    cols = np.searchsorted(_bands(w, GRID)[1:], np.arange(w), side="right")
+    cell = (rows[:, None] * GRID + cols[None, :])[m]
+    per_cell = np.bincount(labels[m].astype(np.int64) * GRID * GRID + cell, minlength=n * GRID * GRID)
+    per_cell = per_cell.reshape(n, GRID * GRID)
+    objects = [[int(i), int(stats[i, cv2.CC_STAT_AREA]), [[int(c), int(per_cell[i, c])] for c in np.flatnonzero(per_cell[i])]]
+               for i in range(1, n) if keep[i]]
+    return out, objects
+
+
+def _cover(region: str) -> np.ndarray:
+    cover = np.ones((GRID, GRID), bool)
+    for name in region.split("&"):
+        cover &= _grid_cover(name)
+    return cover
+
+
+def objects(facts: dict, cfg: "ValidatorConfig") -> list[list] | None:
+    """The changed components of at least ``min_object_px`` (one object of the smallest class each);
+    None for facts stored without component sizes."""
+    if "objects" not in facts:
+        return None
+    return [o for o in facts["objects"] if o[1] >= cfg.min_object_px]
+
+
+def object_share(obj: list, cover: np.ndarray) -> float:
+    """Share of an object's pixels inside a grid cover."""
+    flat = cover.ravel()
+    return sum(px for c, px in obj[2] if flat[c]) / obj[1] if obj[1] else 0.0
+
+
+def objects_in(facts: dict, regions: list[str], cfg: "ValidatorConfig") -> list[list]:
+    """Objects lying in the regions together (``object_share`` of their pixels inside)."""
+    found = objects(facts, cfg) or []
+    if not regions or not facts.get("grid"):
+        return []
+    cover = np.zeros((GRID, GRID), bool)
+    for r in regions:
+        cover |= _cover(r)
+    return [o for o in found if object_share(o, cover) >= cfg.object_share]
+
+
+def has_object_change(facts: dict, cfg: "ValidatorConfig") -> bool:
+    """Change worth naming in the image: one object of the smallest class (``min_object_px``), or for
+    older facts a CAR of ``no_change_max_car``."""
+    found = objects(facts, cfg)
+    return bool(found) if found is not None else facts["car"] >= cfg.no_change_max_car
 
 
 def _known(facts: dict, region: str) -> bool:
@@ -230,11 +300,13 @@ def _density(facts: dict, region: str) -> float:
     return _fraction(facts, region) / facts["car"] if facts["car"] else 0.0
 
 
-def has_change(facts: dict, region: str, cfg: "ValidatorConfig") -> bool:
+def has_change(facts: dict, region: str, cfg: "ValidatorConfig", single: bool = False) -> bool:
     """Change worth naming: at least ``presence_fraction`` of the region's pixels, and either clearly changed
     or at least ``presence_density`` times as densely changed as the image overall. The density test is
     the same for a corner cell, a third or a half: a sliver of a building crossing into a corner, or a
     few houses' worth spread over a half that holds little of the change, is not "change there"."""
+    if single and _known(facts, region) and objects_in(facts, [region], cfg):
+        return True   # "a single new house in the west": one object is change, however little of the place it covers
     fraction = _fraction(facts, region)
     return fraction >= cfg.presence_fraction and (fraction >= cfg.clear_fraction
                                                   or _density(facts, region) >= cfg.presence_density)
@@ -360,9 +432,30 @@ def _fraction_ok(qualifier: str, share: float, car: float, cfg: ValidatorConfig)
     return _estimate_ok(qualifier, 100 * share, 100 * car, cfg)
 
 
+_FIGURE_UNITS = (r"(%|percent\b|per cent\b|pct\b|square (metres|meters|feet|foot|kilometres|kilometers|miles|yards)\b|"
+                 r"sq\.? ?(m|km|ft|mi)\b|m2\b|m²|km2\b|km²|hectares?\b|ha\b|acres?\b|metres?\b|meters?\b|m\b|"
+                 r"kilometres?\b|kilometers?\b|km\b|feet\b|foot\b|ft\b|miles?\b|yards?\b|pixels?\b|px\b)")
+
+
+@functools.lru_cache(maxsize=1)
+def _strict_figure() -> re.Pattern:
+    words = "|".join(sorted(map(re.escape, [w for w in _NUMBER_WORDS if not w.startswith(("a ", "single", "only"))]),
+                            key=len, reverse=True))
+    return re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?|\.\d+|" + words + r"|a few|several|a hundred|a thousand|"
+                      r"hundreds of|thousands of)"
+                      r"(?:\s+(?:hundred|thousand|million))?(?:\s*-\s*\d+(?:\.\d+)?)?\s*-?\s*" + _FIGURE_UNITS
+                      + r"|(?<![\d.])0?\.\d+\b")
+
+
 def check_numbers(text: str, facts: dict, cfg: ValidatorConfig, question: str | None = None) -> list[Violation]:
     t = text.lower()
     out = []
+    if cfg.strict_numbers:
+        # The QA job's rule: no figure at all, however hedged ("about 15%", "roughly 3 hundred square metres",
+        # "around 0.12 of the image"): precision an answer cannot read off the images.
+        if m := _strict_figure().search(t):
+            out.append(Violation("numbers", f"figure {m.group(0).strip()!r} in an answer: no percentages or "
+                                            f"measured figures, hedged or not"))
     estimates = list(_ESTIMATE.finditer(t)) + list(_ESTIMATE_AFTER.finditer(t))
     for m in estimates:
         if not _estimate_ok(m.group(1), float(m.group(2)), 100 * facts["car"], cfg):
@@ -404,27 +497,27 @@ def check_change(text: str, facts: dict, cfg: ValidatorConfig, question: str | N
             if s.own == "pos":
                 return [Violation("change", f"asserts change ({s.text!r}) but the mask is empty")]
         return []
-    if facts["car"] < cfg.no_change_max_car:
-        # A sliver (under the share tolerated as "no change") is no new building: "new houses were built in
+    if not has_object_change(facts, cfg):
+        # A sliver (smaller than one object of the smallest class) is no new building: "new houses were built in
         # this part" is wrong; "just a sliver of a new roof reaches into the corner" is right.
         for s in segs:
             if s.own == "pos" and _OBJECT_WORD.search(s.text) and not (
                     HEDGED_PRESENCE.search(s.text) or _SMALL.search(s.text) or _NEAR_NONE.search(s.text)
                     or re.search(r"\d|percent|\b(tiny|small|little|sliver|edge|tip|part of a|piece|trace|"
                                  r"fragment|hint|only|just|barely|hardly)\b", s.text)):
-                return [Violation("change", f"asserts new buildings ({s.text!r}) but only "
-                                            f"{100 * facts['car']:.2f}% of the mask changed (under the "
-                                            f"{100 * cfg.no_change_max_car:g}% read as no change)")]
+                return [Violation("change", f"asserts new buildings ({s.text!r}) but no changed area of the "
+                                            f"mask reaches {cfg.min_object_px} px (one building; "
+                                            f"{100 * facts['car']:.2f}% changed)")]
     if question and find_places(question.lower()):
         return []  # "No, nothing changed there" answers about the question's place (the location rules' job)
     # "What changed? - Nothing; the road and the houses are as they were.": the answer's first word denies it all.
     if question and _WHAT_CHANGED_Q.search(question.lower()) and _NOTHING_ANSWER.match(text.lower()) \
-            and facts["car"] >= cfg.no_change_max_car:
+            and has_object_change(facts, cfg):
         return [Violation("change", f"answers {question!r} with no change ({text!r}) but {100 * facts['car']:.1f}% "
                                     f"of the mask changed")]
     # Change asserted anywhere, or excepted from the no-change claim with a place or an object ("apart from
     # two buildings in the north-east, nothing changed"), makes the claim partial.
-    if facts["car"] >= cfg.no_change_max_car and not any(
+    if has_object_change(facts, cfg) and not any(
             s.own == "pos" or (s.exception and s.polarity == "pos" and (s.places or _OBJECT_WORD.search(s.text)))
             for s in segs):
         for i, s in enumerate(segs):
@@ -463,14 +556,22 @@ def _answer_polarity(answer: str) -> str | None:
                                    "definitely") else "no"
 
 
-def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig, hedged: bool = False) -> bool:
+def place_has_change(facts: dict, p: Place, cfg: ValidatorConfig, hedged: bool = False, single: bool = False) -> bool:
     """Change worth naming under some reading of the place. The second, coarser reading (the quadrant of "the
     lower-left part") counts only when it changed at least ``alt_density`` times as densely as the image: a
     building's tail reaching into the quadrant from the middle is not "change in the lower-left"."""
-    if has_change(facts, p.region, cfg) or (hedged and _fraction(facts, p.region) >= cfg.presence_fraction):
+    if has_change(facts, p.region, cfg, single) or (hedged and _fraction(facts, p.region) >= cfg.presence_fraction):
         return True  # hedged ("just reaches into the west"): some change is enough
     return bool(p.alt) and _fraction(facts, p.alt) >= cfg.presence_fraction and \
         _density(facts, p.alt) >= cfg.alt_density
+
+
+# A clause about one object ("a single new house", "one small building", "a new home"): one object of the smallest
+# class is enough to make it true of a place, where a claim about the change ("the new houses are in the west")
+# needs the place to hold its share.
+_SINGLE_OBJECT = re.compile(r"\b(a|an|one|a single|single|another|a lone|an isolated|only one)\s+([\w-]+\s+){0,3}?"
+                            r"(house|building|home|structure|residence|dwelling|villa|shed|warehouse|block|roof)\b"
+                            r"(?!\s+(and|or|,)\s)")
 
 
 def place_clearly_changed(facts: dict, p: Place, cfg: ValidatorConfig) -> bool:
@@ -544,13 +645,21 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
         polarity = s.polarity or ("pos" if question_about_change else None)
         places = [p for p in (s.places or question_places) if _known(facts, p.region)]
         for p in places:
-            if polarity == "pos" and not place_has_change(facts, p, cfg, bool(HEDGED_PRESENCE.search(s.text))):
+            if polarity == "pos" and not place_has_change(facts, p, cfg, bool(HEDGED_PRESENCE.search(s.text)),
+                                                          bool(_SINGLE_OBJECT.search(s.text))):
                 out.append(Violation("location", f"change placed in the {p.name} ({s.text!r}), where the mask has "
                                                  f"{100 * _fraction(facts, p.region):.1f}% changed"))
             elif polarity == "neg" and place_clearly_changed(facts, p, cfg) and not (
                     s.hedged and _fraction(facts, p.region) < cfg.hedged_clear_fraction):
                 out.append(Violation("location", f"the {p.name} is said to be unchanged ({s.text!r}), but "
                                                  f"{100 * _fraction(facts, p.region):.1f}% of it changed"))
+            elif polarity == "neg" and not s.hedged and s.own == "neg" and not s.exception \
+                    and not CHANGE_CUE.search(s.text) and (  # "a new house in the otherwise unchanged north": mixed
+                    inside := [o for o in objects_in(facts, [p.region], cfg)
+                               if not p.alt or o in objects_in(facts, [p.alt], cfg)]):
+                # One house is change: "the southern half is unchanged" is wrong with a new house in it.
+                out.append(Violation("location", f"the {p.name} is said to be unchanged ({s.text!r}), but a "
+                                                 f"changed area of {inside[0][1]} px (one object or more) lies in it"))
         if polarity == "pos" and s.places and facts["changed_pixels"]:
             for pattern, need, word in ((_ONLY, cfg.only_share, "only"), (_MOSTLY, cfg.mostly_share, "mostly")):
                 if pattern.search(s.text):
@@ -576,7 +685,54 @@ def check_location(text: str, facts: dict, cfg: ValidatorConfig, question: str |
             if facts["changed_pixels"] and quads < cfg.entire_min_quadrants:
                 out.append(Violation("location", f"change over the entire image ({s.text!r}), but only {quads} of 4 "
                                                  f"quadrants changed"))
-    return out
+    return out + check_scope(segs, facts, cfg)
+
+
+# "The rest of the image is unchanged", "elsewhere nothing changed", "nothing else has changed": a claim about
+# everything outside the places the text names as changed.
+_REST = re.compile(r"\b(rest|remainder|remaining (part|parts|area|areas)|elsewhere|else|otherwise|surrounding|"
+                   r"surroundings|outside|beyond)\b")
+# A span or a spread ("scattered from the upper left to the lower right", "across the scene") names no scope.
+_SPAN = re.compile(r"\b(from\b.*\bto\b|scattered|spread|across|throughout|all over|between)\b")
+_RELATIVE_START = re.compile(r"\s*(where|which|that|whose|in which|on which)\b")
+
+
+def check_scope(segs, facts: dict, cfg: ValidatorConfig) -> list[Violation]:
+    """The scope of an exception: "apart from R, the scene is unchanged", "except for R, nothing changed" and
+    "... in R; the rest of the image is unchanged" are wrong when an object (``min_object_px``) lies outside
+    the places the text names as changed (R, under its kinder reading)."""
+    found = objects(facts, cfg)
+    if not found or not facts.get("grid"):
+        return []
+    claims = [s for s in segs if s.polarity == "neg" and s.own == "neg" and not s.hedged and not s.places
+              and not s.alternative and (GLOBAL_NO_CHANGE.search(s.text) or _REST.search(s.text))
+              and not re.search(r"\b(most|much|majority|some|part|parts|portion)\b", s.text)]
+    if not claims:
+        return []
+    scope: list[Place] = []
+    for i, s in enumerate(segs):
+        if s in claims or s.polarity == "neg" or (s.inherited_from is not None and not s.exception):
+            continue
+        places = _places_with_continuation(segs, i)
+        if not places and _RELATIVE_START.match(s.text) and i and segs[i - 1].places:
+            continue   # "apart from the north-east, where new houses stand": the place before it
+        talks_change = bool(CHANGE_CUE.search(s.text) or _OBJECT_WORD.search(s.text)) or bool(places)
+        if not talks_change:
+            continue   # "apart from that": the clause before it
+        if not places or _SPAN.search(s.text) or not all(_known(facts, p.region) for p in places):
+            return []  # change said to be somewhere the text does not place: no scope to check
+        scope += places
+    if not scope:
+        return []
+    cover = np.zeros((GRID, GRID), bool)
+    for p in scope:
+        cover |= _cover(p.region) | (_cover(p.alt) if p.alt and _known(facts, p.alt) else False)
+    outside = [o for o in found if object_share(o, cover) < cfg.object_share]
+    if not outside:
+        return []
+    return [Violation("location", f"everything outside the {_region_names(scope)} is said to be unchanged "
+                                  f"({claims[0].text!r}), but {len(outside)} changed area(s) of at least "
+                                  f"{cfg.min_object_px} px lie outside it")]
 
 
 # What "most of / much of / dominated" may be said of: the view itself ("this crop", "the scene").
@@ -860,7 +1016,7 @@ def check_existence(answer: str, facts: dict, cfg: ValidatorConfig, question: st
         if place_clearly_changed(facts, p, cfg):
             return [Violation("existence", f"answers that {question!r} has no change, but "
                                            f"{100 * _fraction(facts, p.region):.1f}% of the {p.name} changed")]
-    if not places and facts["car"] >= cfg.no_change_max_car:
+    if not places and has_object_change(facts, cfg):
         return [Violation("existence", f"answers that {question!r} has no change, but {100 * facts['car']:.1f}% "
                                        f"of the image changed")]
     return []

@@ -173,7 +173,7 @@ def read_qa(uri: str) -> LanguageSource:
         key = stem(names.get(r["pair_id"], r["filename"]))
         by_pair.setdefault(key, {"qa": []})["qa"].append(
             {"type": r["question_type"], "question": r["question"], "answer": r["answer"]})
-    return LanguageSource(uri, by_pair, qa, _language_runs(qa, qa, ("prompt_version_generate", "prompt_version_judge")))
+    return LanguageSource(uri, by_pair, qa, _language_runs(qa, qa, ("generate_prompt_version", "judge_prompt_version")))
 
 
 def _json_doc(uri: str, name: str) -> dict:

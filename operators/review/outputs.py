@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from operators.io.storage import Store
+from operators.io.tables import rename_legacy_columns
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def read_current(store: Store, table: str, keys: tuple[str, ...] | None = None) 
     parts = []
     for rel in store.list(table, suffixes=(".parquet",)):
         try:
-            parts.append(pq.read_table(io.BytesIO(store.read_bytes(rel))))
+            parts.append(rename_legacy_columns(table, pq.read_table(io.BytesIO(store.read_bytes(rel)))))
         except Exception as exc:  # noqa: BLE001
             log.warning("skipping unreadable shard %s: %s", rel, exc)
     if not parts:

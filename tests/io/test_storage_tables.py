@@ -160,3 +160,37 @@ def test_table_sink_routes_every_row(tmp_path, ray_session):
     assert t.num_rows == 20 and e.num_rows == 10
     assert set(e.column("message").to_pylist()) == {f"bad {i}" for i in range(0, 30, 3)}
     assert e.schema.equals(ERRORS_SCHEMA)
+
+
+def test_renamed_qa_columns_read_under_their_new_names_for_one_release(tmp_path):
+    """A QA output written before the vocabulary change (prompt_version_generate, reason), resumed by a run
+    that writes the new names: read_table and the review/publish reader see one set of columns."""
+    from operators.language.qa_ops import QA_SCHEMA
+    from operators.review.outputs import read_current
+    store = Store(str(tmp_path))
+    old_schema = pa.schema([pa.field({"generate_prompt_version": "prompt_version_generate",
+                                      "judge_prompt_version": "prompt_version_judge",
+                                      "selection_reason": "reason"}.get(f.name, f.name), f.type, metadata=f.metadata)
+                            for f in QA_SCHEMA], metadata=QA_SCHEMA.metadata)
+    old = {"pair_id": "p1", "qa_index": 0, "question_type": "WHAT", "selected": False,
+           "prompt_version_generate": "qa_generate.v1", "prompt_version_judge": "qa_judge.v1",
+           "reason": "overall 6 below 7"}
+    new = {"pair_id": "p2", "qa_index": 0, "question_type": "WHAT", "selected": False,
+           "generate_prompt_version": "qa_generate.v2", "judge_prompt_version": "qa_judge.v2",
+           "selection_reason": "validator: numbers"}
+    write_table_shard(store, "qa", [old], old_schema, "run1")
+    write_table_shard(store, "qa", [new], QA_SCHEMA, "run2")
+    rows = {r["pair_id"]: r for r in read_table(store, "qa", QA_SCHEMA).to_pylist()}
+    assert rows["p1"]["selection_reason"] == "overall 6 below 7" and rows["p1"]["generate_prompt_version"] == "qa_generate.v1"
+    assert rows["p2"]["selection_reason"] == "validator: numbers" and rows["p2"]["judge_prompt_version"] == "qa_judge.v2"
+    assert "reason" not in rows["p1"]
+    # Asked for by the new name only, the old shard's column still comes back.
+    some = read_table(store, "qa", QA_SCHEMA, columns=["pair_id", "selection_reason"]).to_pylist()
+    assert sorted(r["selection_reason"] for r in some) == ["overall 6 below 7", "validator: numbers"]
+    df = read_current(store, "qa")
+    assert "reason" not in df.columns and "prompt_version_generate" not in df.columns
+    assert sorted(df["selection_reason"]) == ["overall 6 below 7", "validator: numbers"]
+    # Only where the table holds the old name: the pairs job's pairs/ keeps its "reason".
+    write_table_shard(store, "pairs", [{"pair_id": "x", "reason": "too close in time"}],
+                      pa.schema([("pair_id", pa.string()), ("reason", pa.string())]), "run1")
+    assert read_table(store, "pairs").to_pylist()[0]["reason"] == "too close in time"

@@ -39,11 +39,12 @@ def accounted(t):
     return sorted({r["pair_id"] for r in t["pairs"]} | {r["item"] for r in t["errors"]})
 
 
-def _paper_overall(c: dict) -> float:
-    """The rule written out again, independently of the job's code: the mean of the five criteria,
-    but a hallucinated caption (accuracy 1-4 in the judge prompt) scores its accuracy."""
+def _paper_overall(c: dict) -> int:
+    """The rule written out again, independently of the job's code: the mean of the five integer criteria
+    rounded half up to an integer, but a hallucinated caption (accuracy 1-4 in the judge prompt) scores its
+    accuracy."""
     five = [c["accuracy"], c["specificity"], c["spatial_correctness"], c["naturalness"], c["informativeness"]]
-    return float(c["accuracy"]) if c["accuracy"] <= 4 else sum(five) / 5
+    return c["accuracy"] if c["accuracy"] <= 4 else int(sum(five) / 5 + 0.5)
 
 
 def _paper_selection(overall: list[float]) -> list[bool]:
@@ -86,8 +87,8 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
         assert [c["overall"] for c in cands] == [_paper_overall(c) for c in cands]   # --overall criteria
         assert [c["selected"] for c in cands] == _paper_selection([c["overall"] for c in cands])
         assert pairs[pid]["selected_captions"] == [c["caption"] for c in cands if c["selected"]]
-        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v1"}
-        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v1"}
+        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v2"}
+        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v2"}
     assert any(not c["selected"] for c in t["captions"])     # the judge does reject some
 
     # Mask stats travel with the pair, and the region description reached the prompt.

@@ -72,18 +72,24 @@ def test_qa_job_end_to_end_rerun_sends_nothing(ray_session, openai_server, tmp_p
     assert {r["question_type"] for r in t["qa"]} == set(QUESTION_TYPES)
 
     # Judged: four criteria and the overall; nothing below 7 selected, everything at or above 7 kept.
-    # Default overall (criteria): the mean of the four, but a hallucinated answer (accuracy <= 4)
+    # Default overall (criteria): the rounded mean of the four, but a hallucinated answer (accuracy <= 4)
     # scores its accuracy.
     crit = ("score_answer_accuracy", "score_question_quality", "score_answer_completeness", "score_redundancy")
-    for r in t["qa"]:
+    # The test server's word salad draws from the prompt's words, which include number words and "percent":
+    # an answer that reads "... two percent ..." is a figure, kept from the judge under flag too.
+    figures = [r for r in t["qa"] if r["overall"] is None]
+    assert all(r["selection_reason"] == "validator: numbers" and not r["selected"] and r["validator_ok"] is False
+               and "numbers" in r["validator_violations"] for r in figures)
+    for r in (r for r in t["qa"] if r["overall"] is not None):
         expected = (r["score_answer_accuracy"] if r["score_answer_accuracy"] <= 4
-                    else sum(r[c] for c in crit) / len(crit))
-        assert r["score_redundancy"] is not None and r["overall"] == pytest.approx(expected)
-    assert all((r["overall"] >= 7) == r["selected"] for r in t["qa"])
+                    else int(sum(r[c] for c in crit) / len(crit) + 0.5))   # an integer, rounded half up
+        assert r["score_redundancy"] is not None and r["overall"] == expected
+        assert (r["overall"] >= 7) == r["selected"]
     assert any(not r["selected"] for r in t["qa"]) and any(r["selected"] for r in t["qa"])
-    assert all(r["reason"] is None for r in t["qa"] if r["selected"])
-    # Flag policy: every answer checked, verdict stored, all sent to the judge.
+    assert all(r["selection_reason"] is None for r in t["qa"] if r["selected"])
+    # Flag policy: every answer checked, verdict stored; all but the figures sent to the judge.
     assert all(r["validator_ok"] is not None and r["validators"] == "flag" for r in t["qa"])
+    assert sum(p["n_judged"] for p in t["pairs"]) == len(t["qa"]) - len(figures)
 
     # One generation and one judge request per pair; the judge request scored all five of its pair.
     stages = Counter((u["stage"], u["item"]) for u in t["usage"])
@@ -117,7 +123,7 @@ def test_reject_policy_on_a_plain_dataset(ray_session, openai_server, tmp_path):
     rejected = [r for r in t["qa"] if r["validator_ok"] is False]
     # The test server's word salad repeats the region words of the prompt, so some answers break rules.
     assert rejected, "expected the validators to reject some of the test server's answers"
-    assert all(r["reason"].startswith("validator: ") and r["overall"] is None and not r["selected"] for r in rejected)
+    assert all(r["selection_reason"].startswith("validator: ") and r["overall"] is None and not r["selected"] for r in rejected)
     assert summary["validator_rejected"] == len(rejected)
     assert sum(summary["validator_caught"].values()) >= len(rejected)
     for p in t["pairs"]:
@@ -129,3 +135,27 @@ def test_reject_policy_on_a_plain_dataset(ray_session, openai_server, tmp_path):
     for r in t["qa"]:
         if r["overall"] is not None:
             assert r["overall"] == min(r[c] for c in criteria)
+
+
+def test_an_answer_with_a_hedged_figure_costs_no_judge_call(ray_session, openai_server, tmp_path):
+    """The paper's numbers rule under the default policy (flag): the test server writes the prompt's region
+    line into every string it returns, so a template whose region line reads "roughly two percent" makes every
+    answer state a hedged figure. None reaches the judge: the server sees the generation requests only."""
+    import shutil
+    from prompts import __file__ as prompts_init
+    prompts = tmp_path / "prompts"
+    shutil.copytree(Path(prompts_init).parent, prompts, ignore=shutil.ignore_patterns("__*"))
+    text = (prompts / "qa_generate.v2.txt").read_text().replace("@language_pair.v2", "- change region: roughly two percent")
+    (prompts / "qa_generate.figures.txt").write_text(text)
+    (tmp_path / "list.txt").write_text("test_102_0512_0000.png\ntest_77_0512_0256.png\nval_27_0000_0256.png\n")
+    out = tmp_path / "out"
+    run(config(openai_server, LEVIR, out, prompts_dir=str(prompts), generate_template="qa_generate.figures",
+               list_file=str(tmp_path / "list.txt")))
+    t = tables(out)
+    assert len(t["pairs"]) == 3 and len(t["qa"]) == 15
+    assert all("two percent" in r["answer"] for r in t["qa"])
+    assert all(r["selection_reason"] == "validator: numbers" and r["overall"] is None and not r["selected"]
+               and r["validators"] == "flag" for r in t["qa"])
+    assert [u["stage"] for u in t["usage"]] == ["qa_generate"] * 3
+    assert openai_server.stats()["total"] == 3            # three generation requests, no judge request
+    assert all(p["n_judged"] == 0 and p["n_validator_rejected"] == 5 for p in t["pairs"])

@@ -116,3 +116,50 @@ def test_default_overall_never_selects_a_caption_marked_hallucinated():
     assert not select_captions([overall_score(s) for s in scores])[0].selected
     assert overall_score(good) == pytest.approx(8.0)                 # otherwise the mean of the criteria
     assert select_captions([overall_score(s, "judge") for s in scores])[0].selected   # the option remains
+
+
+def _scores(mean_parts):
+    """Five integer criteria per candidate with the given sums (the judge's scores are integers)."""
+    out = []
+    for total in mean_parts:
+        base, extra = divmod(total, 5)
+        values = [base + (1 if k < extra else 0) for k in range(5)]
+        out.append({**dict(zip(CRITERIA, values)), "overall": 5, "reason": "r"})
+    return out
+
+
+def test_default_overall_is_an_integer_so_ties_at_the_cut_are_kept():
+    """Criteria means 9.0, 8.2, 7.4, 7.2 and 6.4: as integers 9, 8, 7, 7, 6, so the two tied at third place
+    are both kept (four captions) and the 6 is rejected; a float mean would keep three."""
+    import json
+    from operators.language.caption_ops import CaptionPrompts, handle_judge_result
+    from operators.llm.client import LLMResult
+    scores = _scores([45, 41, 37, 36, 32])
+    assert [overall_score(s) for s in scores] == [9, 8, 7, 7, 6]
+    assert all(isinstance(overall_score(s), int) for s in scores)
+    assert overall_score({**dict(zip(CRITERIA, (7, 7, 8, 8, 8))), "overall": 1}) == 8    # 7.6 rounds up
+    assert overall_score({**dict(zip(CRITERIA, (7, 7, 7, 8, 8))), "overall": 1}) == 7    # 7.4 rounds down
+    assert overall_score({**dict(zip(CRITERIA, (6, 6, 7, 7, 7))), "overall": 1}) == 7    # 6.6: passes as 7
+    prompts = CaptionPrompts(generate=load_template("caption_generate.v2"), judge=load_template("caption_judge.v2"))
+    record = {"pair_id": "p", "split": "test", "filename": "p.png", "height": 1024, "width": 1024, "car": 0.1,
+              "changed_pixels": 1, "components": 1, "cell_shares": [0.0] * 9, "change_region": "center",
+              "captions": [f"caption {p}" for p in PERSPECTIVES], "verdicts": [[True, "[]"]] * 5}
+    rows = [json.loads(e["_record"]) for e in handle_judge_result(
+        prompts, record, LLMResult(item="p", ok=True, value=dict(zip(PERSPECTIVES, scores))))]
+    captions = [r for r in rows if "candidate_index" in r]
+    [pair] = [r for r in rows if "n_selected" in r]
+    assert [r["overall"] for r in captions] == [9, 8, 7, 7, 6]
+    assert [r["selected"] for r in captions] == [True, True, True, True, False]
+    assert "tied at the top-3 cut" in captions[2]["selection_reason"] and "tied" in captions[3]["selection_reason"]
+    assert captions[4]["selection_reason"] == "rejected: overall 6 below 7"
+    assert pair["n_selected"] == 4 and pair["selected_perspectives"] == list(PERSPECTIVES[:4])
+    # The float mean (an option, not the paper's) has no tie: three kept, 7.2 below the cut.
+    assert kept([overall_score(s, "mean") for s in scores]) == [True, True, True, False, False]
+
+
+def test_v2_templates_share_one_system_text_and_pair_text():
+    names = ("caption_generate.v2", "caption_judge.v2", "qa_generate.v2", "qa_judge.v2")
+    templates = [load_template(n) for n in names]
+    assert len({t.system for t in templates}) == 1 and len({t.pair for t in templates}) == 1
+    assert "$" not in templates[0].system and "$region" in templates[0].pair
+    assert load_template("caption_generate.v1").pair == ""          # v1 stays as it was, for old runs

@@ -65,35 +65,40 @@ def facts77():
 
 REPLY = {"yes_no": {"question": "Was anything built in the upper-left corner?", "answer": "Yes, a new house."},
          "where": {"question": "Where is the new building?", "answer": "In the lower part and on the right."},
-         "how_much": {"question": "How large is the change?", "answer": "Exactly 17.5% of the image changed."},
+         # a hedged figure that agrees with the CAR (17.5 %): the paper's rule still forbids it
+         "how_much": {"question": "How large is the change?", "answer": "Roughly 18 percent of the image changed."},
          "cause": {"question": "What likely caused the change?", "answer": "Commercial development."},
          "detail": {"question": "What does the new structure look like?", "answer": "A large L-shaped grey roof."}}
 
 
-@pytest.mark.parametrize("policy", ["reject", "flag"])
+def texts(request) -> str:
+    return "\n".join(p["text"] for p in request.messages[1]["content"] if p.get("type") == "text")
+
+
+@pytest.mark.parametrize("policy", ["reject", "flag", "off"])
 def test_one_judge_request_with_all_five_and_validator_policy(facts77, policy):
     from operators.language.captions import load_template
     from operators.language.qa_ops import (QAPrompts, build_generate_request, build_judge_request,
                                            handle_generate_result, handle_judge_result)
     from operators.llm.client import LLMResult
     types = ["YES/NO", "WHERE", "HOW MUCH", "CAUSE", "DETAIL"]
-    prompts = QAPrompts(generate=load_template("qa_generate.v1"), judge=load_template("qa_judge.v1"), validators=policy)
+    prompts = QAPrompts(generate=load_template("qa_generate.v2"), judge=load_template("qa_judge.v2"), validators=policy)
     record = _record(types, facts77)
     gen = build_generate_request(prompts, record)
-    text = gen.messages[1]["content"][0]["text"]
+    text = texts(gen)
     assert "A large building was built." in text and "yes_no (YES/NO)" in text and "percentages" in text
     assert gen.schema["required"] == [TYPE_KEYS[t] for t in types]
     [env] = handle_generate_result(prompts, record, LLMResult(item="p1", ok=True, value=REPLY))
     assert env["_table"] == "_qa_judge"
     judged = json.loads(env["_record"])
     request = build_judge_request(prompts, judged)
-    listing = request.messages[1]["content"][0]["text"]
-    bad = {"yes_no", "how_much"}     # existence contradicted by the mask; a copied percentage
+    listing = texts(request)
+    # The hedged figure never reaches the judge (the numbers rule, under every policy); the answer the
+    # mask contradicts (yes_no) is kept back only under reject.
+    kept_back = {"reject": {"yes_no", "how_much"}, "flag": {"how_much"}, "off": {"how_much"}}[policy]
     sent = set(request.schema["required"])
-    if policy == "flag":
-        assert sent == set(REPLY) and all(REPLY[k]["answer"] in listing for k in REPLY)
-    else:
-        assert sent == set(REPLY) - bad and not any(REPLY[k]["answer"] in listing for k in bad)
+    assert sent == set(REPLY) - kept_back
+    assert all((REPLY[k]["answer"] in listing) == (k in sent) for k in REPLY)
     # The default overall is the criteria's (the judge's own "overall" of 9 is not what decides).
     scores = {k: {**{c: 6 if k == "cause" else 8 for c in QA_CRITERIA}, "overall": 9, "reason": "r"}
               for k in sent}
@@ -101,14 +106,17 @@ def test_one_judge_request_with_all_five_and_validator_policy(facts77, policy):
                                                                                             value=scores))]
     qa = {r["question_type"]: r for r in rows if "question_type" in r}
     [pair] = [r for r in rows if "n_candidates" in r]
-    assert {t for t, r in qa.items() if r["validator_ok"] is False} == {"YES/NO", "HOW MUCH"}
-    assert not qa["CAUSE"]["selected"] and qa["CAUSE"]["reason"] == "overall 6 below 7"
-    assert qa["DETAIL"]["selected"] and qa["DETAIL"]["reason"] is None
+    flagged = {"reject": {"YES/NO", "HOW MUCH"}, "flag": {"YES/NO", "HOW MUCH"}, "off": {"HOW MUCH"}}[policy]
+    assert {t for t, r in qa.items() if r["validator_ok"] is False} == flagged
+    assert not qa["CAUSE"]["selected"] and qa["CAUSE"]["selection_reason"] == "overall 6 below 7"
+    assert qa["DETAIL"]["selected"] and qa["DETAIL"]["selection_reason"] is None and qa["DETAIL"]["overall"] == 8
+    assert qa["HOW MUCH"]["selection_reason"] == "validator: numbers" and qa["HOW MUCH"].get("overall") is None
+    assert not qa["HOW MUCH"]["selected"]
     if policy == "reject":
-        assert qa["HOW MUCH"]["reason"] == "validator: numbers" and qa["HOW MUCH"].get("overall") is None
         assert pair["n_validator_rejected"] == 2 and pair["n_judged"] == 3 and pair["n_selected"] == 2
     else:
-        assert qa["HOW MUCH"]["selected"] and pair["n_judged"] == 5 and pair["n_selected"] == 4
+        assert qa["YES/NO"]["selected"] and pair["n_validator_rejected"] == 1
+        assert pair["n_judged"] == 4 and pair["n_selected"] == 3
 
 
 def test_all_rejected_means_no_judge_request(facts77):
@@ -116,7 +124,7 @@ def test_all_rejected_means_no_judge_request(facts77):
     from operators.language.qa_ops import QAPrompts, handle_generate_result
     from operators.llm.client import LLMResult
     types = ["YES/NO", "HOW MUCH"]
-    prompts = QAPrompts(generate=load_template("qa_generate.v1"), judge=load_template("qa_judge.v1"),
+    prompts = QAPrompts(generate=load_template("qa_generate.v2"), judge=load_template("qa_judge.v2"),
                         validators="reject")
     envs = handle_generate_result(prompts, _record(types, facts77), LLMResult(item="p1", ok=True, value={
         k: REPLY[k] for k in ("yes_no", "how_much")}))
