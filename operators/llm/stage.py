@@ -69,6 +69,9 @@ def usage_record(spec: StageSpec, result: LLMResult) -> dict:
         else result.prompt_tokens + result.completion_tokens,
         "cost_usd": None if result.cached else result.cost_usd, "cached": result.cached,
         "attempts": result.attempts, "status": "ok" if result.ok else "error",
+        "usage_complete": True if result.cached else result.usage_complete,
+        "cached_tokens": result.cached_tokens, "reasoning_tokens": result.reasoning_tokens,
+        "batch_id": result.batch_id,
         "response_format": result.response_format, "worker": result.extras.get("worker", ""),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -180,7 +183,19 @@ class LLMStageActor:
         return await loop.run_in_executor(self.prepare_threads, prepared_rows, json.loads(item_json),
                                           self.prepare, self.prepare_kwargs, spec.job, spec.run_id)
 
+    def _stopped(self) -> str:
+        """Why the account cannot be used (its quota exhausted), as one of this actor's callers learnt."""
+        return next((r.caller.lease.stopped for r in self.runners if r.caller is not None and r.caller.lease.stopped), "")
+
     async def _item(self, item_json: str) -> list[dict]:
+        stopped = self._stopped()
+        if stopped:
+            # The quota is gone: the pair's row says so at once, without reading its images (the job
+            # ends within seconds; the rerun picks the pair up).
+            spec = self.runners[0].spec
+            item = json.loads(item_json)
+            return [error_envelope(item_name(item), self.runners[0].spec.name, stopped, error_type="QuotaExhausted",
+                                   job=spec.job, run_id=spec.run_id)]
         # Handed straight over, not kept in this frame: run_chain drops each row's JSON once parsed.
         return await run_chain(await self._prepared(item_json), self.runners)
 

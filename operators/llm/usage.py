@@ -16,6 +16,11 @@ USAGE_SCHEMA = pa.schema([
     ("completion_tokens", pa.int64()),
     ("total_tokens", pa.int64()),
     ("cost_usd", pa.float64()),      # null when no price was given or the usage is unknown
+    ("usage_complete", pa.bool_()),  # false: an attempt may have been billed without usage (a timeout, a
+                                     # connection lost after sending): tokens and cost are unknown, not 0
+    ("cached_tokens", pa.int64()),   # prompt tokens served from the provider's prefix cache (null: not reported)
+    ("reasoning_tokens", pa.int64()),  # completion tokens spent on reasoning (null: not reported)
+    ("batch_id", pa.string()),       # the provider batch that answered it (priced at the batch rate); "" real time
     ("cached", pa.bool_()),          # answered from the cache: nothing sent, nothing paid
     ("attempts", pa.int32()),        # HTTP requests sent for this logical request
     ("status", pa.string()),         # ok | error
@@ -31,6 +36,11 @@ class Prices:
 
     per_mtok_in: float | None = None
     per_mtok_out: float | None = None
+
+    def scaled(self, factor: float) -> "Prices":
+        """These prices times ``factor`` (a batch API's discount)."""
+        return Prices(None if self.per_mtok_in is None else self.per_mtok_in * factor,
+                      None if self.per_mtok_out is None else self.per_mtok_out * factor)
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         if self.per_mtok_in is None and self.per_mtok_out is None:
