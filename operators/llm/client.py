@@ -49,6 +49,7 @@ from operators.llm.usage import Prices
 
 log = logging.getLogger(__name__)
 
+DEFERRED = "Deferred"   # error_type of a request left to a provider batch (no row yet: a later pass answers it)
 SCHEMA_MARKER = "JSON schema:"  # the test server looks for it in JSON mode; harmless for models
 ITEM_HEADER = "X-Changeforge-Item"
 
@@ -348,8 +349,10 @@ def book_usage(result: LLMResult, usage) -> int:
 
 class LLMCaller:
     def __init__(self, config: LLMConfig, api_key: Secret | None = None, lease: LeaseClient | None = None,
-                 cache: ResponseCache | None = None, max_connections: int = 512):
+                 cache: ResponseCache | None = None, max_connections: int = 512, batch=None):
         self.config = config
+        self.batch = batch    # a BatchState: requests the cache cannot answer wait for a provider batch
+        self.batch_run_id = ""  # the run taking batch replies (its later passes book their cache hits nowhere)
         self.secret = api_key if api_key is not None else Secret.from_source()
         self.lease = lease or LeaseClient(None)
         self.cache = cache if config.use_cache else None
@@ -418,8 +421,21 @@ class LLMCaller:
         if hit is not None:
             result.ok, result.value, result.cached = True, hit["value"], True
             result.response_format = str(hit.get("response_format", ""))
+            result.extras["answered_in_run"] = hit.get("batch_run_id", "")
             self.lease.add_usage({"cached": 1})
             return result
+        if self.batch is not None:
+            kind, record = await asyncio.to_thread(self.batch.lookup, key)
+            if kind == "result":
+                return await self._from_batch(request, result, record)
+            if kind == "failed":
+                result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
+                return result
+            if kind != "realtime":
+                _, body, _ = self._body(request, self.attempts_for(request), frozenset(self.quirks))
+                await asyncio.to_thread(self.batch.defer, key, request.item, body)
+                result.error_type = DEFERRED
+                return result
         if self.lease.stopped:
             result.error_type, result.error = "QuotaExhausted", self.lease.stopped
             return result
@@ -449,6 +465,37 @@ class LLMCaller:
                 await self.cache.aput(key, entry)
             except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
                 log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
+        return result
+
+    async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict) -> LLMResult:
+        """A batch's reply to this request, taken as a real-time reply would be (checked against the
+        schema and the stage's check), booked at the batch price with its batch id, and cached."""
+        reply = record.get("body") or {}
+        result.attempts, result.batch_id = 1, str(record.get("batch_id", ""))
+        result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
+        book_usage(result, reply.get("usage") if isinstance(reply, dict) else None)
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        choice = choices[0] if choices and isinstance(choices[0], dict) else None
+        content = (choice.get("message") or {}).get("content") if choice else None
+        problem = self._problem(content, request)
+        if problem is None:
+            result.ok, result.value = True, parse_json_reply(content)
+        else:
+            cut = " (cut off at the cap: raise --max-tokens)" if choice and choice.get("finish_reason") == "length" else ""
+            result.error_type, result.error = "InvalidReply", f"invalid reply from batch {result.batch_id}: {problem}{cut}"
+        known = result.prompt_tokens is not None and result.completion_tokens is not None
+        result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        self.lease.add_usage({"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
+                              "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1})
+        if result.ok and self.cache is not None:
+            entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
+                     "item": request.item, "prompt_tokens": result.prompt_tokens,
+                     "completion_tokens": result.completion_tokens, "batch_id": result.batch_id,
+                     "batch_run_id": self.batch_run_id}
+            try:
+                await self.cache.aput(result.cache_key, entry)
+            except Exception as exc:  # noqa: BLE001 - the batch result stays; a later pass takes it again
+                log.warning("could not cache the batch answer for %s: %s", request.item, type(exc).__name__)
         return result
 
     def _quirk_of_400(self, message: str, sent: frozenset, fmt: str) -> str | None:

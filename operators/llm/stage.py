@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from operators.llm.cache import ResponseCache
-from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
+from operators.llm.batch import BatchState
+from operators.llm.client import DEFERRED, LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
 from operators.llm.ratelimit import LeaseClient
 from operators.io.tables import envelope, error_envelope
 from operators.io.work_list import ITEM_COLUMN
@@ -58,6 +59,7 @@ class StageSpec:
     run_id: str = ""
     job: str = ""
     limiter_namespace: str | None = None   # the limiter's Ray namespace (None: the job's own)
+    batch_root: str | None = None          # --batch-api: the output store holding the job's batch lines
 
 
 def usage_record(spec: StageSpec, result: LLMResult) -> dict:
@@ -98,7 +100,9 @@ class StageRunner:
             limiter = ray.get_actor(self.spec.limiter_name, namespace=self.spec.limiter_namespace) \
                 if self.spec.limiter_name else None
             cache = ResponseCache(self.spec.cache_root) if self.spec.cache_root else None
-            self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache)
+            batch = BatchState(self.spec.batch_root, self.spec.job) if self.spec.batch_root else None
+            self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache, batch=batch)
+            self.caller.batch_run_id = self.spec.run_id
         return self.caller
 
     async def one(self, record: dict) -> list[dict]:
@@ -113,7 +117,11 @@ class StageRunner:
             return [error_envelope(item, spec.name, redact(str(exc) or repr(exc)), error_type=type(exc).__name__,
                                    job=spec.job, run_id=spec.run_id)]
         result.extras["worker"] = caller.worker
-        out = [envelope("usage", usage_record(spec, result))]
+        if result.error_type == DEFERRED:
+            return []    # waits for its batch: the item's rows come from a later pass
+        # A hit on an answer this run took from a batch was booked then (with its batch id and price).
+        booked = result.cached and spec.run_id and result.extras.get("answered_in_run") == spec.run_id
+        out = [] if booked else [envelope("usage", usage_record(spec, result))]
         if not result.ok:
             out.append(envelope("errors", {
                 "item": request.item, "stage": spec.name, "error_type": result.error_type,
