@@ -16,8 +16,10 @@ Real endpoints (the key is read from the environment only):
 
     # OpenAI
     export OPENAI_BASE_URL=https://api.openai.com/v1 OPENAI_API_KEY=sk-...
-    python -m jobs.caption --input data/levir-cd --output out/levir-cc --model gpt-4o-mini \
-        --rpm 500 --tpm 200000 --max-image-side 512 --price-per-mtok-in 0.15 --price-per-mtok-out 0.60
+    python -m jobs.caption --input data/levir-cd --output out/levir-cc --model gpt-4.1-mini \
+        --rpm 500 --tpm 200000 --max-image-side 512 --price-per-mtok-in 0.40 --price-per-mtok-out 1.60 \
+        --batch-api    # half price through the Batch API (answers within 24 h); per image, gpt-4o-mini
+                       # costs more than gpt-4o (docs/llm-endpoints.md)
 
     # Moonshot / Kimi (the paper's generator; a thinking model: leave temperature to the endpoint)
     export OPENAI_BASE_URL=https://api.moonshot.ai/v1 OPENAI_API_KEY=<moonshot key>
