@@ -80,7 +80,8 @@ def test_insufficient_quota_stops_the_pool_at_once(openai_server):
         caller = caller_for(openai_server, lease=LeaseClient(core), max_rate_limit_retries=30)
         try:
             started = time.monotonic()
-            results = await asyncio.gather(*(caller.call(r) for r in requests(12)))
+            # Bounded: a quota taken for a rate limit waits through 30 retries per request.
+            results = await asyncio.wait_for(asyncio.gather(*(caller.call(r) for r in requests(12))), 20)
             later = await caller.call(requests(1, "later")[0])
             return results, later, time.monotonic() - started
         finally:
