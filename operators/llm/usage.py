@@ -51,7 +51,7 @@ class Prices:
 def summarize_usage(rows: list[dict]) -> dict:
     """Totals over usage rows (this run's): requests sent, cache hits, tokens, cost, by stage."""
     out: dict = {"logical_requests": 0, "http_requests": 0, "cached": 0, "errors": 0, "prompt_tokens": 0,
-                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "usage_unknown": 0, "by_stage": {}}
+                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "usage_unknown": 0, "batch": 0, "by_stage": {}}
     for r in rows:
         st = out["by_stage"].setdefault(r["stage"], {"requests": 0, "cached": 0, "prompt_tokens": 0,
                                                       "completion_tokens": 0, "cost_usd": 0.0})
@@ -64,8 +64,9 @@ def summarize_usage(rows: list[dict]) -> dict:
             continue
         if r.get("status") != "ok":
             out["errors"] += 1
-        if r.get("prompt_tokens") is None or r.get("completion_tokens") is None:
+        if r.get("prompt_tokens") is None or r.get("completion_tokens") is None or r.get("usage_complete") is False:
             out["usage_unknown"] += 1
+        out["batch"] += bool(r.get("batch_id"))
         for k in ("prompt_tokens", "completion_tokens"):
             out[k] += int(r.get(k) or 0)
             st[k] += int(r.get(k) or 0)
@@ -79,9 +80,11 @@ def summarize_usage(rows: list[dict]) -> dict:
 def format_summary(s: dict) -> str:
     cost = f"${s['cost_usd']:.4f}" if s["cost_known"] else "n/a (no --price-per-mtok-*)"
     if s.get("usage_unknown"):
-        cost += f" + unknown ({s['usage_unknown']} requests without usage from the endpoint)"
+        cost += (f" + unknown ({s['usage_unknown']} requests without usage from the endpoint, or timed out "
+                 "after sending: the provider may have billed them)")
     lines = [f"requests: {s['logical_requests']} logical, {s['http_requests']} sent over HTTP, "
-             f"{s['cached']} answered from cache, {s['errors']} failed",
+             f"{s['cached']} answered from cache, {s['errors']} failed"
+             + (f", {s['batch']} through provider batches (batch price)" if s.get("batch") else ""),
              f"tokens: {s['prompt_tokens']} prompt + {s['completion_tokens']} completion; cost {cost}"]
     for name, st in sorted(s["by_stage"].items()):
         lines.append(f"  {name}: {st['requests']} requests ({st['cached']} cached), "
