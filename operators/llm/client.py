@@ -327,6 +327,13 @@ class _Attempts:
     json_fallback: str = ""  # the endpoint's 400 to json_schema, while this request tries JSON mode
 
 
+def first_choice(reply) -> tuple[dict | None, str | None]:
+    """A chat completion's first choice and its message text (None where the reply has none)."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choice = choices[0] if choices and isinstance(choices[0], dict) else None
+    return choice, (choice.get("message") or {}).get("content") if choice else None
+
+
 def book_usage(result: LLMResult, usage) -> int:
     """Add one reply's reported usage to ``result``; returns the prompt tokens it reported (0 if none).
     A reply without readable usage makes the request's usage unknown (None), not zero."""
@@ -456,15 +463,7 @@ class LLMCaller:
         usage = {"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                  "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1, "usage_unknown": 0 if known else 1}
         self.lease.add_usage(usage)
-        if result.ok and self.cache is not None:
-            entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
-                     "item": request.item, "prompt_tokens": result.prompt_tokens,
-                     "completion_tokens": result.completion_tokens,
-                     "max_tokens": result.extras.get("max_tokens", self.config.max_tokens)}
-            try:
-                await self.cache.aput(key, entry)
-            except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
-                log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
+        await self._store(request, result, max_tokens=result.extras.get("max_tokens", self.config.max_tokens))
         return result
 
     async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict) -> LLMResult:
@@ -474,9 +473,7 @@ class LLMCaller:
         result.attempts, result.batch_id = 1, str(record.get("batch_id", ""))
         result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
         book_usage(result, reply.get("usage") if isinstance(reply, dict) else None)
-        choices = reply.get("choices") if isinstance(reply, dict) else None
-        choice = choices[0] if choices and isinstance(choices[0], dict) else None
-        content = (choice.get("message") or {}).get("content") if choice else None
+        choice, content = first_choice(reply)
         problem = self._problem(content, request)
         if problem is None:
             result.ok, result.value = True, parse_json_reply(content)
@@ -487,16 +484,20 @@ class LLMCaller:
         result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
         self.lease.add_usage({"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                               "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1})
-        if result.ok and self.cache is not None:
-            entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
-                     "item": request.item, "prompt_tokens": result.prompt_tokens,
-                     "completion_tokens": result.completion_tokens, "batch_id": result.batch_id,
-                     "batch_run_id": self.batch_run_id}
-            try:
-                await self.cache.aput(result.cache_key, entry)
-            except Exception as exc:  # noqa: BLE001 - the batch result stays; a later pass takes it again
-                log.warning("could not cache the batch answer for %s: %s", request.item, type(exc).__name__)
+        await self._store(request, result, batch_id=result.batch_id, batch_run_id=self.batch_run_id)
         return result
+
+    async def _store(self, request: LLMRequest, result: LLMResult, **extra) -> None:
+        """Cache a valid answer (a failure to write costs only a rerun's request)."""
+        if not result.ok or self.cache is None:
+            return
+        entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
+                 "item": request.item, "prompt_tokens": result.prompt_tokens,
+                 "completion_tokens": result.completion_tokens, **extra}
+        try:
+            await self.cache.aput(result.cache_key, entry)
+        except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
+            log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
 
     def _quirk_of_400(self, message: str, sent: frozenset, fmt: str) -> str | None:
         """The quirk a 400 names that the attempt did not have (already learnt since, or new), or None
@@ -703,9 +704,7 @@ class LLMCaller:
             await self._learn(answered=sent | ({"json_object"} if st.json_fallback else set()))
         usage = reply.get("usage") if isinstance(reply, dict) else None
         self.lease.release(book_usage(result, usage) - prompt_estimate)   # only an under-estimate is booked
-        choices = reply.get("choices") if isinstance(reply, dict) else None
-        choice = choices[0] if choices and isinstance(choices[0], dict) else None
-        content = (choice.get("message") or {}).get("content") if choice else None
+        choice, content = first_choice(reply)
         problem = self._problem(content, request)
         if problem is None:
             result.ok, result.value = True, parse_json_reply(content)
