@@ -190,7 +190,13 @@ class BatchDriver:
         lines = [self.state.read("lines", k) for k in keys]
         encoded = [line_bytes(line) for line in lines]
         ids = []
-        for group in split_files(encoded, self.settings.max_requests_per_file, self.settings.max_bytes_per_file):
+        by_model: dict[str, list[int]] = {}       # a batch file holds one model's requests
+        for i, line in enumerate(lines):
+            by_model.setdefault(str(line["body"].get("model")), []).append(i)
+        groups = [[idx[j] for j in group] for idx in by_model.values()
+                  for group in split_files([encoded[i] for i in idx], self.settings.max_requests_per_file,
+                                           self.settings.max_bytes_per_file)]
+        for group in groups:
             file_id = self.api.upload(b"".join(encoded[i] for i in group))
             batch = self.api.create(file_id, self.settings.completion_window, {"job": self.job})
             self.state.write("batches", batch["id"], {

@@ -297,3 +297,14 @@ def test_export_and_import_through_files(openai_server, tmp_path):
     assert driver.import_results(str(tmp_path / "out.jsonl"))["completed"] == 2
     results = batch_pass(openai_server, requests(2), state, cache)
     assert all(r.ok and r.batch_id.startswith("import:") for r in results)
+
+
+def test_a_batch_file_holds_one_model(openai_server, tmp_path):
+    state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
+    batch_pass(openai_server, requests(2, "gen"), state, cache, model="generator")
+    batch_pass(openai_server, requests(2, "judge"), state, cache, model="judge")
+    driver = driver_for(openai_server, state)
+    assert len(driver.submit()) == 2
+    for b in state.batches():
+        models = {state.read("lines", k)["body"]["model"] for k in b["custom_ids"]}
+        assert len(models) == 1
