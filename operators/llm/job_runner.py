@@ -328,13 +328,14 @@ def configure_pipeline(pool: PoolConfig) -> None:
 
 
 def run_stages(todo: list[dict], prepare, prepare_kwargs: dict, stages: list[StageSpec], pool: PoolConfig, sink,
-               limiter, progress_every_s: float, *, work: Store, job: str, run_id: str) -> dict[str, int]:
+               limiter, progress_every_s: float, *, work: Store, job: str, run_id: str, part: str = "") -> dict[str, int]:
     """Prepare every pair, run the LLM stages in order, stream every row to ``sink``; logs progress.
     Returns rows written per table. The work list goes through ``work``
     (the output store), not the object store, and is removed at the end. The rate limiter is left
     running: it is the account's, shared by every job against the same endpoint and key."""
     configure_pipeline(pool)
-    name = f"{job}-{run_id}"
+    # ``part``: a batch pass's own work list (workers keep the parts they read by name).
+    name = f"{job}-{run_id}{part}"
     parts = write_work_list(work, name, todo)
     try:
         # Blocks of one LLM batch of work items. The LLM actors prepare each pair themselves and
@@ -379,11 +380,11 @@ def run_llm_job(cfg: LLMJobConfig, todo: list[dict], prepare, prepare_kwargs: di
     waited = driver.wait()          # batches a killed driver left open: polled, never submitted again
     if waited["open"]:
         raise BatchesOpen(f"{waited['open']} batches still open after --batch-max-wait-s; rerun to poll them")
-    for _ in range(2 * len(stages) + 2):    # a stage's lines, their one retry, and the pass that takes them
+    for n in range(2 * len(stages) + 2):    # a stage's lines, their one retry, and the pass that takes them
         if not todo:
             break
         counts.update(run_stages(todo, prepare, prepare_kwargs, stages, pool, make_sink(), limiter,
-                                 cfg.progress_every_s, work=out, job=job, run_id=run_id))
+                                 cfg.progress_every_s, work=out, job=job, run_id=run_id, part=f"-pass{n}"))
         check_quota(limiter)
         if cfg.batch_export:
             n = driver.export_lines(cfg.batch_export)
