@@ -55,7 +55,7 @@ def error_code(body: bytes) -> str:
     err = data.get("error") if isinstance(data, dict) else None
     if not isinstance(err, dict):
         return ""
-    return " ".join(str(err[k]) for k in ("code", "type") if isinstance(err.get(k), str) and err.get(k))
+    return " ".join(dict.fromkeys(str(err[k]) for k in ("code", "type") if isinstance(err.get(k), str) and err.get(k)))
 
 
 class ChatTransport:
