@@ -26,11 +26,11 @@ from collections import Counter
 import pyarrow.compute as pc
 from dataclasses import dataclass
 
-from jobs import caption as caption_job
-from jobs.caption import HELP as CAPTION_HELP
-from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
-                          peak_rss_mb, pool_config, run_on_worker, run_stages, run_usage, skipped_line, summary_table,
-                          validator_tally)
+from operators.llm.job_runner import HELP as LLM_HELP
+from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, account_limiter, build_parser as _build_parser,
+                                      ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
+                                      require_endpoint, row_batches, run_llm_job, run_on_worker, run_usage,
+                                      skipped_line, stop_line, summary_table, validator_tally)
 from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -49,8 +49,8 @@ VQA_FILE = "VQA.json"
 
 
 @dataclass
-class QAJobConfig(CaptionJobConfig):
-    """The captions job's options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
+class QAJobConfig(LLMJobConfig):
+    """The LLM jobs' options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
     max_tokens: int = 2000                # five QA pairs are longer than five captions
     generate_template: str = "qa_generate.v2"
     judge_template: str = "qa_judge.v2"
@@ -61,7 +61,7 @@ class QAJobConfig(CaptionJobConfig):
 
 
 HELP = {
-    **CAPTION_HELP,
+    **LLM_HELP,
     "input": "a captions job output (folder or s3:// prefix; its captions become context) or a dataset in the "
              "LEVIR-CD layout (A/ B/ label/, optionally under train/ val/ test/)",
     "output": "output folder or s3:// prefix (tables, VQA json, response cache)",
@@ -81,12 +81,15 @@ HELP = {
     "judge_template": "prompt template (file stem under --prompts-dir) for QA judging",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
 }
+PROG, DESCRIPTION = "python -m jobs.qa", __doc__.split("\n\n")[0]
+
+
 def build_parser():
-    return caption_job.build_parser(QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
+    return _build_parser(QAJobConfig, HELP, PROG, DESCRIPTION, {"overall": OVERALL_MODES})
 
 
 def parse_args(argv: list[str] | None = None) -> QAJobConfig:
-    return caption_job.parse_args(argv, QAJobConfig, HELP, "python -m jobs.qa", __doc__.split("\n\n")[0])
+    return _parse_args(argv, QAJobConfig, HELP, PROG, DESCRIPTION, {"overall": OVERALL_MODES})
 
 
 def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
@@ -107,16 +110,13 @@ def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
 
 def run(cfg: QAJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
-    base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
-    if not base_url:
-        sys.exit("jobs.qa: no endpoint. Set OPENAI_BASE_URL (e.g. https://api.openai.com/v1, or "
-                 "http://localhost:8000/v1 for a local vLLM) and OPENAI_API_KEY, or pass --base-url.")
+    base_url = require_endpoint(cfg, "qa")
     if cfg.overall not in OVERALL_MODES or cfg.validators not in VALIDATOR_POLICIES:
         raise ValueError(f"--overall must be one of {OVERALL_MODES}, --validators one of {VALIDATOR_POLICIES}")
     if not 1 <= cfg.qa_per_pair <= len(QUESTION_TYPES):
         raise ValueError(f"--qa-per-pair must be between 1 and {len(QUESTION_TYPES)}")
     dataset, captions_source = resolve_inputs(cfg)
-    _ensure_ray(cfg)
+    ensure_ray(cfg)
     from operators.io.tables import TableSink
 
     out = Store(cfg.output)
@@ -143,18 +143,21 @@ def run(cfg: QAJobConfig) -> dict:
                         overall_mode=cfg.overall, model=cfg.model, judge_model=judge_model, run_id=run_id,
                         validators=cfg.validators)
     counts: dict[str, int] = {}
+    stopped = ""
     if todo:
-        limiter, common = account_limiter(cfg, base_url, run_id, JOB, out.uri() if cfg.cache else None)
+        limiter, common = account_limiter(cfg, base_url, run_id, JOB, out.uri() if cfg.cache else None, out.uri())
         generate, judge = generate_and_judge_stages(
             cfg, base_url, common, prompts, ("qa_generate", "_qa_generate", build_generate_request,
                                              handle_generate_result),
             ("qa_judge", "_qa_judge", build_judge_request, handle_judge_result))
-        pool = pool_config(cfg)
         prep = PrepareConfig(max_image_side=cfg.max_image_side, image_format=cfg.image_format, detail=cfg.detail)
-        counts = run_stages(todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
-                                                    "qa_per_pair": cfg.qa_per_pair},
-                            [generate, judge], pool, TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
-                            cfg.progress_every_s, work=out, job=JOB, run_id=run_id)
+        try:
+            counts = run_llm_job(cfg, todo, prepare_qa_pair, {"config": prep, "run_id": run_id, "seed": cfg.seed,
+                                                              "qa_per_pair": cfg.qa_per_pair},
+                                 [generate, judge], lambda: TableSink(out.uri(), TABLE_SCHEMAS, run_id), limiter,
+                                 out=out, job=JOB, run_id=run_id)
+        except (QuotaStop, BatchesOpen) as exc:
+            stopped = stop_line(exc)   # what finished is in the tables; the end of the run still runs
 
     # The end of the run in a worker process of its own, as in the captions job: it reads the tables
     # back (columnar; read whole, the qa table grew the driver 1.47x from 1x to 10x input) and the
@@ -162,7 +165,7 @@ def run(cfg: QAJobConfig) -> dict:
     finished = run_on_worker(finish_qa_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "pairs_skipped": skipped, "rows_written": counts, **finished}
+            "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
 def finish_qa_run(output: str, run_id: str, validators: str) -> dict:
@@ -206,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; {s['validator_rejected']} not sent to the judge" if s["validators"] == "reject" else ""))
     print(format_summary(s["usage"]))
     print(f"outputs: {cfg.output}/{{qa,pairs,usage,errors}}/ and {cfg.output}/{VQA_FILE}")
+    if s["stopped"]:
+        print(s["stopped"])
+        return 3
     return 0
 
 

@@ -173,6 +173,8 @@ class QAScoreConfig:
     price_per_mtok_in: float | None = field(default=None, metadata={"help": "USD per million prompt tokens (optional)"})
     price_per_mtok_out: float | None = field(default=None, metadata={"help": "USD per million completion tokens (optional)"})
     cache: bool = field(default=True, metadata={"help": "read and write the judge's response cache (--no-cache: everything is sent and paid again)"})
+    batch_api: bool = field(default=False, metadata={"help": "send the judge's requests through the provider's Batch API (about half price, answers within 24 h; batches recorded in the output, a rerun polls them)"})
+    batch_poll_s: float = field(default=30.0, metadata={"help": "with --batch-api: seconds between polls of the open batches"})
     num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
 
 
@@ -217,15 +219,42 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     spec = StageSpec(name=STAGE, input_table=INPUT_TABLE, build_request=partial(build_judge_request, template),
                      handle_result=partial(handle_judge_result, template, cfg.judge_model, run_id), llm=llm,
                      limiter_name=limiter_name, cache_root=out.uri() if cfg.cache else None,
-                     api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job="score_qa")
-    sink = TableSink(out.uri(), {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}, run_id)
-    try:
-        ds = ray.data.from_items([judge_input(r) for r in rows], override_num_blocks=max(1, min(64, len(rows) // 16)))
+                     api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job="score_qa",
+                     batch_root=out.uri() if cfg.batch_api else None)
+
+    def judged() -> dict[str, dict]:
+        table = read_table(out, "judgements", JUDGEMENTS_SCHEMA)
+        return {r["qid"]: r for r in (table.to_pylist() if table is not None else []) if r["run_id"] == run_id}
+
+    def judge_pass(todo: list[dict]) -> None:
+        sink = TableSink(out.uri(), {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}, run_id)
+        ds = ray.data.from_items([judge_input(r) for r in todo], override_num_blocks=max(1, min(64, len(todo) // 16)))
         apply_llm_stage(ds, spec, PoolConfig()).write_datasink(sink)
+
+    try:
+        if not cfg.batch_api:
+            judge_pass(rows)
+        else:
+            # Pass 1 leaves the judge's requests in batch lines; the batches are waited for; pass 2
+            # takes the answers (a failed line: one more batch and pass, then its error row).
+            from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
+            driver = BatchDriver(BatchState(out.uri(), "score_qa"), BatchAPI(base_url, spec.api_key.get()),
+                                 BatchSettings(poll_s=cfg.batch_poll_s), job="score_qa")
+            driver.wait()                      # batches a killed run left open
+            todo = rows
+            for _ in range(3):
+                if not todo:
+                    break
+                judge_pass(todo)
+                if not driver.submit() and not driver.state.waiting():
+                    break
+                if driver.wait()["open"]:
+                    raise SystemExit("jobs.score qa: batches still open; rerun to poll them")
+                done = judged()
+                todo = [r for r in rows if r["qid"] not in done]
     finally:
         ray.kill(limiter)
-    table = read_table(out, "judgements", JUDGEMENTS_SCHEMA)
-    return {r["qid"]: r for r in (table.to_pylist() if table is not None else []) if r["run_id"] == run_id}
+    return judged()
 
 
 def run_qa(cfg: QAScoreConfig) -> dict:

@@ -39,6 +39,19 @@ refused with 429 and not counted. A reply longer than the cap is cut off with ``
 ``length``. A ``strict`` json_schema whose objects are not closed and fully required is refused with
 400, as OpenAI does.
 
+Money-side behaviour (the block "provider money" below): fault kinds ``"quota"`` (429
+``insufficient_quota``, as OpenAI answers an account out of credit) and ``"slow"`` (the reply comes after
+``slow_s`` seconds, complete and billed: a client that gave up earlier paid for it); ``"prefix_cache":
+true`` reports ``usage.prompt_tokens_details.cached_tokens`` for the leading part of a request that
+matches an earlier request's (by a stable token estimate: text at 4 characters a token in 128-token
+chunks, images by the tile rule, at least ``prefix_cache_min`` tokens, in steps of 128, as OpenAI's
+cache); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET /v1/files/{id}/content``,
+``POST /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``; a batch completes
+``batch_delay_s`` after creation (its lines answered as real-time requests would be), a share
+``batch_fail_rate`` of its lines (drawn per custom_id and submission) goes to the error file, and the
+output lines come back in an order of their own. ``batch_submissions`` in the stats counts how often
+each custom_id was submitted.
+
 ``GET /control/stats`` returns request counts (total, by status, per request key, successful
 replies per key), arrival timestamps, the tokens charged per accepted request and each request's
 time in the server; ``POST /control/reset`` clears them.
@@ -75,7 +88,10 @@ def _digest(*parts: object) -> int:
 DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s": 1, "timeout_s": 30.0,
                   "faults": [], "rpm_limit": 0, "tpm_limit": 0, "limit_window_s": 60.0, "image_base": 85,
                   "image_per_tile": 170, "reject_params": [], "reject_strict": False, "omit_usage": False,
-                  "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent"}
+                  "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent",
+                  # provider money (see the module doc)
+                  "slow_s": 5.0, "prefix_cache": False, "prefix_cache_min": 1024, "batch_delay_s": 0.0,
+                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error"}
 
 
 class ServerState:
@@ -99,13 +115,29 @@ class ServerState:
         self.models: Counter = Counter()
         self.auth: Counter = Counter()                       # sha256 of the Authorization header, counted
         self.requests: list[dict] = []                       # the last few request bodies, for inspection
+        self.reset_money()
 
     def stats(self) -> dict:
         return {"total": self.total, "by_status": dict(self.by_status), "seen_by_key": dict(self.seen_by_key),
                 "ok_by_key": dict(self.ok_by_key), "timestamps": self.timestamps,
                 "items_by_key": self.items_by_key, "times_by_key": self.times_by_key, "charges": self.charges,
                 "spans": self.spans, "max_in_flight": self.max_in_flight, "models": dict(self.models), "auth": dict(self.auth),
-                "requests": self.requests}
+                "requests": self.requests, **self.money_stats()}
+
+    # -- provider money: prefix cache, files and batches ------------------------------------------
+    def reset_money(self) -> None:
+        self.prefixes: set[str] = set()                      # hashes of every request's leading chunks
+        self.cached_tokens_total = 0
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict] = {}
+        self.batch_submissions: Counter = Counter()          # custom_id -> times submitted in a batch
+        self.batch_lines_answered = 0
+        self.slow_sent = 0                                   # slow replies completed (billed)
+
+    def money_stats(self) -> dict:
+        return {"cached_tokens_total": self.cached_tokens_total, "batch_submissions": dict(self.batch_submissions),
+                "batches_created": len(self.batches), "batch_lines_answered": self.batch_lines_answered,
+                "slow_sent": self.slow_sent}
 
     def admit(self, now: float, tokens: int) -> float | None:
         """Count a request against RPM and TPM the provider's way; seconds to wait if it is over."""
@@ -310,7 +342,7 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     state.seen_by_key[key] += 1
     item = unquote(request.headers.get("X-Changeforge-Item", ""))
     state.items_by_key[key] = item
-    state.times_by_key[key].append(state.timestamps[-1])
+    state.times_by_key[key].append(time.time())   # (a batch line has no HTTP arrival of its own)
     cfg = state.config
     rejected = [p for p in cfg.get("reject_params") or [] if p in body]
     if cfg.get("reasoning"):   # a reasoning model: no max_tokens, and temperature only at its default 1
@@ -345,6 +377,14 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     if cfg.get("latency_ms"):
         await asyncio.sleep(float(cfg["latency_ms"]) / 1000)
     fault = _fault_for(state, key, seen, item, "\n".join(texts))
+    if fault == "quota":
+        state.by_status[429] += 1
+        return web.json_response({"error": {"message": "You exceeded your current quota, please check your plan "
+                                            "and billing details.", "type": "insufficient_quota", "code":
+                                            "insufficient_quota"}}, status=429)
+    if fault == "slow":
+        await asyncio.sleep(float(cfg.get("slow_s", 5.0)))
+        state.slow_sent += 1
     if fault == "429":
         state.by_status[429] += 1
         return _error(429, "rate limited (injected)", {"Retry-After": str(cfg.get("retry_after_s", 1))})
@@ -383,6 +423,10 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
     if not cfg.get("omit_usage"):
         reply["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens, **(cfg.get("usage_values") or {})}
+        if cfg.get("prefix_cache"):
+            cached = _prefix_cached_tokens(state, body, int(cfg.get("image_base", 85)),
+                                           int(cfg.get("image_per_tile", 170)), int(cfg.get("prefix_cache_min", 1024)))
+            reply["usage"]["prompt_tokens_details"] = {"cached_tokens": min(cached, prompt_tokens)}
     return web.json_response(reply)
 
 
@@ -411,7 +455,162 @@ def make_app(latency_ms: float = 0.0, config: dict | None = None) -> web.Applica
     app.router.add_get("/control/stats", get_stats)
     app.router.add_post("/control/reset", post_reset)
     app.router.add_post("/control/faults", post_faults)
+    add_batch_routes(app)
     return app
+
+
+# -- provider money: prefix cache and the Batch API ----------------------------------------------
+def _prefix_chunks(body: dict, base: int, per_tile: int) -> list[tuple[str, int]]:
+    """The request as a sequence of (content, tokens) chunks in the order a provider reads it: the
+    response schema (part of the system prompt), then each message's text in 128-token chunks and its
+    images (by the tile rule)."""
+    chunks: list[tuple[str, int]] = [(json.dumps(body.get("response_format") or {}, sort_keys=True), 0)]
+    for m in body.get("messages") or []:
+        chunks.append((f"<{m.get('role')}>", 4))
+        content = m.get("content")
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else \
+            [p for p in content or [] if isinstance(p, dict)]
+        for p in parts:
+            if p.get("type") == "image_url":
+                img = p.get("image_url") or {}
+                tokens = _image_tokens([{"content": [p]}], base, per_tile)
+                chunks.append((hashlib.sha256(str(img.get("url", "")).encode()).hexdigest() + str(img.get("detail")),
+                               tokens))
+            else:
+                text = str(p.get("text", ""))
+                for i in range(0, len(text), 512):
+                    piece = text[i:i + 512]
+                    chunks.append((piece, len(piece) // 4))
+    return chunks
+
+
+def _prefix_cached_tokens(state: ServerState, body: dict, base: int, per_tile: int, minimum: int) -> int:
+    """Tokens of the longest leading run of chunks an earlier request began with (0 under
+    ``minimum``; in steps of 128), then remember this request's prefixes."""
+    h, tokens, cached, prefixes = hashlib.sha256(), 0, 0, []
+    for content, n in _prefix_chunks(body, base, per_tile):
+        h.update(content.encode())
+        tokens += n
+        digest = h.copy().hexdigest()
+        prefixes.append(digest)
+        if digest in state.prefixes and cached == tokens - n:
+            cached = tokens
+    state.prefixes.update(prefixes)
+    cached = cached // 128 * 128 if cached >= minimum else 0
+    state.cached_tokens_total += cached
+    return cached
+
+
+class _LineRequest:
+    """What ``_answer`` reads of an HTTP request, for a batch line."""
+
+    def __init__(self, custom_id: str):
+        self.headers = {"X-Changeforge-Item": custom_id, "Authorization": ""}
+
+
+def _batch_object(b: dict) -> dict:
+    return {k: v for k, v in b.items() if not k.startswith("_")}
+
+
+async def post_file(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    reader = await request.multipart()
+    purpose, content, filename = "", b"", "upload.jsonl"
+    async for part in reader:
+        if part.name == "purpose":
+            purpose = (await part.read()).decode()
+        elif part.name == "file":
+            filename = part.filename or filename
+            content = bytes(await part.read())
+    if purpose != "batch":
+        return _error(400, f"purpose must be batch, not {purpose!r}")
+    file_id = f"file-{hashlib.sha256(content).hexdigest()[:12]}-{len(state.files)}"
+    state.files[file_id] = content
+    return web.json_response({"id": file_id, "object": "file", "bytes": len(content), "purpose": purpose,
+                              "filename": filename, "created_at": int(time.time())})
+
+
+async def get_file_content(request: web.Request) -> web.Response:
+    content = request.app["state"].files.get(request.match_info["file_id"])
+    if content is None:
+        return _error(404, "no such file")
+    return web.Response(body=content, content_type="application/jsonl")
+
+
+async def post_batch(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    spec = await request.json()
+    content = state.files.get(spec.get("input_file_id", ""))
+    if content is None:
+        return _error(400, "input_file_id not found")
+    lines = [json.loads(line) for line in content.decode().splitlines() if line.strip()]
+    ids = [line.get("custom_id") for line in lines]
+    if len(set(ids)) != len(ids):
+        return _error(400, "custom_id must be unique within a batch file")
+    for cid in ids:
+        state.batch_submissions[cid] += 1
+    batch_id = f"batch_{len(state.batches):04d}_{hashlib.sha256(content).hexdigest()[:8]}"
+    state.batches[batch_id] = {
+        "id": batch_id, "object": "batch", "endpoint": spec.get("endpoint"), "input_file_id": spec["input_file_id"],
+        "completion_window": spec.get("completion_window", "24h"), "status": "in_progress",
+        "created_at": int(time.time()), "metadata": spec.get("metadata") or {}, "output_file_id": None,
+        "error_file_id": None, "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
+        "_lines": lines, "_due": time.time() + float(state.config.get("batch_delay_s", 0.0))}
+    return web.json_response(_batch_object(state.batches[batch_id]))
+
+
+async def _finish_batch(state: ServerState, b: dict) -> None:
+    """Answer every line as a real-time request would be answered; a share fails; shuffled."""
+    outputs, errors = [], []
+    rate = float(state.config.get("batch_fail_rate", 0.0))
+    for line in b["_lines"]:
+        cid = line.get("custom_id")
+        if _digest(cid, state.batch_submissions[cid], "batch_fail") % 10_000 < rate * 10_000:
+            errors.append({"id": f"batch_req_{cid[:12]}", "custom_id": cid, "response": None,
+                           "error": {"code": state.config.get("batch_fail_code", "server_error"),
+                                     "message": "the line failed (injected)"}})
+            continue
+        resp = await _answer(state, _LineRequest(cid), json.dumps(line.get("body") or {}).encode())
+        state.batch_lines_answered += 1
+        outputs.append({"id": f"batch_req_{cid[:12]}", "custom_id": cid, "error": None,
+                        "response": {"status_code": resp.status, "request_id": f"req_{cid[:8]}",
+                                     "body": json.loads(resp.body)}})
+    outputs.sort(key=lambda o: _digest(o["custom_id"]))         # an order of the server's own
+    for kind, rows in (("output_file_id", outputs), ("error_file_id", errors)):
+        if rows:
+            file_id = f"file-{b['id']}-{kind[:3]}"
+            state.files[file_id] = "".join(json.dumps(r) + "\n" for r in rows).encode()
+            b[kind] = file_id
+    b["request_counts"] = {"total": len(b["_lines"]), "completed": len(outputs), "failed": len(errors)}
+    b["status"], b["completed_at"] = "completed", int(time.time())
+
+
+async def get_batch(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    b = state.batches.get(request.match_info["batch_id"])
+    if b is None:
+        return _error(404, "no such batch")
+    if b["status"] == "in_progress" and time.time() >= b["_due"]:
+        b["status"] = "finalizing"
+        await _finish_batch(state, b)
+    return web.json_response(_batch_object(b))
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    b = request.app["state"].batches.get(request.match_info["batch_id"])
+    if b is None:
+        return _error(404, "no such batch")
+    if b["status"] in ("validating", "in_progress"):
+        b["status"] = "cancelled"
+    return web.json_response(_batch_object(b))
+
+
+def add_batch_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/files", post_file)
+    app.router.add_get("/v1/files/{file_id}/content", get_file_content)
+    app.router.add_post("/v1/batches", post_batch)
+    app.router.add_get("/v1/batches/{batch_id}", get_batch)
+    app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
 
 
 # -- running it from tests and benchmarks -------------------------------------------------------

@@ -13,13 +13,17 @@ For each :class:`LLMRequest` it
 3. adapts to 400s naming ``max_tokens`` (-> ``max_completion_tokens``), ``temperature`` (left out) or
    strict mode (dropped), judged against what *that attempt* sent, and shares what it learnt with the
    pool through the limiter (until a request is answered, one attempt at a time goes out, so a first
-   wave costs a 400 per quirk, not one per request); reports 429s to the limiter, which pauses and slows the whole pool; retries 5xx/timeouts/
-   connection errors with exponential backoff and jitter; re-asks a bounded number of times when the
+   wave costs a 400 per quirk, not one per request); reports 429s to the limiter, which pauses and slows
+   the whole pool (Retry-After capped at ``max_retry_after_s``); stops the pool on a quota 429
+   (:class:`QuotaExhausted`); retries 5xx and connections never made with exponential backoff and
+   jitter; re-sends a timed-out request (or one whose connection broke after sending) once, with twice
+   the timeout, and books its usage unknown (the provider may have billed it); re-asks a bounded number of times when the
    reply is not JSON or violates the schema (telling the model what was wrong), or with twice the room
    when it was cut off at the cap; and then gives up with an error result, never an exception.
 
 The API key is a :class:`Secret` read where it is used (its repr hides it, a pickle carries only its
-source) and scrubbed from every error message. Usage an endpoint does not report is unknown (None).
+source) and scrubbed from every error message. Usage an endpoint does not report is unknown (None),
+as is the usage of a request one of whose attempts may have been billed unreported.
 """
 from __future__ import annotations
 
@@ -38,13 +42,14 @@ from urllib.parse import quote
 
 from operators.llm.cache import ResponseCache, cache_key
 from operators.llm.images import image_token_rule, request_image_tokens
-from operators.llm.ratelimit import LeaseClient
+from operators.llm.ratelimit import LeaseClient, QuotaExhausted
 from operators.llm.schema import parse_json_reply, schema_errors, strict_schema
 from operators.llm.transport import ChatTransport, ConnectionFailed, HTTPStatus, Timeout
 from operators.llm.usage import Prices
 
 log = logging.getLogger(__name__)
 
+DEFERRED = "Deferred"   # error_type of a request left to a provider batch (no row yet: a later pass answers it)
 SCHEMA_MARKER = "JSON schema:"  # the test server looks for it in JSON mode; harmless for models
 ITEM_HEADER = "X-Changeforge-Item"
 
@@ -140,13 +145,20 @@ class LLMConfig:
     detail: str = "auto"                  # image detail level sent with every image
     image_token_rule: str = ""           # override of the model family's image token rule (see images.py)
     max_request_bytes: int = 20_000_000  # larger requests become an error row instead of being sent
+    max_retry_after_s: float = 300.0     # a Retry-After longer than this is waited this long
+    reasoning_effort: str = ""           # sent as reasoning_effort when set (reasoning models)
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
+    batch_discount: float = 0.5          # batch requests cost this share of the real-time prices
     use_cache: bool = True
 
     @property
     def prices(self) -> Prices:
         return Prices(self.price_per_mtok_in, self.price_per_mtok_out)
+
+    @property
+    def batch_prices(self) -> Prices:
+        return self.prices.scaled(self.batch_discount)
 
 
 @dataclass
@@ -169,9 +181,13 @@ class LLMResult:
     error: str = ""
     cached: bool = False
     attempts: int = 0
-    prompt_tokens: int | None = 0       # None: the endpoint did not report usage for some attempt
+    prompt_tokens: int | None = 0       # None: unknown (some attempt may have been billed unreported)
     completion_tokens: int | None = 0
     cost_usd: float | None = None
+    usage_complete: bool = True         # False: an attempt timed out or lost its connection after sending
+    cached_tokens: int | None = None    # prompt tokens the provider served from its prefix cache
+    reasoning_tokens: int | None = None  # completion tokens spent on reasoning, where reported
+    batch_id: str = ""                  # answered through this provider batch (priced at the batch rate)
     response_format: str = ""
     cache_key: str = ""
     extras: dict = field(default_factory=dict)
@@ -284,10 +300,66 @@ def _mentions(message: str, *words: str) -> bool:
     return any(w in low for w in words)
 
 
+_QUOTA = re.compile(r"insufficient_quota|exceeded your current quota|quota (?:exceeded|exhausted)|"
+                    r"(?:daily|per[- ]day|monthly) (?:quota|limit)|requests per day|\brpd\b|billing|credit balance",
+                    re.I)
+
+
+def is_quota_error(code: str, message: str) -> bool:
+    """A 429 that waiting will not cure: the account's credit or a daily/monthly allowance is used up
+    (OpenAI ``insufficient_quota``, Gemini/others "quota exceeded ... per day", Anthropic credit)."""
+    return bool(_QUOTA.search(f"{code} {message}"))
+
+
+@dataclass
+class _Attempts:
+    """One logical request's state across its attempts (what the decisions look at and change)."""
+    conversation: list
+    max_tokens: int
+    ceiling: int
+    timeout_s: float
+    image_tokens: int
+    retries: int = 0        # 5xx and connections never made (not billed)
+    resends: int = 0        # re-sends after a timeout or a connection lost after sending (maybe billed)
+    rate_limited: int = 0
+    reasks: int = 0
+    adaptations: int = 0
+    json_fallback: str = ""  # the endpoint's 400 to json_schema, while this request tries JSON mode
+
+
+def first_choice(reply) -> tuple[dict | None, str | None]:
+    """A chat completion's first choice and its message text (None where the reply has none)."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choice = choices[0] if choices and isinstance(choices[0], dict) else None
+    return choice, (choice.get("message") or {}).get("content") if choice else None
+
+
+def book_usage(result: LLMResult, usage) -> int:
+    """Add one reply's reported usage to ``result``; returns the prompt tokens it reported (0 if none).
+    A reply without readable usage makes the request's usage unknown (None), not zero."""
+    p, c = (_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens") or 0)) \
+        if isinstance(usage, dict) else (None, None)
+    if p is None or c is None:
+        result.prompt_tokens = result.completion_tokens = None
+        return 0
+    if result.prompt_tokens is not None and result.completion_tokens is not None:
+        result.prompt_tokens += p
+        result.completion_tokens += c
+    for field_name, detail, key in (("cached_tokens", "prompt_tokens_details", "cached_tokens"),
+                                    ("reasoning_tokens", "completion_tokens_details", "reasoning_tokens")):
+        details = usage.get(detail)
+        n = _count(details.get(key)) if isinstance(details, dict) else None
+        if n is not None:
+            setattr(result, field_name, (getattr(result, field_name) or 0) + n)
+    return p
+
+
 class LLMCaller:
     def __init__(self, config: LLMConfig, api_key: Secret | None = None, lease: LeaseClient | None = None,
-                 cache: ResponseCache | None = None, max_connections: int = 512):
+                 cache: ResponseCache | None = None, max_connections: int = 512, batch=None):
         self.config = config
+        self.batch = batch    # a BatchState: requests the cache cannot answer wait for a provider batch
+        self.batch_run_id = ""  # the run taking batch replies (its later passes book their cache hits nowhere)
         self.secret = api_key if api_key is not None else Secret.from_source()
         self.lease = lease or LeaseClient(None)
         self.cache = cache if config.use_cache else None
@@ -310,28 +382,70 @@ class LLMCaller:
     def response_format(self) -> str:
         return "json_object" if "json_object" in self.quirks else "json_schema"
 
-    def key_for(self, request: LLMRequest) -> str:
+    def key_for(self, request: LLMRequest, max_tokens: int | None = None) -> str:
         """Everything that determines the answer: endpoint, model, the rendered messages (images by
-        content hash), the schema and the sampling parameters."""
+        content hash), the schema and the sampling parameters. Not the completion cap: an answer that
+        fitted is the same answer under a larger cap (raising --max-tokens after cut-offs re-pays
+        nothing). ``max_tokens``: the key of a re-ask with a raised cap after a cut-off (a batch line
+        of its own)."""
+        params: dict = {"temperature": self.config.temperature}
+        if self.config.reasoning_effort:
+            params["reasoning_effort"] = self.config.reasoning_effort
+        if max_tokens is not None and max_tokens != self.config.max_tokens:
+            params["max_tokens"] = max_tokens
+        return cache_key({"endpoint": self.base_url, "model": self.config.model, "schema_name": request.schema_name,
+                          "schema": request.schema, "params": params, "messages": keyed_messages(request.messages),
+                          "parts": request.cache_parts})
+
+    def legacy_key_for(self, request: LLMRequest) -> str:
+        """The key changeforge <= 0.1 stored answers under (with the completion cap): read on a miss,
+        so an old cache is not paid for again."""
         params = {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens}
         return cache_key({"endpoint": self.base_url, "model": self.config.model, "schema_name": request.schema_name,
                           "schema": request.schema, "params": params, "messages": keyed_messages(request.messages),
                           "parts": request.cache_parts})
 
-    async def call(self, request: LLMRequest) -> LLMResult:
-        key = self.key_for(request)
-        result = LLMResult(item=request.item, ok=False, cache_key=key)
-        if self.cache is not None:
+    async def cached(self, request: LLMRequest, key: str) -> dict | None:
+        """The cache's valid entry for ``request`` (under ``key``, or the legacy key), or None."""
+        if self.cache is None:
+            return None
+        for k in (key, None):
             try:
-                hit = await self.cache.aget(key)
+                hit = await self.cache.aget(k or self.legacy_key_for(request))
             except Exception as exc:  # noqa: BLE001 - a cache that fails is a miss
                 log.warning("cache read for %s failed (%s): asking the endpoint", request.item, type(exc).__name__)
                 hit = None
             if isinstance(hit, dict) and not schema_errors(hit.get("value"), request.schema):
-                result.ok, result.value, result.cached = True, hit["value"], True
-                result.response_format = str(hit.get("response_format", ""))
-                self.lease.add_usage({"cached": 1})
+                return hit
+            if self.config.reasoning_effort:
+                break               # no legacy entry can have been asked with a reasoning effort
+        return None
+
+    async def call(self, request: LLMRequest) -> LLMResult:
+        key = self.key_for(request)
+        result = LLMResult(item=request.item, ok=False, cache_key=key)
+        hit = await self.cached(request, key)
+        if hit is not None:
+            result.ok, result.value, result.cached = True, hit["value"], True
+            result.response_format = str(hit.get("response_format", ""))
+            result.extras["answered_in_run"] = hit.get("batch_run_id", "")
+            self.lease.add_usage({"cached": 1})
+            return result
+        if self.batch is not None:
+            kind, record = await asyncio.to_thread(self.batch.lookup, key)
+            if kind == "result":
+                return await self._from_batch(request, result, record)
+            if kind == "failed":
+                result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
                 return result
+            if kind != "realtime":
+                _, body, _ = self._body(request, self.attempts_for(request), frozenset(self.quirks))
+                await asyncio.to_thread(self.batch.defer, key, request.item, body)
+                result.error_type = DEFERRED
+                return result
+        if self.lease.stopped:
+            result.error_type, result.error = "QuotaExhausted", self.lease.stopped
+            return result
         try:
             size = request_bytes(request.messages)
             if self.config.max_request_bytes and size > self.config.max_request_bytes:
@@ -342,20 +456,48 @@ class LLMCaller:
         except Exception as exc:  # noqa: BLE001 - whatever happens, the row gets a result
             result.ok, result.error_type = False, type(exc).__name__
             result.error = redact(str(exc) or repr(exc), self.secret)[:1000]
-        known = result.prompt_tokens is not None and result.completion_tokens is not None
+        known = result.usage_complete and result.prompt_tokens is not None and result.completion_tokens is not None
+        if not known:
+            result.prompt_tokens = result.completion_tokens = None
         result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
         usage = {"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                  "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1, "usage_unknown": 0 if known else 1}
         self.lease.add_usage(usage)
-        if result.ok and self.cache is not None:
-            entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
-                     "item": request.item, "prompt_tokens": result.prompt_tokens,
-                     "completion_tokens": result.completion_tokens}
-            try:
-                await self.cache.aput(key, entry)
-            except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
-                log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
+        await self._store(request, result, max_tokens=result.extras.get("max_tokens", self.config.max_tokens))
         return result
+
+    async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict) -> LLMResult:
+        """A batch's reply to this request, taken as a real-time reply would be (checked against the
+        schema and the stage's check), booked at the batch price with its batch id, and cached."""
+        reply = record.get("body") or {}
+        result.attempts, result.batch_id = 1, str(record.get("batch_id", ""))
+        result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
+        book_usage(result, reply.get("usage") if isinstance(reply, dict) else None)
+        choice, content = first_choice(reply)
+        problem = self._problem(content, request)
+        if problem is None:
+            result.ok, result.value = True, parse_json_reply(content)
+        else:
+            cut = " (cut off at the cap: raise --max-tokens)" if choice and choice.get("finish_reason") == "length" else ""
+            result.error_type, result.error = "InvalidReply", f"invalid reply from batch {result.batch_id}: {problem}{cut}"
+        known = result.prompt_tokens is not None and result.completion_tokens is not None
+        result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        self.lease.add_usage({"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
+                              "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1})
+        await self._store(request, result, batch_id=result.batch_id, batch_run_id=self.batch_run_id)
+        return result
+
+    async def _store(self, request: LLMRequest, result: LLMResult, **extra) -> None:
+        """Cache a valid answer (a failure to write costs only a rerun's request)."""
+        if not result.ok or self.cache is None:
+            return
+        entry = {"value": result.value, "model": self.config.model, "response_format": result.response_format,
+                 "item": request.item, "prompt_tokens": result.prompt_tokens,
+                 "completion_tokens": result.completion_tokens, **extra}
+        try:
+            await self.cache.aput(result.cache_key, entry)
+        except Exception as exc:  # noqa: BLE001 - the answer is good; only a rerun would pay again
+            log.warning("could not cache the answer for %s: %s", request.item, type(exc).__name__)
 
     def _quirk_of_400(self, message: str, sent: frozenset, fmt: str) -> str | None:
         """The quirk a 400 names that the attempt did not have (already learnt since, or new), or None
@@ -402,133 +544,191 @@ class LLMCaller:
             return False
         return True
 
-    async def _send(self, body: dict, item: str, estimate: float, probing: bool) -> dict:
+    async def _send(self, body: dict, item: str, estimate: float, probing: bool, timeout_s: float) -> dict:
         try:
-            await self.lease.acquire(estimate)
+            probe = await self.lease.acquire(estimate)
             try:
-                return await self.transport.post(body, {ITEM_HEADER: header_safe(item)})
-            except BaseException:
-                self.lease.release()   # refused, failed or cancelled: the permit is done with
+                reply = await self.transport.post(body, {ITEM_HEADER: header_safe(item)}, timeout_s)
+            except HTTPStatus as exc:
+                self.lease.release()
+                if exc.status_code != 429:
+                    self.lease.probe_answered(probe)   # the provider answered: the pool may go on
                 raise
+            except BaseException:
+                self.lease.release()   # failed or cancelled: the permit is done with
+                self.lease.probe_answered(probe)       # no answer to wait for (bounded either way)
+                raise
+            self.lease.probe_answered(probe)
+            return reply
         finally:
             if probing:
                 self._probe.release()
 
-    async def _call_endpoint(self, request: LLMRequest, result: LLMResult) -> None:
+    def _body(self, request: LLMRequest, st: "_Attempts", sent: frozenset) -> tuple[str, dict, int]:
+        """What this attempt sends: (response format, request body, prompt estimate). Also the line of a
+        batch file (:mod:`operators.llm.batch`)."""
         cfg = self.config
-        conversation = list(request.messages)
-        retries = rate_limited = reasks = adaptations = 0
-        json_fallback = ""   # the endpoint's 400 to json_schema, while this request tries JSON mode
-        max_tokens = cfg.max_tokens
-        ceiling = cfg.max_tokens_ceiling or 4 * cfg.max_tokens
-        image_tokens = max(request.image_tokens, request_image_tokens(request.messages, self.image_rule))
+        fmt = "json_object" if st.json_fallback or "json_object" in sent else "json_schema"
+        if fmt == "json_schema":
+            messages = st.conversation
+            strict = self._strict_schema(request.schema) if "no_strict" not in sent else None
+            response_format = {"type": "json_schema", "json_schema": {
+                "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}
+        else:
+            messages = with_schema_in_prompt(st.conversation, request.schema)
+            response_format = {"type": "json_object"}
+        body = {"model": cfg.model, "messages": messages, "response_format": response_format,
+                ("max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"): st.max_tokens}
+        if cfg.temperature is not None and "no_temperature" not in sent:
+            body["temperature"] = cfg.temperature
+        if cfg.reasoning_effort:
+            body["reasoning_effort"] = cfg.reasoning_effort
+        # What the provider charges against TPM on arrival: prompt (text + images) + the completion cap.
+        return fmt, body, estimate_text_tokens(messages) + st.image_tokens
+
+    def attempts_for(self, request: LLMRequest) -> "_Attempts":
+        cfg = self.config
+        return _Attempts(conversation=list(request.messages), max_tokens=cfg.max_tokens,
+                         ceiling=cfg.max_tokens_ceiling or 4 * cfg.max_tokens, timeout_s=cfg.timeout_s,
+                         image_tokens=max(request.image_tokens, request_image_tokens(request.messages, self.image_rule)))
+
+    async def _call_endpoint(self, request: LLMRequest, result: LLMResult) -> None:
+        """Attempts until an answer or a reason to stop; each outcome goes to the decision it calls for:
+        adapt (a 400 naming a parameter), fall back (JSON mode), wait (429), stop (quota), retry (5xx,
+        a connection never made), re-send once (a timeout or a connection lost: maybe billed), re-ask
+        (an unusable reply)."""
+        st = self.attempts_for(request)
         while True:
             probing = await self._probe_turn()
             sent = frozenset(self.quirks)            # what this attempt sends: its 400 is judged against it
-            fmt = "json_object" if json_fallback or "json_object" in sent else "json_schema"
-            if fmt == "json_schema":
-                messages = conversation
-                strict = self._strict_schema(request.schema) if "no_strict" not in sent else None
-                response_format = {"type": "json_schema", "json_schema": {
-                    "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}
-            else:
-                messages = with_schema_in_prompt(conversation, request.schema)
-                response_format = {"type": "json_object"}
-            # What the provider charges against TPM on arrival: prompt (text + images) + the completion cap.
-            prompt_estimate = estimate_text_tokens(messages) + image_tokens
-            body = {"model": cfg.model, "messages": messages, "response_format": response_format,
-                    ("max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"): max_tokens}
-            if cfg.temperature is not None and "no_temperature" not in sent:
-                body["temperature"] = cfg.temperature
+            fmt, body, prompt_estimate = self._body(request, st, sent)
             result.attempts += 1
             result.response_format = fmt
             try:
-                reply = await self._send(body, request.item, prompt_estimate + max_tokens, probing)
+                reply = await self._send(body, request.item, prompt_estimate + st.max_tokens, probing, st.timeout_s)
             except HTTPStatus as exc:
-                status = exc.status_code
-                if status == 400:
-                    message = self._message(exc)
-                    quirk = self._quirk_of_400(message, sent, fmt)
-                    if quirk and adaptations < 8:
-                        adaptations += 1
-                        await self._learn(quirk)
-                        continue
-                if status == 400 and fmt == "json_schema":
-                    # Perhaps an endpoint without json_schema support: try JSON mode. Only if that is
-                    # accepted is it learnt for good (a 400 can have other causes).
-                    json_fallback = self._message(exc)
+                if exc.status_code == 400 and await self._adapt(exc, st, sent, fmt):
                     continue
-                if status == 400 and json_fallback:
-                    raise RequestRejected(f"HTTP 400: {json_fallback}") from None
-                if status == 429:
-                    rate_limited += 1
-                    if rate_limited > cfg.max_rate_limit_retries:
-                        raise TransportError(f"HTTP 429 after {rate_limited} attempts") from None
-                    retry_after = _retry_after(exc.headers)
-                    if self.lease.limiter is not None:
-                        # A storm: the whole pool waits, then slows down (own_wait 0: the lease waits).
-                        # A scattered 429: only this request waits its Retry-After.
-                        own_wait = await self.lease.throttle(retry_after)
-                        await asyncio.sleep(own_wait + random.uniform(0, 0.05 + 0.1 * own_wait))
-                    else:
-                        await self._backoff(rate_limited, retry_after)
+                if exc.status_code == 429:
+                    await self._wait(exc, st)
                     continue
-                if status in (408, 409) or status >= 500:
-                    retries += 1
-                    if retries > cfg.max_retries:
-                        raise TransportError(f"HTTP {status} after {retries} attempts") from None
-                    await self._backoff(retries, _retry_after(exc.headers))
-                    continue
-                raise RequestRejected(f"HTTP {status}: {self._message(exc)}") from None
+                await self._retry(exc, st)
+                continue
             except (Timeout, ConnectionFailed) as exc:
-                retries += 1
-                if retries > cfg.max_retries:
-                    kind = "timeout" if isinstance(exc, Timeout) else "connection error"
-                    raise TransportError(f"{kind} after {retries} attempts") from None
-                await self._backoff(retries, None)
+                await self._resend_or_retry(exc, st, result)
                 continue
-            if json_fallback and "json_object" not in self.quirks:
-                log.warning("endpoint rejected response_format json_schema (%s); using JSON mode",
-                            json_fallback[:200])
-                self.quirks.add("json_object")
-            if not self.confirmed:
-                await self._learn(answered=sent | ({"json_object"} if json_fallback else set()))
-            usage = reply.get("usage") if isinstance(reply, dict) else None
-            p, c = (_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens") or 0)) \
-                if isinstance(usage, dict) else (None, None)
-            if p is None or c is None:
-                # No usage reported (or none we can read): unknown (cost null), not zero. The estimate
-                # stays charged.
-                result.prompt_tokens = result.completion_tokens = None
-                self.lease.release()
-            else:
-                if result.prompt_tokens is not None:
-                    result.prompt_tokens += p
-                    result.completion_tokens += c
-                self.lease.release(p - prompt_estimate)   # only an under-estimate is booked
-            choices = reply.get("choices") if isinstance(reply, dict) else None
-            choice = choices[0] if choices and isinstance(choices[0], dict) else None
-            content = (choice.get("message") or {}).get("content") if choice else None
-            problem = self._problem(content, request)
-            if problem is None:
-                result.ok, result.value = True, parse_json_reply(content)
+            if await self._answered(reply, request, result, st, sent, prompt_estimate):
                 return
-            reasks += 1
-            cut_off = choice is not None and choice.get("finish_reason") == "length"
-            if reasks > cfg.max_reasks:
-                if cut_off:
-                    problem += f" (cut off at {max_tokens} tokens: raise --max-tokens)"
-                raise InvalidReply(f"invalid reply after {reasks} attempts: {problem}")
+
+    async def _adapt(self, exc: HTTPStatus, st: "_Attempts", sent: frozenset, fmt: str) -> bool:
+        """A 400: adapt to a parameter it names, or fall back to JSON mode once. False: not ours to fix."""
+        message = self._message(exc)
+        quirk = self._quirk_of_400(message, sent, fmt)
+        if quirk and st.adaptations < 8:
+            st.adaptations += 1
+            await self._learn(quirk)
+            return True
+        if fmt == "json_schema":
+            # Perhaps an endpoint without json_schema support: try JSON mode. Only if that is
+            # accepted is it learnt for good (a 400 can have other causes).
+            st.json_fallback = message
+            return True
+        if st.json_fallback:
+            raise RequestRejected(f"HTTP 400: {st.json_fallback}") from None
+        return False
+
+    async def _wait(self, exc: HTTPStatus, st: "_Attempts") -> None:
+        """A 429: a quota stops the job; a rate limit waits (the pool, in a storm) at most
+        ``max_retry_after_s`` a time and ``max_rate_limit_retries`` times."""
+        cfg = self.config
+        message = self._message(exc)
+        if is_quota_error(exc.code, message):
+            reason = f"provider quota exhausted ({exc.code or 'quota'}): {message[:300]}"
+            await self.lease.stop(reason)
+            raise QuotaExhausted(reason) from None
+        st.rate_limited += 1
+        if st.rate_limited > cfg.max_rate_limit_retries:
+            raise TransportError(f"HTTP 429 after {st.rate_limited} attempts") from None
+        retry_after = _retry_after(exc.headers)
+        if retry_after is not None:
+            retry_after = min(retry_after, cfg.max_retry_after_s)   # a provider asking for hours: capped
+        if self.lease.limiter is not None:
+            # A storm: the whole pool waits, then slows down (own_wait 0: the lease waits).
+            # A scattered 429: only this request waits its Retry-After.
+            own_wait = min(await self.lease.throttle(retry_after), cfg.max_retry_after_s)
+            await asyncio.sleep(own_wait + random.uniform(0, 0.05 + 0.1 * own_wait))
+        else:
+            await self._backoff(st.rate_limited, retry_after)
+
+    async def _retry(self, exc: HTTPStatus, st: "_Attempts") -> None:
+        """A 5xx, 408 or 409 (answered, so not billed): backoff, up to ``max_retries``; other statuses
+        are permanent."""
+        status = exc.status_code
+        if status in (408, 409) or status >= 500:
+            st.retries += 1
+            if st.retries > self.config.max_retries:
+                raise TransportError(f"HTTP {status} after {st.retries} attempts") from None
+            await self._backoff(st.retries, _retry_after(exc.headers))
+            return
+        raise RequestRejected(f"HTTP {status}: {self._message(exc)}") from None
+
+    async def _resend_or_retry(self, exc: Exception, st: "_Attempts", result: LLMResult) -> None:
+        """No reply. A connection never made cost nothing: retried like a 5xx. A timeout or a
+        connection lost after sending may be billed without usage reported: the request's usage
+        becomes unknown, and it is re-sent once, with twice the timeout (a thinking model billed
+        seven times and still failing is what re-sending up to ``max_retries`` did)."""
+        if isinstance(exc, ConnectionFailed) and not exc.sent:
+            st.retries += 1
+            if st.retries > self.config.max_retries:
+                raise TransportError(f"connection error after {st.retries} attempts") from None
+            await self._backoff(st.retries, None)
+            return
+        result.usage_complete = False
+        result.prompt_tokens = result.completion_tokens = None
+        kind = "timeout" if isinstance(exc, Timeout) else "connection lost after sending"
+        st.resends += 1
+        if st.resends > 1:
+            raise TransportError(f"{kind} on the re-send (timeout {st.timeout_s:.0f} s); the provider may have "
+                                 "billed both: usage unknown") from None
+        st.timeout_s *= 2
+        log.warning("%s for %s: re-sent once with a %.0f s timeout", kind, result.item, st.timeout_s)
+
+    async def _answered(self, reply, request: LLMRequest, result: LLMResult, st: "_Attempts", sent: frozenset,
+                        prompt_estimate: int) -> bool:
+        """A reply: learn from it, book its usage, and either take the answer (True) or re-ask."""
+        cfg = self.config
+        if st.json_fallback and "json_object" not in self.quirks:
+            log.warning("endpoint rejected response_format json_schema (%s); using JSON mode", st.json_fallback[:200])
+            self.quirks.add("json_object")
+        if not self.confirmed:
+            await self._learn(answered=sent | ({"json_object"} if st.json_fallback else set()))
+        usage = reply.get("usage") if isinstance(reply, dict) else None
+        self.lease.release(book_usage(result, usage) - prompt_estimate)   # only an under-estimate is booked
+        choice, content = first_choice(reply)
+        problem = self._problem(content, request)
+        if problem is None:
+            result.ok, result.value = True, parse_json_reply(content)
+            result.extras["max_tokens"] = st.max_tokens
+            return True
+        self._reask(st, request, content, problem, choice is not None and choice.get("finish_reason") == "length")
+        return False
+
+    def _reask(self, st: "_Attempts", request: LLMRequest, content: str | None, problem: str, cut_off: bool) -> None:
+        st.reasks += 1
+        if st.reasks > self.config.max_reasks:
             if cut_off:
-                # Cut off by the cap: the same question again with more room (a thinking model may have
-                # spent the cap on reasoning); nothing to tell the model.
-                max_tokens = min(ceiling, max_tokens * 2)
-                conversation = list(request.messages)
-                continue
-            conversation = list(request.messages) + [
-                {"role": "assistant", "content": (content or "")[:4000]},
-                {"role": "user", "content": f"Your reply was not usable: {problem}. Reply again with only "
-                                            "the JSON object, conforming to the schema."}]
+                problem += f" (cut off at {st.max_tokens} tokens: raise --max-tokens)"
+            raise InvalidReply(f"invalid reply after {st.reasks} attempts: {problem}")
+        if cut_off:
+            # Cut off by the cap: the same question again with more room (a thinking model may have
+            # spent the cap on reasoning); nothing to tell the model.
+            st.max_tokens = min(st.ceiling, st.max_tokens * 2)
+            st.conversation = list(request.messages)
+            return
+        st.conversation = list(request.messages) + [
+            {"role": "assistant", "content": (content or "")[:4000]},
+            {"role": "user", "content": f"Your reply was not usable: {problem}. Reply again with only "
+                                        "the JSON object, conforming to the schema."}]
 
     def _strict_schema(self, schema: dict) -> dict | None:
         """Strict form of ``schema``, computed once per schema object (stages reuse theirs)."""

@@ -12,12 +12,15 @@ repair: holdings are absolute counts, a give-back names its grant, a client sile
 
 A grant needs room in the window (``rpm``/``tpm`` less ``safety``) and in the trailing ``burst_s`` (its
 share of the limits), so a pool starts at its pace. A permit reaching its actor more than
-``permit_ttl_s`` after it was asked for (a CPU-starved actor) is given back and asked again, and the
+``permit_ttl_s`` after it was asked for (a CPU-starved actor) is given back and asked again (at most
+``max_give_backs`` times in a row; then it is used), and the
 window is ``60 s + permit_ttl_s`` long: any 60 s of arrivals holds one window's grants. A 429 storm (at
 least ``storm_share`` of the last ``storm_window_s``'s grants, or too few grants to tell) pauses every
 grant for the provider's ``Retry-After``, then runs the pool at ``backoff_factor`` of its limits (of
-its in-flight cap when no rate is set), recovering by ``recover_step`` every ``recover_s``. A scattered
-429 makes only its own request wait.
+its in-flight cap when no rate is set), recovering by ``recover_step`` every ``recover_s``; when the
+pause ends ONE request (the probe) goes out and the rest wait for its answer (bounded by
+``probe_wait_s``). A scattered 429 makes only its own request wait. A quota 429 (``insufficient_quota``)
+stops the account's grants until a job starts again (:meth:`RateLimiterCore.start_job`).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ NAMESPACE = "changeforge-llm"
 NAMESPACE_ENV = "CHANGEFORGE_LLM_NAMESPACE"   # another namespace: a budget of its own (tests: one per test)
 # In the limiter's name: a detached limiter left on a cluster by an older changeforge speaks an older
 # protocol (its methods' arguments), and must not be found by a newer job (nor the other way round).
-PROTOCOL = 3
+PROTOCOL = 4
 
 
 @dataclass
@@ -60,6 +63,8 @@ class RateLimits:
     storm_min_requests: int = 20  # fewer grants than this: too little to tell, every 429 is a storm
     client_silence_s: float = 30.0   # clients holding permits report often; one silent this long is gone
                                      # (its actor or node lost) and its permits stop counting
+    probe_wait_s: float = 130.0   # after a pool-wide pause, how long the one probe may go unanswered
+                                  # (a request's timeout and a little) before another one is let out
 
 
 def _fits(used: float, recent: float, amount: float, cap: float, burst: float) -> bool:
@@ -83,6 +88,9 @@ class RateLimiterCore:
         self.started = time.time()
         self.totals = {"granted": 0, "released": 0, "throttled": 0, "tokens_charged": 0.0, "given_back": 0}
         self.limits = None
+        self.stopped = ""                                    # why the account cannot be used (quota)
+        self.need_probe = False                              # a pause ended: one request tests the water
+        self.probe: tuple[int, float] | None = None          # (grant id, deadline) of that request
         self.update_limits(limits)
 
     def update_limits(self, limits: RateLimits) -> None:
@@ -93,6 +101,13 @@ class RateLimiterCore:
             self.window_s = max(60.0 + limits.permit_ttl_s, limits.storm_window_s)
             self.factor, self.paused_until = 1.0, -math.inf
             self.last_storm = self.clock()
+            self.need_probe, self.probe = False, None
+
+    def start_job(self, limits: RateLimits) -> None:
+        """A job starts against this account: its limits hold, and an earlier job's quota stop is
+        forgotten (the account may have been topped up; if not, the first request says so again)."""
+        self.update_limits(limits)
+        self.stopped = ""
 
     # -- the log ---------------------------------------------------------------------------------
     def _trim(self, now: float) -> None:
@@ -141,16 +156,25 @@ class RateLimiterCore:
     # -- the calls (every one safe to repeat) -----------------------------------------------------
     def lease(self, estimates: list[float], client: str | None = None, holding: int = 0) -> tuple:
         """Grant permits to a prefix of ``estimates`` (each charged its own token estimate); ``client``
-        says it holds ``holding`` permits besides. Returns (granted, wait_s, grant id, permit_ttl_s):
-        when nothing is granted, ``wait_s`` says when to ask again."""
+        says it holds ``holding`` permits besides. Returns (granted, wait_s, grant id, permit_ttl_s,
+        probe, stopped): when nothing is granted, ``wait_s`` says when to ask again; ``probe``: the one
+        permit is the first after a pool-wide pause (its answer goes to :meth:`probe_answered`);
+        ``stopped``: the account's quota is exhausted (nothing will be granted)."""
         now = self.clock()
         self._trim(now)
         self._recover(now)
         ttl = self.limits.permit_ttl_s
         if client is not None:
             self.held[client] = (max(0, int(holding)), now)
+        if self.stopped:
+            return 0, 0.0, None, ttl, False, self.stopped
         if now < self.paused_until:
-            return 0, self.paused_until - now, None, ttl
+            return 0, self.paused_until - now, None, ttl, False, ""
+        probing = self.need_probe
+        if probing:
+            if self.probe is not None and now < self.probe[1]:
+                return 0, 0.05, None, ttl, False, ""           # the probe is out: wait for its answer
+            estimates = estimates[:1]                          # none yet, or it went unanswered: one goes
         cap = self.limits.max_in_flight or math.inf
         if cap < math.inf and not (self.limits.rpm > 0 or self.limits.tpm > 0):
             cap = max(1.0, math.floor(cap * self.factor))      # no rate to lower: concurrency is the lever
@@ -165,17 +189,34 @@ class RateLimiterCore:
                 break
             granted, tokens = granted + 1, tokens + cost
         if not granted:
-            return 0, 0.05 if room <= 0 else min(0.25, max(0.005, self._next_change(now))), None, ttl
+            return 0, 0.05 if room <= 0 else min(0.25, max(0.005, self._next_change(now))), None, ttl, False, ""
         self.log.append([now, granted, tokens])
         self.in_log[0], self.in_log[1] = self.in_log[0] + granted, self.in_log[1] + tokens
         if client is not None:
             self.held[client] = (max(0, int(holding)) + granted, now)
         self.totals["granted"] += granted
         self.totals["tokens_charged"] += tokens
-        return granted, 0.0, self.first_id + len(self.log) - 1, ttl
+        grant_id = self.first_id + len(self.log) - 1
+        if probing:
+            self.probe = (grant_id, now + self.limits.probe_wait_s)
+            self.totals["probes"] = self.totals.get("probes", 0) + 1
+        return granted, 0.0, grant_id, ttl, probing, ""
+
+    def probe_answered(self, grant_id: int) -> None:
+        """The probe of grant ``grant_id`` was answered (not with a 429): the pool goes on."""
+        if self.probe is not None and self.probe[0] == grant_id:
+            self.need_probe, self.probe = False, None
+
+    def stop(self, reason: str) -> None:
+        """The provider said the account's quota is exhausted: no more grants until a job starts again."""
+        if not self.stopped:
+            log.error("LLM account stopped: %s", reason)
+        self.stopped = self.stopped or str(reason)[:500]
 
     def give_back(self, grant_id: int) -> None:
         """The permits of grant ``grant_id`` were not sent (they reached their actor too late)."""
+        if self.probe is not None and self.probe[0] == grant_id:
+            self.probe = None                                  # not sent: the next grant is the probe
         index = grant_id - self.first_id
         if 0 <= index < len(self.log):
             entry = self.log[index]
@@ -220,6 +261,9 @@ class RateLimiterCore:
                         pause, 100 * self.factor)
         self.paused_until = max(self.paused_until, now + pause)
         self.last_storm = now
+        # When the pause ends one request goes first; the rest wait for its answer (a second storm
+        # costs one 429, not a burst of them).
+        self.need_probe, self.probe = True, None
         return 0.0
 
     def _recover(self, now: float) -> None:
@@ -239,7 +283,7 @@ class RateLimiterCore:
 
     def stats(self) -> dict:
         return dict(self.totals, in_flight=self.in_flight(self.clock()), elapsed_s=time.time() - self.started,
-                    factor=self.factor, epoch=self.epoch, log_entries=len(self.log))
+                    factor=self.factor, epoch=self.epoch, log_entries=len(self.log), stopped=self.stopped)
 
 
 def limiter_name(base_url: str | None, api_key: str = "") -> str:
@@ -273,7 +317,7 @@ try:
         if detached:
             opts["lifetime"] = "detached"
         actor = RateLimiter.options(**opts).remote(limits)
-        ray.get(actor.update_limits.remote(limits), timeout=120)
+        ray.get(actor.start_job.remote(limits), timeout=120)
         return actor
 except ImportError:  # pragma: no cover
     RateLimiter = None  # type: ignore[assignment]
@@ -281,6 +325,11 @@ except ImportError:  # pragma: no cover
 
 class LimiterUnavailable(Exception):
     """The rate limiter did not answer within the client's wait (``actor_wait_s``)."""
+
+
+class QuotaExhausted(Exception):
+    """The provider said the account's quota (credit, daily allowance) is used up: nothing more can be
+    sent until it is topped up; retrying only waits."""
 
 
 def _retryable() -> tuple:
@@ -309,19 +358,23 @@ class LeaseClient:
 
     ``limiter`` is a Ray actor handle, a :class:`RateLimiterCore` (in-process), or None (no limits)."""
 
-    def __init__(self, limiter, max_lease: int = 64, actor_wait_s: float = 120.0, report_every_s: float = 0.05):
+    def __init__(self, limiter, max_lease: int = 64, actor_wait_s: float = 120.0, report_every_s: float = 0.05,
+                 max_give_backs: int = 3):
         self.limiter = limiter
+        self.max_give_backs = max_give_backs
         self.local = isinstance(limiter, RateLimiterCore)
         self.max_lease, self.actor_wait_s, self.report_every_s = max_lease, actor_wait_s, report_every_s
         self.client_id = uuid.uuid4().hex[:16]
         self.holding = 0                     # permits granted to this client and not yet finished
         self.stale = 0                       # grants that came too late and were given back
+        self.stopped = ""                    # the account's quota is exhausted (from the limiter or a reply)
         self._queue: collections.deque = collections.deque()   # (estimate, future)
         self._fetcher: asyncio.Task | None = None
         self._reporter: asyncio.Task | None = None
         self._extra_tokens, self._usage = 0.0, {}
         self._reported = (0, 0.0)            # holding as last reported, and when
         self._lock: asyncio.Lock | None = None
+        self._late_in_a_row = 0              # late grants given back since the last one used
 
     async def _call(self, method: str, *args, wait_s: float | None = None):
         if self.local:
@@ -340,20 +393,25 @@ class LeaseClient:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(2.0, delay * 2)
 
-    async def acquire(self, tokens_estimate: float) -> None:
-        """Wait for a permit charged ``tokens_estimate``; the caller sends at once."""
+    async def acquire(self, tokens_estimate: float) -> int | None:
+        """Wait for a permit charged ``tokens_estimate``; the caller sends at once. Returns the grant id
+        when this permit is the probe after a pool-wide pause (its answer goes to :meth:`probe_answered`),
+        else None. Raises :class:`QuotaExhausted` once the account is stopped."""
+        if self.stopped:
+            raise QuotaExhausted(self.stopped)
         if self.limiter is None:
-            return
+            return None
         fut = asyncio.get_running_loop().create_future()
         self._queue.append((tokens_estimate, fut))
         if self._fetcher is None or self._fetcher.done():
             self._fetcher = asyncio.ensure_future(self._fetch())
         try:
-            await fut
+            probe = await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release()        # granted just as we were cancelled
             raise
+        return probe
 
     async def _fetch(self) -> None:
         while True:
@@ -364,28 +422,54 @@ class LeaseClient:
             batch = [w for w in list(self._queue)[: self.max_lease] if not w[1].done()]
             asked = time.monotonic()
             try:
-                granted, wait_s, grant_id, ttl = await self._call(
+                granted, wait_s, grant_id, ttl, probe, stopped = await self._call(
                     "lease", [e for e, _ in batch], self.client_id, self.holding)
             except Exception as exc:  # noqa: BLE001 - past its wait: the requests waiting fail, later ones ask again
-                for _, fut in self._queue:
-                    if not fut.done():
-                        fut.set_exception(LimiterUnavailable(str(exc)))
+                self._fail_waiting(LimiterUnavailable(str(exc)))
                 continue
-            if granted and not self.local and time.monotonic() - asked > ttl:
+            if stopped:
+                self.stopped = stopped
+                self._fail_waiting(QuotaExhausted(stopped))
+                continue
+            if granted and not self.local and time.monotonic() - asked > ttl \
+                    and self._late_in_a_row < self.max_give_backs:
                 # Reached us too late (a CPU-starved actor): sent now, it would join a bunch of stale
-                # grants at the provider. Given back (best effort: if lost, it costs one window).
+                # grants at the provider. Given back (best effort: if lost, it costs one window), a
+                # bounded number of times in a row: a limiter that always answers late must not
+                # stall the pool (then the late permit is used).
                 self.stale += granted
+                self._late_in_a_row += 1
                 asyncio.ensure_future(self._quietly("give_back", grant_id))
                 continue
+            if granted:
+                self._late_in_a_row = 0
             for estimate, fut in batch[:granted]:
                 self._queue.remove((estimate, fut))
                 if not fut.done():
                     self.holding += 1
-                    fut.set_result(True)
+                    fut.set_result(grant_id if probe else None)
             if granted:
                 self._wake()
             else:
                 await asyncio.sleep(min(wait_s, 2.0))
+
+    def _fail_waiting(self, exc: Exception) -> None:
+        for _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def probe_answered(self, grant_id: int | None) -> None:
+        """The probe after a pool-wide pause was answered: the pool goes on (best effort; if lost, the
+        limiter lets another probe out after ``probe_wait_s``)."""
+        if grant_id is not None and self.limiter is not None:
+            asyncio.ensure_future(self._quietly("probe_answered", grant_id))
+
+    async def stop(self, reason: str) -> None:
+        """The account's quota is exhausted: this client and (through the limiter) the pool stop."""
+        self.stopped = self.stopped or reason
+        self._fail_waiting(QuotaExhausted(reason))
+        if self.limiter is not None:
+            await self._quietly("stop", reason)
 
     def release(self, token_correction: float = 0.0, usage: dict | None = None) -> None:
         """A request with a permit finished (or its permit went unused). ``token_correction`` (reported

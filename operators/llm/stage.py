@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from operators.llm.cache import ResponseCache
-from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
+from operators.llm.batch import BatchState
+from operators.llm.client import DEFERRED, LLMCaller, LLMConfig, LLMRequest, LLMResult, Secret, redact
 from operators.llm.ratelimit import LeaseClient
 from operators.io.tables import envelope, error_envelope
 from operators.io.work_list import ITEM_COLUMN
@@ -58,6 +59,7 @@ class StageSpec:
     run_id: str = ""
     job: str = ""
     limiter_namespace: str | None = None   # the limiter's Ray namespace (None: the job's own)
+    batch_root: str | None = None          # --batch-api: the output store holding the job's batch lines
 
 
 def usage_record(spec: StageSpec, result: LLMResult) -> dict:
@@ -69,6 +71,9 @@ def usage_record(spec: StageSpec, result: LLMResult) -> dict:
         else result.prompt_tokens + result.completion_tokens,
         "cost_usd": None if result.cached else result.cost_usd, "cached": result.cached,
         "attempts": result.attempts, "status": "ok" if result.ok else "error",
+        "usage_complete": True if result.cached else result.usage_complete,
+        "cached_tokens": result.cached_tokens, "reasoning_tokens": result.reasoning_tokens,
+        "batch_id": result.batch_id,
         "response_format": result.response_format, "worker": result.extras.get("worker", ""),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -95,7 +100,9 @@ class StageRunner:
             limiter = ray.get_actor(self.spec.limiter_name, namespace=self.spec.limiter_namespace) \
                 if self.spec.limiter_name else None
             cache = ResponseCache(self.spec.cache_root) if self.spec.cache_root else None
-            self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache)
+            batch = BatchState(self.spec.batch_root, self.spec.job) if self.spec.batch_root else None
+            self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache, batch=batch)
+            self.caller.batch_run_id = self.spec.run_id
         return self.caller
 
     async def one(self, record: dict) -> list[dict]:
@@ -110,7 +117,11 @@ class StageRunner:
             return [error_envelope(item, spec.name, redact(str(exc) or repr(exc)), error_type=type(exc).__name__,
                                    job=spec.job, run_id=spec.run_id)]
         result.extras["worker"] = caller.worker
-        out = [envelope("usage", usage_record(spec, result))]
+        if result.error_type == DEFERRED:
+            return []    # waits for its batch: the item's rows come from a later pass
+        # A hit on an answer this run took from a batch was booked then (with its batch id and price).
+        booked = result.cached and spec.run_id and result.extras.get("answered_in_run") == spec.run_id
+        out = [] if booked else [envelope("usage", usage_record(spec, result))]
         if not result.ok:
             out.append(envelope("errors", {
                 "item": request.item, "stage": spec.name, "error_type": result.error_type,
@@ -180,7 +191,19 @@ class LLMStageActor:
         return await loop.run_in_executor(self.prepare_threads, prepared_rows, json.loads(item_json),
                                           self.prepare, self.prepare_kwargs, spec.job, spec.run_id)
 
+    def _stopped(self) -> str:
+        """Why the account cannot be used (its quota exhausted), as one of this actor's callers learnt."""
+        return next((r.caller.lease.stopped for r in self.runners if r.caller is not None and r.caller.lease.stopped), "")
+
     async def _item(self, item_json: str) -> list[dict]:
+        stopped = self._stopped()
+        if stopped:
+            # The quota is gone: the pair's row says so at once, without reading its images (the job
+            # ends within seconds; the rerun picks the pair up).
+            spec = self.runners[0].spec
+            item = json.loads(item_json)
+            return [error_envelope(item_name(item), self.runners[0].spec.name, stopped, error_type="QuotaExhausted",
+                                   job=spec.job, run_id=spec.run_id)]
         # Handed straight over, not kept in this frame: run_chain drops each row's JSON once parsed.
         return await run_chain(await self._prepared(item_json), self.runners)
 

@@ -10,11 +10,11 @@ import json
 
 
 class HTTPStatus(Exception):
-    """A non-2xx reply: status, headers and the endpoint's error message."""
+    """A non-2xx reply: status, headers, the endpoint's error message and its error code/type."""
 
-    def __init__(self, status: int, headers, message: str):
+    def __init__(self, status: int, headers, message: str, code: str = ""):
         super().__init__(f"HTTP {status}: {message}")
-        self.status_code, self.headers, self.message = status, headers, message
+        self.status_code, self.headers, self.message, self.code = status, headers, message, code
 
 
 class Timeout(Exception):
@@ -22,7 +22,12 @@ class Timeout(Exception):
 
 
 class ConnectionFailed(Exception):
-    """The endpoint could not be reached, or the connection broke."""
+    """The endpoint could not be reached (``sent`` False: nothing can have been billed), or the
+    connection broke after the request went out (``sent`` True: the provider may bill it)."""
+
+    def __init__(self, message: str, sent: bool = True):
+        super().__init__(message)
+        self.sent = sent
 
 
 def error_message(body: bytes) -> str:
@@ -38,6 +43,19 @@ def error_message(body: bytes) -> str:
         if data.get("message"):
             return str(data["message"])
     return str(data)[:500]
+
+
+def error_code(body: bytes) -> str:
+    """``error.code`` and ``error.type`` of an OpenAI-style error body, joined (e.g.
+    ``insufficient_quota``); empty when there are none."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    err = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(err, dict):
+        return ""
+    return " ".join(dict.fromkeys(str(err[k]) for k in ("code", "type") if isinstance(err.get(k), str) and err.get(k)))
 
 
 class ChatTransport:
@@ -60,18 +78,23 @@ class ChatTransport:
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
-    async def post(self, body: dict, headers: dict | None = None) -> dict:
+    async def post(self, body: dict, headers: dict | None = None, timeout_s: float | None = None) -> dict:
+        """``timeout_s``: this request's own timeout (a re-send after a timeout gets a longer one)."""
         import aiohttp
+        # Only when given: aiohttp reads timeout=None as "no timeout at all".
+        extra = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
         try:
-            async with self._client().post(self.url, data=json.dumps(body).encode(),
+            async with self._client().post(self.url, data=json.dumps(body).encode(), **extra,
                                            headers={**self.headers, **(headers or {})}) as resp:
                 status, resp_headers, content = resp.status, resp.headers, await resp.read()
         except asyncio.TimeoutError:
             raise Timeout("timeout") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectionFailed(type(exc).__name__, sent=False) from None   # never reached the endpoint
         except aiohttp.ClientError as exc:
-            raise ConnectionFailed(type(exc).__name__) from None
+            raise ConnectionFailed(type(exc).__name__, sent=True) from None
         if status >= 300:
-            raise HTTPStatus(status, resp_headers, error_message(content))
+            raise HTTPStatus(status, resp_headers, error_message(content), error_code(content))
         try:
             return json.loads(content)
         except ValueError:

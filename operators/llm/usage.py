@@ -16,6 +16,11 @@ USAGE_SCHEMA = pa.schema([
     ("completion_tokens", pa.int64()),
     ("total_tokens", pa.int64()),
     ("cost_usd", pa.float64()),      # null when no price was given or the usage is unknown
+    ("usage_complete", pa.bool_()),  # false: an attempt may have been billed without usage (a timeout, a
+                                     # connection lost after sending): tokens and cost are unknown, not 0
+    ("cached_tokens", pa.int64()),   # prompt tokens served from the provider's prefix cache (null: not reported)
+    ("reasoning_tokens", pa.int64()),  # completion tokens spent on reasoning (null: not reported)
+    ("batch_id", pa.string()),       # the provider batch that answered it (priced at the batch rate); "" real time
     ("cached", pa.bool_()),          # answered from the cache: nothing sent, nothing paid
     ("attempts", pa.int32()),        # HTTP requests sent for this logical request
     ("status", pa.string()),         # ok | error
@@ -32,6 +37,11 @@ class Prices:
     per_mtok_in: float | None = None
     per_mtok_out: float | None = None
 
+    def scaled(self, factor: float) -> "Prices":
+        """These prices times ``factor`` (a batch API's discount)."""
+        return Prices(None if self.per_mtok_in is None else self.per_mtok_in * factor,
+                      None if self.per_mtok_out is None else self.per_mtok_out * factor)
+
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         if self.per_mtok_in is None and self.per_mtok_out is None:
             return None
@@ -41,7 +51,7 @@ class Prices:
 def summarize_usage(rows: list[dict]) -> dict:
     """Totals over usage rows (this run's): requests sent, cache hits, tokens, cost, by stage."""
     out: dict = {"logical_requests": 0, "http_requests": 0, "cached": 0, "errors": 0, "prompt_tokens": 0,
-                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "usage_unknown": 0, "by_stage": {}}
+                 "completion_tokens": 0, "cost_usd": 0.0, "cost_known": False, "usage_unknown": 0, "batch": 0, "by_stage": {}}
     for r in rows:
         st = out["by_stage"].setdefault(r["stage"], {"requests": 0, "cached": 0, "prompt_tokens": 0,
                                                       "completion_tokens": 0, "cost_usd": 0.0})
@@ -54,8 +64,9 @@ def summarize_usage(rows: list[dict]) -> dict:
             continue
         if r.get("status") != "ok":
             out["errors"] += 1
-        if r.get("prompt_tokens") is None or r.get("completion_tokens") is None:
+        if r.get("prompt_tokens") is None or r.get("completion_tokens") is None or r.get("usage_complete") is False:
             out["usage_unknown"] += 1
+        out["batch"] += bool(r.get("batch_id"))
         for k in ("prompt_tokens", "completion_tokens"):
             out[k] += int(r.get(k) or 0)
             st[k] += int(r.get(k) or 0)
@@ -69,9 +80,11 @@ def summarize_usage(rows: list[dict]) -> dict:
 def format_summary(s: dict) -> str:
     cost = f"${s['cost_usd']:.4f}" if s["cost_known"] else "n/a (no --price-per-mtok-*)"
     if s.get("usage_unknown"):
-        cost += f" + unknown ({s['usage_unknown']} requests without usage from the endpoint)"
+        cost += (f" + unknown ({s['usage_unknown']} requests without usage from the endpoint, or timed out "
+                 "after sending: the provider may have billed them)")
     lines = [f"requests: {s['logical_requests']} logical, {s['http_requests']} sent over HTTP, "
-             f"{s['cached']} answered from cache, {s['errors']} failed",
+             f"{s['cached']} answered from cache, {s['errors']} failed"
+             + (f", {s['batch']} through provider batches (batch price)" if s.get("batch") else ""),
              f"tokens: {s['prompt_tokens']} prompt + {s['completion_tokens']} completion; cost {cost}"]
     for name, st in sorted(s["by_stage"].items()):
         lines.append(f"  {name}: {st['requests']} requests ({st['cached']} cached), "

@@ -101,7 +101,7 @@ def test_permits_that_reach_a_starved_actor_late_are_given_back_and_no_minute_of
     while clock.t < start + 200.0:
         if clock.t >= stall_end:
             if ask is not None:
-                asked, (granted, _, grant_id, _) = ask
+                asked, (granted, _, grant_id, *_) = ask
                 if granted and clock.t - asked > ttl:
                     core.give_back(grant_id)
                 else:
