@@ -1,0 +1,289 @@
+"""Checks of a job's options before any work: ranges, paths, dates, URLs and options that go together,
+declared once in the config dataclasses' field metadata and applied by :mod:`operators.io.cli` to the
+command line, a run file (``--config``) and a chain file alike.
+
+Keys a field's metadata may hold (all optional; an empty or unset value is not checked):
+
+- ``"min"`` / ``"max"``: inclusive bounds; ``"gt"``: strictly above (``"gt": 0`` for rates);
+  ``"range": (lo, hi)``: inclusive (``(0, 1)`` for fractions, ``(0, 100)`` for percentages);
+  on a list-valued option every element is checked, and ``"length"`` fixes how many there are;
+  ``"increasing": True`` wants them in increasing order.
+- ``"path"``: ``"must_exist"`` (a file or a folder), ``"dir"`` or ``"file"``: a local path must be that
+  (URIs with a scheme, ``s3://`` or ``https://``, are not looked up here).
+- ``"date": True``: ``YYYY-MM-DD``; ``"url": True``: ``http(s)://host[:port]`` with a port in 1-65535.
+- ``"not_below": "<field>"``: at least the other option's value (a slice holds its crop);
+  ``"conflicts": ("<field>", ...)``: not together with those; ``"requires": ("<field>", ...)``: only with them.
+
+Every failure is one line naming the option and the value (and the file and key, for a run or chain
+file), printed as ``<prog>: <message>``; the process exits with :data:`USAGE` before anything is read,
+written or started.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import math
+import os
+import re
+import sys
+from urllib.parse import urlsplit
+
+USAGE = 2          # a bad option: nothing was done
+NOTHING_DONE = 3   # the run ran, but every item failed or there was nothing it could do
+
+CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "path", "date", "url", "not_below",
+              "conflicts", "requires")
+
+
+def attach(action: argparse.Action, metadata) -> argparse.Action:
+    """Record the checks among a field's ``metadata`` on its argparse action."""
+    checks = {k: metadata[k] for k in CHECK_KEYS if k in metadata}
+    if checks:
+        action.checks = checks
+    return action
+
+
+def flag_of(action: argparse.Action) -> str:
+    return next((s for s in action.option_strings if s.startswith("--")), action.dest)
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def value_problem(checks: dict, value) -> str | None:
+    """Why ``value`` breaks ``checks`` (the value checks, not paths or other options), or None."""
+    if value is None or value == "" or value == ():
+        return None
+    if isinstance(value, (list, tuple)):
+        if "length" in checks and len(value) != checks["length"]:
+            return f"needs {checks['length']} values, got {len(value)}"
+        for v in value:
+            problem = value_problem({k: c for k, c in checks.items() if k not in ("length", "increasing")}, v)
+            if problem:
+                return f"{v}: {problem}"
+        if checks.get("increasing") and any(a >= b for a, b in zip(value, value[1:])):
+            return "must be in increasing order"
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return "not a number"
+    if "range" in checks:
+        lo, hi = checks["range"]
+        if not lo <= value <= hi:
+            return f"must be between {_num(lo)} and {_num(hi)}"
+    if "min" in checks and value < checks["min"]:
+        return f"must be at least {_num(checks['min'])}"
+    if "max" in checks and value > checks["max"]:
+        return f"must be at most {_num(checks['max'])}"
+    if "gt" in checks and not value > checks["gt"]:
+        return f"must be greater than {_num(checks['gt'])}"
+    if checks.get("date"):
+        try:
+            dt.date.fromisoformat(str(value))
+        except ValueError:
+            return "not a date (YYYY-MM-DD)"
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(value)):
+            return "not a date (YYYY-MM-DD)"
+    if checks.get("url"):
+        return _url_problem(str(value))
+    return None
+
+
+def _url_problem(text: str) -> str | None:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s):// URL"
+    try:
+        port = parts.port
+    except ValueError:
+        return "the port must be a number between 1 and 65535"
+    if port is not None and not 1 <= port <= 65535:
+        return "the port must be a number between 1 and 65535"
+    return None
+
+
+def is_uri(text: str) -> bool:
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text))
+
+
+def path_problem(kind: str, value) -> str | None:
+    """Why a local path does not fit ``kind`` (``must_exist``, ``dir``, ``file``), or None."""
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+        if not v or not isinstance(v, str) or is_uri(v):
+            continue
+        if not os.path.exists(v):
+            return f"{v}: no such file or folder"
+        if kind == "dir" and not os.path.isdir(v):
+            return f"{v}: not a folder"
+        if kind == "file" and not os.path.isfile(v):
+            return f"{v}: not a file (a folder)"
+    return None
+
+
+def convert(action: argparse.Action, value):
+    """A run or chain file's value as the option would parse it: (value, problem or None)."""
+    if isinstance(value, bool) or action.type is None or value is None:
+        converted = value
+    elif isinstance(value, (list, tuple)) and action.type not in (int, float, str):
+        try:
+            converted = action.type(",".join(str(v) for v in value))
+        except (TypeError, ValueError):
+            return value, "not a list of whole numbers"
+    else:
+        try:
+            converted = action.type(value) if not isinstance(value, (list, tuple)) else value
+        except (TypeError, ValueError):
+            return value, _type_name(action.type)
+    if action.choices is not None and converted not in action.choices and not isinstance(converted, bool):
+        return value, "choose from " + ", ".join(map(str, action.choices))
+    return converted, None
+
+
+def _type_name(tp) -> str:
+    return {int: "not a whole number", float: "not a number"}.get(tp, "not a valid value")
+
+
+def check_value(action: argparse.Action, value, origin: str = "") -> str | None:
+    """The one-line problem of one option's value (``origin``: the run file and key), or None."""
+    problem = value_problem(getattr(action, "checks", {}), value)
+    if problem is None:
+        return None
+    return f"{origin}: {_shown(value)}: {problem}" if origin else f"{flag_of(action)} {_shown(value)}: {problem}"
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, paths: bool = True,
+               origins: dict[str, str] | None = None) -> str | None:
+    """The first problem of parsed ``args`` (value checks, paths, options that go together), or None.
+    ``origins``: dest -> "run.yaml: key" for values that came from a file."""
+    origins = origins or {}
+    actions = [a for a in parser._actions if getattr(a, "checks", None) and hasattr(args, a.dest)]
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
+    for a in actions:
+        value = getattr(args, a.dest)
+        problem = check_value(a, value, origins.get(a.dest, ""))
+        if problem:
+            return problem
+        if paths and a.checks.get("path"):
+            problem = path_problem(a.checks["path"], value)
+            if problem:
+                return f"{origins[a.dest]}: {problem}" if a.dest in origins else f"{flag_of(a)} {problem}"
+    for a in actions:
+        value = getattr(args, a.dest)
+        if not _given(value):
+            continue
+        other = a.checks.get("not_below")
+        if other and other in by_dest and _given(getattr(args, other, None)) and value < getattr(args, other):
+            return (f"{flag_of(a)} {_shown(value)} is smaller than {flag_of(by_dest[other])} "
+                    f"{_shown(getattr(args, other))}: it must hold it")
+        for name in a.checks.get("conflicts", ()):
+            if name in by_dest and _given(getattr(args, name, None)) and getattr(args, name) != by_dest[name].default:
+                return f"{flag_of(a)} and {flag_of(by_dest[name])} cannot be given together"
+        for name in a.checks.get("requires", ()):
+            if name in by_dest and not _given(getattr(args, name, None)):
+                return f"{flag_of(a)} {_shown(value)} needs {flag_of(by_dest[name])}"
+    return None
+
+
+def _given(value) -> bool:
+    return value not in (None, "", (), [], False)
+
+
+# -- one-line argparse errors -------------------------------------------------------------------------
+_REWRITES = [
+    (re.compile(r"argument (\S+): invalid (int|float) value: '(.*)'"),
+     lambda m, p: f"{_flag(m[1])} {m[3]}: {_type_name({'int': int, 'float': float}[m[2]])}"),
+    (re.compile(r"argument (\S+): invalid _parse_int_list value: '(.*)'"),
+     lambda m, p: f"{_flag(m[1])} {m[2]}: not a comma-separated list of whole numbers"),
+    (re.compile(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)"),
+     lambda m, p: f"{_flag(m[1])} {m[2]}: choose from {m[3].replace(chr(39), '')}"),
+    (re.compile(r"argument (\S+): expected one argument"), lambda m, p: f"{_flag(m[1])}: needs a value"),
+    (re.compile(r"unrecognized arguments: (.*)"), lambda m, p: _unknown(m[1], p)),
+    (re.compile(r"the following arguments are required: (.*)"), lambda m, p: f"missing {m[1]} (required)"),
+]
+
+
+def _flag(text: str) -> str:
+    return text.split("/")[-1] if text.startswith("-") else text
+
+
+def _unknown(tokens: str, parser: argparse.ArgumentParser) -> str:
+    first = tokens.split()[0]
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    close = difflib.get_close_matches(first.split("=")[0], flags, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    what = "unknown option" if first.startswith("-") else "unexpected argument"
+    return f"{what} {first}{hint}"
+
+
+def one_line(parser: argparse.ArgumentParser, message: str) -> str:
+    for pattern, fmt in _REWRITES:
+        m = pattern.fullmatch(message)
+        if m:
+            return fmt(m, parser)
+    return message
+
+
+def fail(prog: str, message: str):
+    """Print ``<prog>: <message>`` and exit with :data:`USAGE`."""
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(USAGE)
+
+
+def make_strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """No abbreviations (``--strid`` is not ``--stride``) and one-line errors, for a parser and its
+    subcommands."""
+    parsers = [parser]
+    for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+        parsers += list(sub.choices.values())
+    for p in parsers:
+        p.allow_abbrev = False
+        p.error = (lambda q: (lambda message: fail(q.prog, one_line(q, message))))(p)
+    return parser
+
+
+# -- the end of a run ---------------------------------------------------------------------------------
+def nothing_done(job: str, what: str, reasons: dict[str, int] | None = None,
+                 examples: dict[str, list[str]] | None = None) -> None:
+    """Print why a run produced nothing (top reasons with counts and their first items), and exit with
+    :data:`NOTHING_DONE`, so that a script or the chain stops here."""
+    print(f"{job}: {what}", file=sys.stderr, flush=True)
+    for line in reason_lines(reasons or {}, examples or {}):
+        print(f"{job}:   {line}", file=sys.stderr, flush=True)
+    raise SystemExit(NOTHING_DONE)
+
+
+def reason_lines(reasons: dict[str, int], examples: dict[str, list[str]] | None = None, top: int = 5,
+                 first: int = 3) -> list[str]:
+    """``"<count> x <reason> (first: a, b, c)"`` for the ``top`` most frequent reasons."""
+    examples = examples or {}
+    lines = []
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+        items = examples.get(reason, [])[:first]
+        lines.append(f"{n} x {reason}" + (f" (first: {', '.join(items)})" if items else ""))
+    if len(reasons) > top:
+        lines.append(f"... and {len(reasons) - top} other reason(s)")
+    return lines
+
+
+def error_summary(rows: list[dict], top: int = 5, first: int = 3) -> list[str]:
+    """``errors/`` rows (``item``, ``error_type``, ``message``) summarised by reason with their first items."""
+    reasons: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    for r in rows:
+        reason = str(r.get("error_type") or "") + (": " if r.get("error_type") else "") + \
+            _short(str(r.get("message") or ""))
+        reasons[reason] = reasons.get(reason, 0) + 1
+        examples.setdefault(reason, []).append(os.path.basename(str(r.get("item") or "").rstrip("/")) or "?")
+    return reason_lines(reasons, examples, top, first)
+
+
+def _short(message: str, width: int = 120) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= width else line[:width - 3] + "..."
