@@ -54,6 +54,7 @@ from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
+from operators.io import validation
 from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
 from operators.io.sources import write_source
 from operators.io.storage import Store
@@ -183,6 +184,15 @@ TUNING = {"max_in_flight", "image_format", "price_per_mtok_in", "price_per_mtok_
 CHOICES = {"overall": OVERALL_MODES, "detail": ("low", "high", "auto"), "validators": ("reject", "flag", "off"),
            "image_format": ("png", "jpeg"), "max_tokens_field": ("max_tokens", "max_completion_tokens"),
            "response_format": ("json_schema", "json_object"), "default_split": ("train", "val", "test")}
+# Checked before any work (operators.io.validation's keys); the last three are the QA job's.
+CHECKS = {"input": {"path": "dir"}, "base_url": {"url": True}, "prompts_dir": {"path": "dir"},
+          **{k: {"min": 0} for k in ("rpm", "tpm", "price_per_mtok_in", "price_per_mtok_out", "max_retries",
+                                     "max_rate_limit_retries", "max_reasks", "backoff_base_s", "max_store_mb",
+                                     "actor_start_timeout_s")},
+          **{k: {"min": 1} for k in ("max_in_flight", "max_image_side", "max_tokens", "max_request_bytes", "actors",
+                                     "concurrent_batches", "batch_size", "prepare_threads", "num_cpus")},
+          "timeout_s": {"gt": 0}, "progress_every_s": {"gt": 0},
+          "dataset": {"path": "dir"}, "captions": {"path": "must_exist"}, "qa_per_pair": {"range": (1, 8)}}
 # Options whose flag is not the field's name (one name per concept across the jobs), and the spellings
 # they replace, which keep working for one release with a deprecation warning.
 FLAGS = {"dataset": "--images", "seed": "--type-seed"}
@@ -211,7 +221,7 @@ def build_parser(cls: type = None, help_texts: dict | None = None, prog: str = "
         else:
             kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
             kwargs.update(type=kind, default=default, choices=CHOICES.get(f.name))
-        action = ap.add_argument(flag, **kwargs)
+        action = validation.attach(ap.add_argument(flag, **kwargs), CHECKS.get(f.name, {}))
         action.tuning = f.name in TUNING
     for name, old in OLD_FLAGS.items():
         if name in {f.name for f in fields(cls)}:

@@ -39,7 +39,7 @@ import logging
 import subprocess
 import time
 
-from operators.io import cli
+from operators.io import cli, validation
 from operators.io.storage import Store
 
 log = logging.getLogger("changeforge.chain")
@@ -144,6 +144,8 @@ def _load_state(root: Store) -> dict:
 
 def run(config: str, from_step: str = "", dry_run: bool = False) -> dict:
     root_uri, steps = load_chain(config)
+    from jobs.cli import JOBS
+    validation.check_chain(config, steps, _parser_for, WIRING, [j for j in JOBS if j != "chain"])  # before any step
     root = Store(root_uri)
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     if cli.PROG:
         ap.prog = cli.PROG
-    args = ap.parse_args(argv)
+    args = validation.make_strict(ap).parse_args(argv)
     s = run(args.config, args.from_step, args.dry_run)
     print(f"[chain] ran {len(s['ran'])} step(s)" + (f"; stopped at {s['failed']}" if s["failed"] else "; done"))
     return s["returncode"]

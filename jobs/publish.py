@@ -46,20 +46,20 @@ VERSIONS_FILE = "versions.json"
 
 @dataclass
 class PublishConfig:
-    input: str = field(default="", metadata={"required": True, "help": "dataset root: a pairs job output, or a LEVIR-CD layout (A/ B/ label/, flat or under train/ val/ test/); folder or s3:// prefix"})
+    input: str = field(default="", metadata={"path": "must_exist", "required": True, "help": "dataset root: a pairs job output, or a LEVIR-CD layout (A/ B/ label/, flat or under train/ val/ test/); folder or s3:// prefix"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix holding the releases; this one goes to <output>/<version>/"})
     name: str = field(default="", metadata={"required": True, "help": "dataset name (letters, digits, '-', '_', '.')"})
     version: str = field(default="", metadata={"required": True, "help": "semantic version of this release, e.g. 1.0.0"})
-    captions: str = field(default="", metadata={"help": "captions job output (or a LEVIR-CC json) whose selected captions go with the pairs"})
-    qa: str = field(default="", metadata={"help": "QA job output (or a VQA.json) whose selected QA pairs go with the pairs"})
-    review: str = field(default="", metadata={"help": "review job output: its sample size, acceptance and agreement go into the card and Croissant"})
+    captions: str = field(default="", metadata={"path": "must_exist", "help": "captions job output (or a LEVIR-CC json) whose selected captions go with the pairs"})
+    qa: str = field(default="", metadata={"path": "must_exist", "help": "QA job output (or a VQA.json) whose selected QA pairs go with the pairs"})
+    review: str = field(default="", metadata={"path": "dir", "help": "review job output: its sample size, acceptance and agreement go into the card and Croissant"})
     licence: str = field(default="", metadata={"help": "SPDX licence id of the release; required when an input declares none (no licence.txt) or inputs disagree"})
     default_split: str = field(default="train", metadata={"help": "split of LEVIR-CD pairs with no split folder, list/<split>.txt or train_/val_/test_ name prefix", "choices": SPLITS})
     require_label: bool = field(default=True, metadata={"help": "publish only pairs with a change mask (the others go to excluded.json)"})
-    shard_mb: float = field(default=256.0, metadata={"help": "Parquet shard size in MB of encoded images"})
-    rows_per_group: int = field(default=100, metadata={"help": "rows per Parquet row group"})
-    threads: int = field(default=8, metadata={"help": "pairs read and written at once"})
-    date: str = field(default="", metadata={"help": "release date YYYY-MM-DD (default: today, UTC)"})
+    shard_mb: float = field(default=256.0, metadata={"gt": 0, "help": "Parquet shard size in MB of encoded images"})
+    rows_per_group: int = field(default=100, metadata={"min": 1, "help": "rows per Parquet row group"})
+    threads: int = field(default=8, metadata={"min": 1, "help": "pairs read and written at once"})
+    date: str = field(default="", metadata={"date": True, "help": "release date YYYY-MM-DD (default: today, UTC)"})
     description: str = field(default="", metadata={"help": "one-paragraph description for the card, Croissant and STAC (default: generated)"})
 
 

@@ -29,11 +29,11 @@ log = logging.getLogger("changeforge.score")
 
 @dataclass
 class ChangeScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
-    label: str = field(default="", metadata={"flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
+    pred: str = field(default="", metadata={"path": "dir", "required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
+    label: str = field(default="", metadata={"path": "dir", "flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
-    masks_per_task: int = field(default=64, metadata={"help": "mask pairs decoded and counted per Ray task"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
+    masks_per_task: int = field(default=64, metadata={"min": 1, "help": "mask pairs decoded and counted per Ray task"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
 
 
 def _ensure_ray(num_cpus: int | None) -> None:
@@ -87,11 +87,11 @@ def run_change(cfg: ChangeScoreConfig) -> dict:
 
 @dataclass
 class CaptionScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
-    refs: str = field(default="", metadata={"required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
+    pred: str = field(default="", metadata={"path": "file", "required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
+    refs: str = field(default="", metadata={"path": "file", "required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
-    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
-    masks: str = field(default="", metadata={"help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
+    split: str = field(default="auto", metadata={"choices": ("auto", "all", "train", "val", "test"), "help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
+    masks: str = field(default="", metadata={"path": "dir", "help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
 
 
 def _write_tables(out: Store, tables: dict, run_id: str) -> dict[str, int]:
@@ -157,23 +157,23 @@ def run_captions(cfg: CaptionScoreConfig) -> dict:
 
 @dataclass
 class QAScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
-    refs: str = field(default="", metadata={"required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
+    pred: str = field(default="", metadata={"path": "file", "required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
+    refs: str = field(default="", metadata={"path": "must_exist", "required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_question/, errors/, judge tables and cache)"})
-    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
+    split: str = field(default="auto", metadata={"choices": ("auto", "all", "train", "val", "test"), "help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
     yes_no_types: str = field(default="YES/NO", metadata={"help": "comma-separated question types scored by yes/no accuracy; every other type is open (caption metrics)"})
     judge_model: str = field(default="", metadata={"help": "model name for an LLM judge score per answer (default: no judge); endpoint from OPENAI_BASE_URL or --base-url, key from OPENAI_API_KEY"})
-    base_url: str = field(default="", metadata={"help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
+    base_url: str = field(default="", metadata={"url": True, "help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
     judge_template: str = field(default="score_qa_judge.v1", metadata={"help": "judge prompt template (file stem under prompts/)"})
-    rpm: float = field(default=500.0, metadata={"help": "judge requests per minute for the whole pool (0 = unlimited)"})
-    tpm: float = field(default=2_000_000.0, metadata={"help": "judge tokens per minute for the whole pool (0 = unlimited)"})
-    max_in_flight: int = field(default=64, metadata={"help": "judge requests outstanding at once"})
+    rpm: float = field(default=500.0, metadata={"min": 0, "help": "judge requests per minute for the whole pool (0 = unlimited)"})
+    tpm: float = field(default=2_000_000.0, metadata={"min": 0, "help": "judge tokens per minute for the whole pool (0 = unlimited)"})
+    max_in_flight: int = field(default=64, metadata={"min": 1, "help": "judge requests outstanding at once"})
     temperature: float = field(default=0.0, metadata={"help": "judge sampling temperature (negative: the endpoint's default)"})
-    max_tokens: int = field(default=300, metadata={"help": "completion token cap per judge request"})
-    price_per_mtok_in: float | None = field(default=None, metadata={"help": "USD per million prompt tokens (optional)"})
-    price_per_mtok_out: float | None = field(default=None, metadata={"help": "USD per million completion tokens (optional)"})
+    max_tokens: int = field(default=300, metadata={"min": 1, "help": "completion token cap per judge request"})
+    price_per_mtok_in: float | None = field(default=None, metadata={"min": 0, "help": "USD per million prompt tokens (optional)"})
+    price_per_mtok_out: float | None = field(default=None, metadata={"min": 0, "help": "USD per million completion tokens (optional)"})
     cache: bool = field(default=True, metadata={"help": "read and write the judge's response cache (--no-cache: everything is sent and paid again)"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
 
 
 def _load_qa_refs(uri: str) -> list:

@@ -37,6 +37,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
+from operators.io import validation
 from operators.io.cli import parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
@@ -150,9 +151,10 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.validate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)")
-    ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
-                         "VQA.json: the dataset named by the source.json beside it)")
+    validation.attach(ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)"),
+                      {"path": "file"})
+    validation.attach(ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
+                         "VQA.json: the dataset named by the source.json beside it)"), {"path": "dir"})
     ap.add_argument("--output", required=True, help="output folder or s3:// prefix")
     return ap
 

@@ -10,6 +10,7 @@ Keys a field's metadata may hold (all optional; an empty or unset value is not c
   ``"increasing": True`` wants them in increasing order.
 - ``"path"``: ``"must_exist"`` (a file or a folder), ``"dir"`` or ``"file"``: a local path must be that
   (URIs with a scheme, ``s3://`` or ``https://``, are not looked up here).
+- ``"fractions": n``: ``n`` comma-separated non-negative numbers, not all 0 (split fractions).
 - ``"date": True``: ``YYYY-MM-DD``; ``"url": True``: ``http(s)://host[:port]`` with a port in 1-65535.
 - ``"not_below": "<field>"``: at least the other option's value (a slice holds its crop);
   ``"conflicts": ("<field>", ...)``: not together with those; ``"requires": ("<field>", ...)``: only with them.
@@ -32,8 +33,8 @@ from urllib.parse import urlsplit
 USAGE = 2          # a bad option: nothing was done
 NOTHING_DONE = 3   # the run ran, but every item failed or there was nothing it could do
 
-CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "path", "date", "url", "not_below",
-              "conflicts", "requires")
+CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "fractions", "path", "date", "url",
+              "not_below", "conflicts", "requires")
 
 
 def attach(action: argparse.Action, metadata) -> argparse.Action:
@@ -50,8 +51,8 @@ def flag_of(action: argparse.Action) -> str:
 
 def _shown(value) -> str:
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+        return ",".join(_shown(v) for v in value)
+    return _num(value)
 
 
 def _num(v) -> str:
@@ -84,6 +85,13 @@ def value_problem(checks: dict, value) -> str | None:
         return f"must be at most {_num(checks['max'])}"
     if "gt" in checks and not value > checks["gt"]:
         return f"must be greater than {_num(checks['gt'])}"
+    if checks.get("fractions"):
+        try:
+            parts = [float(v) for v in str(value).split(",")]
+        except ValueError:
+            parts = []
+        if len(parts) != checks["fractions"] or any(not v >= 0 for v in parts) or sum(parts) <= 0:
+            return f"needs {checks['fractions']} comma-separated fractions, none negative, not all 0"
     if checks.get("date"):
         try:
             dt.date.fromisoformat(str(value))
@@ -180,8 +188,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, paths:
             continue
         other = a.checks.get("not_below")
         if other and other in by_dest and _given(getattr(args, other, None)) and value < getattr(args, other):
-            return (f"{flag_of(a)} {_shown(value)} is smaller than {flag_of(by_dest[other])} "
-                    f"{_shown(getattr(args, other))}: it must hold it")
+            return (f"{flag_of(by_dest[other])} {_shown(getattr(args, other))} is larger than {flag_of(a)} "
+                    f"{_shown(value)}: it must fit in it")
         for name in a.checks.get("conflicts", ()):
             if name in by_dest and _given(getattr(args, name, None)) and getattr(args, name) != by_dest[name].default:
                 return f"{flag_of(a)} and {flag_of(by_dest[name])} cannot be given together"
@@ -201,7 +209,7 @@ _REWRITES = [
      lambda m, p: f"{_flag(m[1])} {m[3]}: {_type_name({'int': int, 'float': float}[m[2]])}"),
     (re.compile(r"argument (\S+): invalid _parse_int_list value: '(.*)'"),
      lambda m, p: f"{_flag(m[1])} {m[2]}: not a comma-separated list of whole numbers"),
-    (re.compile(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)"),
+    (re.compile(r"argument (\S+): invalid choice: '?(.*?)'? \(choose from (.*)\)"),
      lambda m, p: f"{_flag(m[1])} {m[2]}: choose from {m[3].replace(chr(39), '')}"),
     (re.compile(r"argument (\S+): expected one argument"), lambda m, p: f"{_flag(m[1])}: needs a value"),
     (re.compile(r"unrecognized arguments: (.*)"), lambda m, p: _unknown(m[1], p)),
@@ -287,3 +295,57 @@ def error_summary(rows: list[dict], top: int = 5, first: int = 3) -> list[str]:
 def _short(message: str, width: int = 120) -> str:
     line = " ".join(message.split())
     return line if len(line) <= width else line[:width - 3] + "..."
+
+
+# -- chain files --------------------------------------------------------------------------------------
+# Paths a chain may name before they exist: a Label Studio export arrives from the annotators between
+# two runs of the chain (the chain stops at its ingest step until then; the step checks it when it starts).
+ARRIVES_LATER = {"export"}
+
+def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dict[str, dict] | None = None,
+                jobs: list[str] = (), prog: str = "changeforge chain") -> None:
+    """Every step of a chain file checked as its job would check it, before any step runs: the job
+    and command exist, every option is one of the job's, every value passes the option's checks
+    (paths the user names must exist; the ones the chain wires are made by earlier steps), and the
+    required options are given or wired. One line naming the file, the step and the key; exit 2.
+
+    ``parser_for(step)`` gives ``(module, command, parser)`` or raises SystemExit; ``wired``: step ->
+    the options the chain fills in; ``jobs``: job names, for a suggestion when a step is misspelt."""
+    for i, (step, options) in enumerate(steps):
+        where = f"{path}: step {i + 1} {step!r}"
+        try:
+            _, _, parser = parser_for(step)
+        except SystemExit as exc:
+            close = difflib.get_close_matches(step.split()[0], list(jobs), n=1) if step else []
+            hint = f" (did you mean {close[0]!r}?)" if close and close[0] != step.split()[0] else ""
+            fail(prog, f"{where}: {str(exc.code).removeprefix('chain: ')}{hint}")
+        by_flag = {s: a for a in parser._actions for s in a.option_strings}
+        by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items()
+                    if new in by_flag}
+        given = set()
+        for key, value in options.items():
+            name = str(key).lstrip("-").replace("_", "-")
+            action = by_flag.get("--" + name)
+            if action is None or action.dest == "help":
+                close = difflib.get_close_matches(name, [f[2:] for f in by_flag if f.startswith("--")], n=1)
+                fail(prog, f"{where}: unknown option {key!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+            given.add(action.dest)
+            if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+                if not isinstance(value, bool):
+                    fail(prog, f"{where}: {key}: takes true or false, not {value!r}")
+                continue
+            values = value if action.nargs in ("+", "*") and isinstance(value, (list, tuple)) else [value]
+            for v in values:
+                converted, problem = convert(action, v)
+                checks = getattr(action, "checks", {})
+                problem = problem or value_problem(checks, converted)
+                if not problem and checks.get("path") and action.dest not in ARRIVES_LATER:
+                    problem = path_problem(checks["path"], converted)
+                    problem = problem and problem.split(": ", 1)[1]
+                if problem:
+                    fail(prog, f"{where}: {key}: {_shown(v)}: {problem}")
+        wired_here = {by_flag["--" + k.replace("_", "-")].dest for k in (wired or {}).get(step, {})
+                      if "--" + k.replace("_", "-") in by_flag}
+        for a in parser._actions:
+            if a.required and a.option_strings and a.dest not in given | wired_here:
+                fail(prog, f"{where}: needs {flag_of(a).lstrip('-')} (the step's job requires it)")
