@@ -80,7 +80,7 @@ class ExportConfig:
 @dataclass
 class IngestConfig:
     input: str = field(default="", metadata={"path": "dir", "required": True, "help": "the dataset the tasks were exported from (label1/ label2/ label/ are written into it)"})
-    export: str = field(default="", metadata={"path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
+    export: str = field(default="", metadata={"json": "nonempty", "path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
     project_id: int = field(default=0, metadata={"min": 0, "help": "project to export when --export is a server URL"})
     classes: str = field(default=DEFAULT_CLASSES, metadata={"help": "the classes of the export, as given to export"})
     tasks: str = field(default="", metadata={"path": "file", "help": "the tasks.json export wrote: its pre-labels, for the IoU of each final mask against them, when --export is a file that lists only prediction ids (a server URL gives them in full)"})

@@ -27,7 +27,7 @@ import pyarrow as pa
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.pairs.catalogue.catalogue import list_scene_inputs  # noqa: E402
+from operators.pairs.catalogue.catalogue import SIDECAR_SUFFIXES, list_scene_inputs  # noqa: E402
 from operators.pairs.catalogue.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
                                                       catalogue_band_scenes, is_band_input,
                                                       prepare_band_pairs)
@@ -52,7 +52,7 @@ JOB = "build_pairs"
 
 @dataclass
 class PairsJobConfig:
-    input: str = field(default="", metadata={"path": "must_exist", "required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
+    input: str = field(default="", metadata={"holds_except": (SIDECAR_SUFFIXES, "scenes"), "path": "must_exist", "required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
     slice_size: int = field(default=3000, metadata={"min": 1, "not_below": "crop_size", "help": "slice side in pixels on the common grid (paper: 3000)"})
     stride: int = field(default=1024, metadata={"min": 1, "help": "step between slices in pixels (paper: 1024)"})

@@ -82,7 +82,7 @@ class ExportConfig:
 
 @dataclass
 class IngestConfig:
-    export: str = field(default="", metadata={"path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
+    export: str = field(default="", metadata={"json": "nonempty", "path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix for review/ and review_summary.*"})
     project_id: int = field(default=0, metadata={"min": 0, "help": "project to export when --export is a server URL"})
     accept_partly: bool = field(default=False, metadata={"help": "count 'partly correct' as accepted (both rates are reported)"})

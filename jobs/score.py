@@ -29,8 +29,8 @@ log = logging.getLogger("changeforge.score")
 
 @dataclass
 class ChangeScoreConfig:
-    pred: str = field(default="", metadata={"path": "dir", "required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
-    label: str = field(default="", metadata={"path": "dir", "flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
+    pred: str = field(default="", metadata={"path": "dir", "holds": ((".png",), "PNG masks"), "required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
+    label: str = field(default="", metadata={"path": "dir", "holds": ((".png",), "PNG masks"), "flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
     masks_per_task: int = field(default=64, metadata={"min": 1, "help": "mask pairs decoded and counted per Ray task"})
     num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})

@@ -11,6 +11,9 @@ Keys a field's metadata may hold (all optional; an empty or unset value is not c
 - ``"path"``: ``"must_exist"`` (a file or a folder), ``"dir"`` or ``"file"``: a local path must be that
   (URIs with a scheme, ``s3://`` or ``https://``, are not looked up here).
 - ``"fractions": n``: ``n`` comma-separated non-negative numbers, not all 0 (split fractions).
+- ``"holds": (suffixes, "what")``: a local folder holds at least one such file (at any depth);
+  ``"holds_except": (suffixes, "what")``: at least one file that is not such a one (sidecars);
+  ``"json": "nonempty"``: a local file is JSON holding at least one entry (a Label Studio export).
 - ``"date": True``: ``YYYY-MM-DD``; ``"url": True``: ``http(s)://host[:port]`` with a port in 1-65535.
 - ``"not_below": "<field>"``: at least the other option's value (a slice holds its crop);
   ``"conflicts": ("<field>", ...)``: not together with those; ``"requires": ("<field>", ...)``: only with them.
@@ -33,8 +36,8 @@ from urllib.parse import urlsplit
 USAGE = 2          # a bad option: nothing was done
 NOTHING_DONE = 3   # the run ran, but every item failed or there was nothing it could do
 
-CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "fractions", "path", "date", "url",
-              "not_below", "conflicts", "requires")
+CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "fractions", "path", "holds", "holds_except",
+              "json", "date", "url", "not_below", "conflicts", "requires")
 
 
 def attach(action: argparse.Action, metadata) -> argparse.Action:
@@ -121,8 +124,10 @@ def is_uri(text: str) -> bool:
     return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text))
 
 
-def path_problem(kind: str, value) -> str | None:
-    """Why a local path does not fit ``kind`` (``must_exist``, ``dir``, ``file``), or None."""
+def path_problem(kind: str, value, checks: dict | None = None) -> str | None:
+    """Why a local path does not fit ``kind`` (``must_exist``, ``dir``, ``file``) and the content
+    checks among ``checks`` (``holds``, ``holds_except``, ``json``), or None."""
+    checks = checks or {}
     for v in (value if isinstance(value, (list, tuple)) else [value]):
         if not v or not isinstance(v, str) or is_uri(v):
             continue
@@ -132,6 +137,33 @@ def path_problem(kind: str, value) -> str | None:
             return f"{v}: not a folder"
         if kind == "file" and not os.path.isfile(v):
             return f"{v}: not a file (a folder)"
+        problem = _content_problem(v, checks)
+        if problem:
+            return f"{v}: {problem}"
+    return None
+
+
+def _content_problem(path: str, checks: dict) -> str | None:
+    if os.path.isdir(path) and ("holds" in checks or "holds_except" in checks):
+        names = [n.lower() for _, _, files in os.walk(path) for n in files if not n.startswith(".")]
+        if "holds" in checks:
+            suffixes, what = checks["holds"]
+            if not any(n.endswith(tuple(suffixes)) for n in names):
+                return f"holds no {what} ({', '.join(suffixes)})" if names else f"is empty (no {what})"
+        if "holds_except" in checks:
+            suffixes, what = checks["holds_except"]
+            if not any(not n.endswith(tuple(suffixes)) for n in names):
+                return f"holds no {what} (only {len(names)} sidecar or text file(s))" if names else \
+                    f"is empty (no {what})"
+    if os.path.isfile(path) and checks.get("json") == "nonempty":
+        import json
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"not a JSON file ({' '.join(str(exc).split())[:80]})"
+        if not doc:
+            return "holds no entries (an empty export)"
     return None
 
 
@@ -174,12 +206,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, paths:
     actions = [a for a in parser._actions if getattr(a, "checks", None) and hasattr(args, a.dest)]
     by_dest = {a.dest: a for a in parser._actions if a.option_strings}
     for a in actions:
-        value = getattr(args, a.dest)
-        problem = check_value(a, value, origins.get(a.dest, ""))
+        problem = check_value(a, getattr(args, a.dest), origins.get(a.dest, ""))
         if problem:
             return problem
+    for a in actions:   # paths after values: a wrong number is named even when a path is missing too
+        value = getattr(args, a.dest)
         if paths and a.checks.get("path"):
-            problem = path_problem(a.checks["path"], value)
+            problem = path_problem(a.checks["path"], value, a.checks)
             if problem:
                 return f"{origins[a.dest]}: {problem}" if a.dest in origins else f"{flag_of(a)} {problem}"
     for a in actions:
@@ -223,7 +256,9 @@ def _flag(text: str) -> str:
 
 def _unknown(tokens: str, parser: argparse.ArgumentParser) -> str:
     first = tokens.split()[0]
-    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    parsers = [parser] + [p for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                          for p in a.choices.values()]   # a subcommand's options are reported by its parent
+    flags = sorted({s for p in parsers for a in p._actions for s in a.option_strings if s.startswith("--")})
     close = difflib.get_close_matches(first.split("=")[0], flags, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     what = "unknown option" if first.startswith("-") else "unexpected argument"
@@ -319,6 +354,10 @@ def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dic
             close = difflib.get_close_matches(step.split()[0], list(jobs), n=1) if step else []
             hint = f" (did you mean {close[0]!r}?)" if close and close[0] != step.split()[0] else ""
             fail(prog, f"{where}: {str(exc.code).removeprefix('chain: ')}{hint}")
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None:
+            fail(prog, f"{where}: name the command of {step} ({', '.join(sub.choices)}), e.g. '{step} "
+                       f"{next(iter(sub.choices))}'")
         by_flag = {s: a for a in parser._actions for s in a.option_strings}
         by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items()
                     if new in by_flag}
@@ -340,7 +379,7 @@ def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dic
                 checks = getattr(action, "checks", {})
                 problem = problem or value_problem(checks, converted)
                 if not problem and checks.get("path") and action.dest not in ARRIVES_LATER:
-                    problem = path_problem(checks["path"], converted)
+                    problem = path_problem(checks["path"], converted, checks)
                     problem = problem and problem.split(": ", 1)[1]
                 if problem:
                     fail(prog, f"{where}: {key}: {_shown(v)}: {problem}")
