@@ -35,7 +35,8 @@ from operators.io.storage import Store
 from operators.publish import card, croissant, recipes
 from operators.publish.layout import captions_document, prepare_pair, qa_document, release_path
 from operators.publish.shards import IMAGE_COLUMNS, ShardWriter, image_cell
-from operators.publish.sources import (declared_licence, read_captions, read_dataset, read_qa, resolve_licence)
+from operators.publish.sources import (declared_licence, portable, read_captions, read_dataset, read_qa,
+                                       resolve_licence)
 from operators.publish.stac import CATALOG, catalog, item_path, pair_item
 from operators.publish.versions import (changelog, changelog_entry, code_version, diff_pairs, pair_digest,
                                         parse_version, previous_version, sha256, sha256sums)
@@ -54,6 +55,7 @@ class PublishConfig:
     qa: str = field(default="", metadata={"path": "must_exist", "help": "QA job output (or a VQA.json) whose selected QA pairs go with the pairs"})
     review: str = field(default="", metadata={"path": "dir", "help": "review job output: its sample size, acceptance and agreement go into the card and Croissant"})
     licence: str = field(default="", metadata={"help": "SPDX licence id of the release; required when an input declares none (no licence.txt) or inputs disagree"})
+    licence_override: str = field(default="", metadata={"requires": ("licence",), "help": "why --licence may differ from a licence an input declares (its licence.txt, or the bundled data's terms); recorded in release.json and the card"})
     default_split: str = field(default="train", metadata={"help": "split of LEVIR-CD pairs with no split folder, list/<split>.txt or train_/val_/test_ name prefix", "choices": SPLITS})
     require_label: bool = field(default=True, metadata={"help": "publish only pairs with a change mask (the others go to excluded.json)"})
     shard_mb: float = field(default=256.0, metadata={"gt": 0, "help": "Parquet shard size in MB of encoded images"})
@@ -72,14 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
 class Recorder:
     """Writes release files through the Store and keeps each file's SHA-256."""
 
-    def __init__(self, store: Store):
-        self.store, self.hashes = store, {}
+    def __init__(self, store: Store, inputs: list[str] = ()):
+        self.store, self.hashes, self.inputs = store, {}, list(inputs)
 
     def put(self, rel: str, data: bytes) -> None:
         self.store.write_bytes(rel, data)
         self.hashes[rel] = sha256(data)
 
     def put_json(self, rel: str, doc) -> None:
+        doc = portable(doc, self.inputs)   # no absolute path of this machine, no NaN, in a release
         self.put(rel, (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode())
 
 
@@ -106,10 +109,10 @@ def run(cfg: PublishConfig) -> dict:
     for flag, uri in (("--captions", cfg.captions), ("--qa", cfg.qa)):
         if uri and declared_licence(uri):  # derived annotations inherit the imagery's licence unless they say one
             declared[flag] = declared_licence(uri)
-    licence, licence_note = resolve_licence(declared, cfg.licence)
+    licence, licence_note = resolve_licence(declared, cfg.licence, cfg.licence_override)
 
     root = Store(cfg.output)
-    out = Recorder(root.child(cfg.version))
+    out = Recorder(root.child(cfg.version), [cfg.input, cfg.captions, cfg.qa, cfg.review, cfg.output])
     versions = json.loads(root.read_bytes(VERSIONS_FILE)) if root.exists(VERSIONS_FILE) else []
     print(f"[publish] {cfg.name} {cfg.version}: {len(dataset.pairs)} pair(s) from {dataset.uri} ({dataset.kind}); "
           f"licence {licence}; writing {out.store.uri()}", flush=True)
@@ -150,7 +153,7 @@ def run(cfg: PublishConfig) -> dict:
             "recipes": recipes.recipe_lines(dataset, caps, qa),
             "limitations": recipes.limitations(dataset, counts, excluded, bool(caps), bool(qa), review, has_two),
             "language": language}
-    out.put("README.md", card.render(info, tables).encode())
+    out.put("README.md", portable(card.render(info, tables), out.inputs).encode())
     shards = {s: [rel for rel, _ in writers[s].written] for s in present}
     out.put_json("croissant.json", croissant.document(
         name=cfg.name, version=cfg.version, date=date, licence=licence, description=description,
