@@ -54,7 +54,7 @@ from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
 from operators.llm.usage import format_summary, summarize_usage
-from operators.io import validation
+from operators.io import console, validation
 from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
 from operators.io.sources import write_source
 from operators.io.storage import Store
@@ -536,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; {summary['validator_rejected']} captions not sent to the judge" if cfg.validators == "reject" else ""))
     print(format_summary(summary["usage"]))
     print(f"outputs: {cfg.output}/{{captions,pairs,usage,errors}}/ and {cfg.output}/{LEVIR_CC_FILE}")
+    console.explain_llm_run("caption:", cfg.output, summary)   # errors by reason; exit 3 if nothing finished
     return 0
 
 

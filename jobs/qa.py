@@ -31,6 +31,7 @@ from jobs.caption import HELP as CAPTION_HELP
 from jobs.caption import (CaptionJobConfig, _ensure_ray, account_limiter, generate_and_judge_stages, row_batches,
                           peak_rss_mb, pool_config, run_on_worker, run_stages, run_usage, skipped_line, summary_table,
                           validator_tally)
+from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; {s['validator_rejected']} not sent to the judge" if s["validators"] == "reject" else ""))
     print(format_summary(s["usage"]))
     print(f"outputs: {cfg.output}/{{qa,pairs,usage,errors}}/ and {cfg.output}/{VQA_FILE}")
+    console.explain_llm_run("qa:", cfg.output, s)   # errors by reason; exit 3 if nothing finished
     return 0
 
 

@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
-from operators.io import validation
+from operators.io import console, validation
 from operators.io.cli import parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{s['claims']} claims: {s['ok']} pass, {s['violating']} break a rule, {s['errors']} without a readable mask")
     print("caught per rule: " + ", ".join(f"{r}={s['caught'].get(r, 0)}" for r in RULES))
     print(f"outputs: {args.output}/verdicts.jsonl and {args.output}/verdicts/")
+    console.stop_if_nothing("validate:", s["claims"] > s["errors"], f"none of the {s['claims']} claim(s) could be "
+                            "checked" + (" (no mask could be read)" if s["claims"] else " (the input holds none)"))
     return 0
 
 

@@ -291,17 +291,7 @@ def make_strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-# -- the end of a run ---------------------------------------------------------------------------------
-def nothing_done(job: str, what: str, reasons: dict[str, int] | None = None,
-                 examples: dict[str, list[str]] | None = None) -> None:
-    """Print why a run produced nothing (top reasons with counts and their first items), and exit with
-    :data:`NOTHING_DONE`, so that a script or the chain stops here."""
-    print(f"{job}: {what}", file=sys.stderr, flush=True)
-    for line in reason_lines(reasons or {}, examples or {}):
-        print(f"{job}:   {line}", file=sys.stderr, flush=True)
-    raise SystemExit(NOTHING_DONE)
-
-
+# -- reasons, for the consoles (operators.io.console) ------------------------------------------------
 def reason_lines(reasons: dict[str, int], examples: dict[str, list[str]] | None = None, top: int = 5,
                  first: int = 3) -> list[str]:
     """``"<count> x <reason> (first: a, b, c)"`` for the ``top`` most frequent reasons."""
@@ -313,23 +303,6 @@ def reason_lines(reasons: dict[str, int], examples: dict[str, list[str]] | None 
     if len(reasons) > top:
         lines.append(f"... and {len(reasons) - top} other reason(s)")
     return lines
-
-
-def error_summary(rows: list[dict], top: int = 5, first: int = 3) -> list[str]:
-    """``errors/`` rows (``item``, ``error_type``, ``message``) summarised by reason with their first items."""
-    reasons: dict[str, int] = {}
-    examples: dict[str, list[str]] = {}
-    for r in rows:
-        reason = str(r.get("error_type") or "") + (": " if r.get("error_type") else "") + \
-            _short(str(r.get("message") or ""))
-        reasons[reason] = reasons.get(reason, 0) + 1
-        examples.setdefault(reason, []).append(os.path.basename(str(r.get("item") or "").rstrip("/")) or "?")
-    return reason_lines(reasons, examples, top, first)
-
-
-def _short(message: str, width: int = 120) -> str:
-    line = " ".join(message.split())
-    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 # -- chain files --------------------------------------------------------------------------------------
