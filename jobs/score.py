@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 if __package__ in (None, ""):  # `python jobs/score.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from operators.io import console  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import new_run_id, prune_shards  # noqa: E402
@@ -295,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in top.items()))
     table = "per_question" if command == "qa" else "per_image"
     print(f"outputs: {cfg.output}/metrics.json and {cfg.output}/{{{table},errors}}/")
+    console.print_errors("score:", Store(cfg.output), None)   # errors/ holds the last run's rows only
+    console.stop_if_nothing("score:", doc.get("n_images", 1) > 0, "no mask pair could be scored")
     return 0
 
 

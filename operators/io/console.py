@@ -17,13 +17,14 @@ def _name(item) -> str:
     return posixpath.basename(text) or text or "?"
 
 
-def run_rows(out: Store, table: str, run_id: str, columns: list[str]) -> list[dict]:
-    """The rows of ``table`` this run wrote (only ``columns`` that exist), [] when there are none."""
+def run_rows(out: Store, table: str, run_id: str | None, columns: list[str]) -> list[dict]:
+    """The rows of ``table`` this run wrote (every row when ``run_id`` is None; only ``columns`` that
+    exist), [] when there are none."""
     t = read_table(out, table)
-    if t is None or "run_id" not in t.column_names:
+    if t is None or (run_id is not None and "run_id" not in t.column_names):
         return []
     cols = [c for c in columns + ["run_id"] if c in t.column_names]
-    return [r for r in t.select(cols).to_pylist() if r["run_id"] == run_id]
+    return [r for r in t.select(cols).to_pylist() if run_id is None or r["run_id"] == run_id]
 
 
 def tally(rows: list[dict], item: str, reason: str, label: str = "") -> tuple[dict[str, int], dict[str, list[str]]]:
@@ -38,7 +39,7 @@ def tally(rows: list[dict], item: str, reason: str, label: str = "") -> tuple[di
     return counts, examples
 
 
-def error_tally(out: Store, run_id: str) -> tuple[dict[str, int], dict[str, list[str]]]:
+def error_tally(out: Store, run_id: str | None) -> tuple[dict[str, int], dict[str, list[str]]]:
     """This run's ``errors/`` rows by error type and stage (their messages name each item's detail)."""
     rows = run_rows(out, "errors", run_id, ["item", "stage", "error_type", "message"])
     for r in rows:
@@ -54,7 +55,7 @@ def error_tally(out: Store, run_id: str) -> tuple[dict[str, int], dict[str, list
     return counts, examples
 
 
-def print_errors(prefix: str, out: Store, run_id: str) -> int:
+def print_errors(prefix: str, out: Store, run_id: str | None) -> int:
     """Print this run's ``errors/`` rows summarised by reason with the first items; returns their number."""
     counts, examples = error_tally(out, run_id)
     n = sum(counts.values())

@@ -156,6 +156,16 @@ def portable_uri(uri: str) -> str:
     return posixpath.basename(path.rstrip("/")) or "."
 
 
+# An absolute path in running text: a "/" that no word, ":" or "/" precedes (not "0/255", not a URL).
+_ABSOLUTE = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+=,-]+/)*[\w.@+=,-]+/?")
+
+
+def _on_this_machine(path: str) -> bool:
+    """``path`` starts with a top-level folder that exists here (``/tmp``, ``/home``, ``/work`` ...)."""
+    top = path.strip("/").split("/")[0]
+    return bool(top) and path.count("/") >= 2 and os.path.isdir("/" + top)
+
+
 def portable(doc, roots: list[str]):
     """``doc`` (JSON-like) with every absolute local path under one of ``roots`` (and the working
     folder) written as :func:`portable_uri` gives its root, in any string, keys untouched."""
@@ -167,7 +177,9 @@ def portable(doc, roots: list[str]):
             if root in text and root != "/":
                 label = portable_uri(root) if root != os.getcwd() else "."
                 text = re.sub(re.escape(root) + r"(?=/|\b|$)", label, text)
-        return text
+        # Any other absolute path of this machine (a pairs run's archive, its label maps): by its name.
+        return _ABSOLUTE.sub(lambda m: posixpath.basename(m[0].rstrip("/")) if _on_this_machine(m[0]) else m[0],
+                             text)
 
     def walk(v):
         if isinstance(v, str):

@@ -74,3 +74,13 @@ def test_the_bundled_levir_samples_are_not_relabelled_without_an_override(tmp_pa
     release = json.loads((tmp_path / "rel" / "1.0.0" / "release.json").read_text())
     assert release["licence"] == "CC-BY-4.0" and why in release["licence_source"]
     assert why in (tmp_path / "rel" / "1.0.0" / "README.md").read_text()
+
+
+def test_unknown_metadata_is_null_in_stac_never_nan():
+    from operators.publish import stac
+    row = {"id": "p1", "split": "train", "sensor": "nan", "car": None, "pre_source": ["naip/a.tif"],
+           "post_source": ["s3://b/naip/b.tif"]}
+    item = stac.pair_item(row, {"A": "train/A/p1.png"}, ["manual"], [])
+    assert "platform" not in item["properties"]
+    assert item["properties"]["changeforge:sources"] == {"pre": ["naip/a.tif"]}
+    assert [link["href"] for link in item["links"] if link["rel"] == "derived_from"] == ["s3://b/naip/b.tif"]
