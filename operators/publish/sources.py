@@ -241,6 +241,7 @@ def read_captions(uri: str) -> LanguageSource:
     store = Store(uri)
     pairs = read_current(store, "pairs")
     if pairs is None or "selected_captions" not in pairs:
+        _refuse_unfinished_job(store, "--captions", "captions")
         doc = _json_doc(uri, "LevirCCcaptions.json")
         return LanguageSource(uri, {stem(i["filename"]): {"captions": [s["raw"].strip() for s in i["sentences"]],
                                                           "perspectives": []} for i in doc["images"]})
@@ -259,6 +260,7 @@ def read_qa(uri: str) -> LanguageSource:
     store = Store(uri)
     qa = read_current(store, "qa")
     if qa is None:
+        _refuse_unfinished_job(store, "--qa", "QA")
         doc = _json_doc(uri, "VQA.json")
         return LanguageSource(uri, {stem(i["filename"]): {"qa": [{"type": q["type"], "question": q["question"],
                                                                   "answer": q["answer"]} for q in i["qa"]]}
@@ -271,6 +273,18 @@ def read_qa(uri: str) -> LanguageSource:
         by_pair.setdefault(key, {"qa": []})["qa"].append(
             {"type": r["question_type"], "question": r["question"], "answer": r["answer"]})
     return LanguageSource(uri, by_pair, qa, _language_runs(qa, qa, ("prompt_version_generate", "prompt_version_judge")))
+
+
+def _refuse_unfinished_job(store: Store, flag: str, what: str) -> None:
+    """A job output whose tables hold no finished pair is not a JSON file to publish as it is: the
+    card would say its models and prompts were not recorded, and the release would carry nothing."""
+    if not uri_is_file(store.uri()) and (store.exists("source.json") or store.list("errors", suffixes=(".parquet",))):
+        raise SystemExit(f"{flag} {portable_uri(store.uri())}: a {what} job output with no finished pair "
+                         f"(see its errors/); rerun the {what} job until pairs finish, then publish")
+
+
+def uri_is_file(uri: str) -> bool:
+    return uri.endswith(".json")
 
 
 def _json_doc(uri: str, name: str) -> dict:

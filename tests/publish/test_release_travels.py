@@ -84,3 +84,22 @@ def test_unknown_metadata_is_null_in_stac_never_nan():
     assert "platform" not in item["properties"]
     assert item["properties"]["changeforge:sources"] == {"pre": ["naip/a.tif"]}
     assert [link["href"] for link in item["links"] if link["rel"] == "derived_from"] == ["s3://b/naip/b.tif"]
+
+
+def test_the_card_says_what_each_language_input_was(tmp_path):
+    inp = tmp_path / "levir"
+    shutil.copytree(LEVIR, inp)
+    (inp / "licence.txt").write_text("CC-BY-4.0\n")
+    caps = tmp_path / "LevirCCcaptions.json"
+    shutil.copy(REPO / "data" / "levir-cc" / "LevirCCcaptions.json", caps)
+    base = ["--input", str(inp), "--name", "levir", "--version", "1.0.0", "--date", "2026-01-01"]
+    publish_main(base + ["--output", str(tmp_path / "rel"), "--captions", str(caps)])
+    card = (tmp_path / "rel" / "1.0.0" / "README.md").read_text()
+    assert "Captions: read from `LevirCCcaptions.json`, a LEVIR-CC JSON file (the format names no model or prompt)" \
+        in card, card
+    failed = tmp_path / "captions-run"          # a captions job whose every pair failed: errors/ and source.json
+    failed.mkdir()
+    (failed / "source.json").write_text(json.dumps({"job": "caption", "input": str(inp)}))
+    with pytest.raises(SystemExit, match="--captions captions-run: a captions job output with no finished pair"):
+        publish_main(base + ["--output", str(tmp_path / "rel2"), "--captions", str(failed)])
+    assert not (tmp_path / "rel2").exists()
