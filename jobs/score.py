@@ -164,7 +164,7 @@ class QAScoreConfig:
     split: str = field(default="auto", metadata={"choices": ("auto", "all", "train", "val", "test"), "help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
     yes_no_types: str = field(default="YES/NO", metadata={"help": "comma-separated question types scored by yes/no accuracy; every other type is open (caption metrics)"})
     judge_model: str = field(default="", metadata={"help": "model name for an LLM judge score per answer (default: no judge); endpoint from OPENAI_BASE_URL or --base-url, key from OPENAI_API_KEY"})
-    base_url: str = field(default="", metadata={"url": True, "help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
+    base_url: str = field(default="", metadata={"url": True, "requires": ("judge_model",), "help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
     judge_template: str = field(default="score_qa_judge.v1", metadata={"help": "judge prompt template (file stem under prompts/)"})
     rpm: float = field(default=500.0, metadata={"min": 0, "help": "judge requests per minute for the whole pool (0 = unlimited)"})
     tpm: float = field(default=2_000_000.0, metadata={"min": 0, "help": "judge tokens per minute for the whole pool (0 = unlimited)"})

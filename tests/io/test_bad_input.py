@@ -136,7 +136,12 @@ CASES = [
                               "--split", "holdout"], "--split holdout: choose from auto, all, train, val, test"),
     ("score-qa-rpm", ["score", "qa", "--pred", CAPTIONS_JSON, "--refs", CAPTIONS_JSON, "--output", "out", "--rpm", "-5"],
      "--rpm -5: must be at least 0"),
+    ("score-qa-base-url-without-judge", ["score", "qa", "--pred", CAPTIONS_JSON, "--refs", CAPTIONS_JSON, "--output",
+                                         "out", "--base-url", "http://127.0.0.1:8000/v1"],
+     "--base-url http://127.0.0.1:8000/v1 needs --judge-model"),
     # publish
+    ("publish-override-without-licence", PUB + ["--licence-override", "granted by mail"],
+     "--licence-override granted by mail needs --licence"),
     ("publish-date", PUB + ["--date", "2020-02-30"], "--date 2020-02-30: not a date"),
     ("publish-missing-input", ["publish", "--input", "levir", "--output", "out", "--name", "n", "--version", "1.0.0"],
      "--input levir: no such file or folder"),
