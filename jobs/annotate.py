@@ -51,7 +51,7 @@ JOB = "annotate"
 
 @dataclass
 class ExportConfig:
-    input: str = field(default="", metadata={"required": True, "help": "a pairs job output or any LEVIR-CD-layout dataset (A/ B/, folder or s3:// prefix)"})
+    input: str = field(default="", metadata={"path": "dir", "required": True, "help": "a pairs job output or any LEVIR-CD-layout dataset (A/ B/, folder or s3:// prefix)"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix for tasks.json, label_config.xml and the proposals"})
     classes: str = field(default="", metadata={"help": f"classes to draw, <name>:<pre|post> comma-separated, in label1, label2 ... order (e.g. change:post for a single change map); default: the dataset's label_classes.json, else {DEFAULT_CLASSES}"})
     prelabel: str = field(default="", metadata={"help": "pre-labels shown as Label Studio predictions: cva, irmad or pca-kmeans (computed here), folder:<path> with <pair_id>.png masks (or label1/ label2/ ... per class) from any model, or onnx:<model.onnx> (a change-detection model run here, see docs/annotation.md); default: none"})
@@ -59,21 +59,21 @@ class ExportConfig:
     skip_labelled: bool = field(default=True, metadata={"help": "leave out pairs that already have a label/ mask"})
     annotations_per_task: int = field(default=1, metadata={"help": "annotations each task collects (Label Studio's maximum_annotations of a new project): 2 for an independent second annotation, checked by ingest", "choices": (1, 2)})
     local_files_root: str = field(default="", metadata={"help": "Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT for local images (default: the dataset folder's parent)"})
-    url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"help": "lifetime of presigned S3 image URLs (max 7 days)"})
-    label_studio_url: str = field(default="", metadata={"help": "create (or reuse) the project and import the tasks there (key from LABEL_STUDIO_API_KEY)"})
+    url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"range": (1, 7 * 24 * 3600), "help": "lifetime of presigned S3 image URLs (max 7 days)"})
+    label_studio_url: str = field(default="", metadata={"url": True, "help": "create (or reuse) the project and import the tasks there (key from LABEL_STUDIO_API_KEY)"})
     project_title: str = field(default="", metadata={"help": "project title (default: from the dataset's name and the classes)"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs of the local Ray computing proposals when RAY_ADDRESS is not set (default: all)"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs of the local Ray computing proposals when RAY_ADDRESS is not set (default: all)"})
 
 
 @dataclass
 class IngestConfig:
-    input: str = field(default="", metadata={"required": True, "help": "the dataset the tasks were exported from (label1/ label2/ label/ are written into it)"})
-    export: str = field(default="", metadata={"required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
-    project_id: int = field(default=0, metadata={"help": "project to export when --export is a server URL"})
+    input: str = field(default="", metadata={"path": "dir", "required": True, "help": "the dataset the tasks were exported from (label1/ label2/ label/ are written into it)"})
+    export: str = field(default="", metadata={"json": "nonempty", "path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
+    project_id: int = field(default=0, metadata={"min": 0, "help": "project to export when --export is a server URL"})
     classes: str = field(default="", metadata={"help": f"the classes of the export; default: the dataset's label_classes.json (which export wrote), else {DEFAULT_CLASSES}; a value contradicting that file is an error"})
-    tasks: str = field(default="", metadata={"help": "the tasks.json export wrote: its pre-labels, for the IoU of each final mask against them, when --export is a file that lists only prediction ids (a server URL gives them in full)"})
-    min_agreement: float = field(default=0.8, metadata={"help": "lowest per-class F1 (with --tolerance-px) between annotator and checker at which a pair is merged; also the mean a batch's (a project's) checked pairs must reach"})
-    tolerance_px: int = field(default=2, metadata={"help": "boundary tolerance of the agreement: a drawn pixel within this distance of the other drawing matches"})
+    tasks: str = field(default="", metadata={"path": "file", "help": "the tasks.json export wrote: its pre-labels, for the IoU of each final mask against them, when --export is a file that lists only prediction ids (a server URL gives them in full)"})
+    min_agreement: float = field(default=0.8, metadata={"range": (0, 1), "help": "lowest per-class F1 (with --tolerance-px) between annotator and checker at which a pair is merged; also the mean a batch's (a project's) checked pairs must reach"})
+    tolerance_px: int = field(default=2, metadata={"min": 0, "max": 16, "help": "boundary tolerance of the agreement: a drawn pixel within this distance of the other drawing matches"})
     require_check: bool = field(default=False, metadata={"help": "merge only pairs with a second, agreeing annotation (a single annotation waits for its check)"})
 
 

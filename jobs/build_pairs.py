@@ -27,7 +27,7 @@ import pyarrow as pa
 if __package__ in (None, ""):  # `python jobs/build_pairs.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from operators.pairs.catalogue.catalogue import list_scene_inputs  # noqa: E402
+from operators.pairs.catalogue.catalogue import SIDECAR_SUFFIXES, list_scene_inputs  # noqa: E402
 from operators.pairs.catalogue.band_scene_ops import (BAND_SCENES_SCHEMA, BandsConfig,  # noqa: E402
                                                       catalogue_band_scenes, is_band_input,
                                                       prepare_band_pairs)
@@ -41,6 +41,7 @@ from operators.pairs.registration.registration import RegistrationConfig  # noqa
 from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
 from operators.pairs.selection.slicing import slice_rows, slice_windows  # noqa: E402
 from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
+from operators.io import console  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, changed_rows,  # noqa: E402
                                  error_record, keyed, new_run_id, read_table, resolve_errors, split_envelopes,
@@ -52,18 +53,18 @@ JOB = "build_pairs"
 
 @dataclass
 class PairsJobConfig:
-    input: str = field(default="", metadata={"required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
+    input: str = field(default="", metadata={"holds_except": (SIDECAR_SUFFIXES, "scenes"), "path": "must_exist", "required": True, "help": "scenes: a folder, an s3:// prefix, a manifest .csv/.parquet with uri, acquired[, location][, band], a STAC catalogue/collection root JSON, an items file (.json, .ndjson, stac-geoparquet), or a STAC API URL with --stac-search"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix"})
-    slice_size: int = field(default=3000, metadata={"help": "slice side in pixels on the common grid (paper: 3000)"})
-    stride: int = field(default=1024, metadata={"help": "step between slices in pixels (paper: 1024)"})
-    rgb_bands: tuple[int, ...] = field(default=(), metadata={"help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
-    stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
-    labels: str = field(default="", metadata={"flag": "label-maps", "old_flags": ("--labels",), "help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
-    split_fractions: str = field(default="0.7,0.1,0.2", metadata={"help": "train,val,test fractions of locations (paper: 70/10/20)"})
+    slice_size: int = field(default=3000, metadata={"min": 1, "not_below": "crop_size", "help": "slice side in pixels on the common grid (paper: 3000)"})
+    stride: int = field(default=1024, metadata={"min": 1, "help": "step between slices in pixels (paper: 1024)"})
+    rgb_bands: tuple[int, ...] = field(default=(), metadata={"min": 1, "help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
+    stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"range": (0, 100), "length": 2, "increasing": True, "help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
+    labels: str = field(default="", metadata={"path": "dir", "flag": "label-maps", "old_flags": ("--labels",), "help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
+    split_fractions: str = field(default="0.7,0.1,0.2", metadata={"fractions": 3, "help": "train,val,test fractions of locations (paper: 70/10/20)"})
     seed: int = field(default=0, metadata={"flag": "split-seed", "old_flags": ("--seed",), "help": "seed of the location-to-split draw (a hash of seed and location)"})
-    rows_per_shard: int = field(default=2000, metadata={"help": "rows per Parquet shard of the streamed tables (tasks write small shards that the driver folds into shards of this size)"})
-    window_slices: int = field(default=2000, metadata={"help": "regional method: slices (whole pairs) per window of the task graph; two windows are in flight, so driver memory stays flat"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
+    rows_per_shard: int = field(default=2000, metadata={"min": 1, "help": "rows per Parquet shard of the streamed tables (tasks write small shards that the driver folds into shards of this size)"})
+    window_slices: int = field(default=2000, metadata={"min": 1, "help": "regional method: slices (whole pairs) per window of the task graph; two windows are in flight, so driver memory stays flat"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,12 +200,15 @@ def run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationConfig,
     """Run the whole job; returns a summary dict (also printed by :func:`main`)."""
     ctx = _start_run(job, pairing, reg, bands or BandsConfig(), cloud or CloudConfig())
     scenes, errors, band_input = _catalogue(ctx)                         # 1. catalogue
+    judged = read_table(ctx.out, "pairs", columns=["pair_id"])           # pairs earlier runs judged
+    judged = set() if judged is None else set(judged.column("pair_id").to_pylist())
     pairs, by_id = _select_pairs(ctx, scenes, errors, band_input)        # 2. pair selection
     work, finished, n_todo = _plan_slices(ctx, pairs, by_id)             # splits, slice work list
     n_acc = sum(p["status"] == "accepted" for p in pairs)
-    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} new candidate pair(s), "
-          f"{n_acc} accepted; {n_todo} slice(s) to register, {len(finished)} finished earlier; "
-          f"{len(errors)} error(s) so far", flush=True)
+    n_new = sum(p["pair_id"] not in judged for p in pairs)
+    print(f"[build_pairs] {len(scenes)} scene(s) catalogued, {len(pairs)} candidate pair(s) ({n_new} new, "
+          f"{len(pairs) - n_new} judged by an earlier run), {n_acc} accepted; {n_todo} slice(s) to register, "
+          f"{len(finished)} finished earlier; {len(errors)} error(s) so far", flush=True)
     counts = _register(ctx, work, finished, n_todo)                      # 3-5. slices -> tables
     del work
     accepted = _accepted_slices(ctx)
@@ -456,6 +460,22 @@ def _summary(out: Store, run_id: str, counts: dict, skipped: int, seconds: float
     }
 
 
+def _explain(out: Store, summary: dict) -> None:
+    """This run's error rows by reason; when the output holds no accepted slice, why (the rejected
+    pairs and slices and the errors, top reasons first, with their first items), and exit 3."""
+    console.print_errors("[build_pairs]", out, summary["run_id"])
+    if summary["accepted_total"]:
+        return
+    pairs = read_table(out, "pairs", columns=["pair_id", "status", "reason"])
+    meta = read_table(out, "metadata", columns=["slice_id", "status", "reject_reason"])
+    rejected = [r for r in ([] if pairs is None else pairs.to_pylist()) if r["status"] != "accepted"]
+    slices = [r for r in ([] if meta is None else meta.to_pylist()) if r["status"] != "accepted"]
+    console.stop_if_nothing("[build_pairs]", False, f"no slice accepted in {out.uri()}", *console.merge(
+        console.tally(rejected, "pair_id", "reason", "pair rejected"),
+        console.tally(slices, "slice_id", "reject_reason", "slice rejected"),
+        console.error_tally(out, summary["run_id"])))
+
+
 def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_job_args(build_parser(), argv)
@@ -474,6 +494,7 @@ def main(argv=None) -> dict:
             f"{k}: {v}" for k, v in sorted(summary["reject_reasons"].items())), flush=True)
     print(f"[build_pairs] splits (accepted slices): {summary['splits']}", flush=True)
     out = Store(summary["output"])
+    _explain(out, summary)
     folders = [f for f in ("A", "B", "label", "list") if out.list(f)]
     tables = [t for t in ("metadata", "pairs", "scenes", "shifts", "labels", "errors", "runs") if out.list(t)]
     print(f"[build_pairs] outputs in {summary['output']}: {', '.join(f + '/' for f in folders)}; tables: "

@@ -53,6 +53,7 @@ from operators.llm.job_runner import (HELP, BatchesOpen, LLMJobConfig, QuotaStop
                                       run_usage, skipped_line, stop_line, summary_rows, summary_table,
                                       validator_tally)
 from operators.llm.usage import format_summary
+from operators.io import console
 from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary["stopped"]:
         print(summary["stopped"])
         return 3
+    console.explain_llm_run("caption:", cfg.output, summary)   # errors by reason; exit 3 if nothing finished
     return 0
 
 

@@ -43,7 +43,7 @@ import time
 
 from operators.chain import needs, people, plan
 from operators.chain import options as options_
-from operators.io import cli
+from operators.io import cli, validation
 from operators.io.storage import Store
 
 log = logging.getLogger("changeforge.chain")
@@ -200,6 +200,8 @@ def _now() -> str:
 
 def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool = False) -> dict:
     root_uri, steps = load_chain(config)
+    from jobs.cli import JOBS
+    validation.check_chain(config, steps, _parser_for, WIRING, [j for j in JOBS if j != "chain"])  # before any step
     root = Store(root_uri)
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     if cli.PROG:
         ap.prog = cli.PROG
-    args = ap.parse_args(argv)
+    args = validation.make_strict(ap).parse_args(argv)
     try:
         s = run(args.config, args.from_step, args.dry_run, args.partial)
     except SystemExit as exc:   # a wrong chain file or step: one line, nothing ran

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in JOBS:
-        print(f"changeforge: unknown job {name!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, list(JOBS), n=1)
+        print(f"changeforge: unknown job {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
+              + f"; the jobs: {', '.join(JOBS)} (changeforge --help describes them)", file=sys.stderr)
         return 2
     module = importlib.import_module(JOBS[name][0])
     cli.PROG = f"changeforge {name}"

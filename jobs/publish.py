@@ -37,7 +37,8 @@ from operators.publish.classes import ReleaseClasses, add_class_files, release_c
 from operators.publish.layout import (STAC_ROLES, captions_document, prepare_pair, qa_document, release_path,
                                       stac_class_assets)
 from operators.publish.shards import IMAGE_TYPE, ShardWriter, image_cell
-from operators.publish.sources import (declared_licence, read_captions, read_dataset, read_qa, resolve_licence)
+from operators.publish.sources import (declared_licence, portable, read_captions, read_dataset, read_qa,
+                                       resolve_licence)
 from operators.publish.stac import CATALOG, catalog, item_path, pair_item
 from operators.publish.versions import (changelog, changelog_entry, code_version, diff_pairs, pair_digest,
                                         parse_version, previous_version, sha256, sha256sums)
@@ -48,20 +49,21 @@ VERSIONS_FILE = "versions.json"
 
 @dataclass
 class PublishConfig:
-    input: str = field(default="", metadata={"required": True, "help": "dataset root: a pairs job output, or a LEVIR-CD layout (A/ B/ label/, flat or under train/ val/ test/); folder or s3:// prefix"})
+    input: str = field(default="", metadata={"path": "must_exist", "required": True, "help": "dataset root: a pairs job output, or a LEVIR-CD layout (A/ B/ label/, flat or under train/ val/ test/); folder or s3:// prefix"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix holding the releases; this one goes to <output>/<version>/"})
     name: str = field(default="", metadata={"required": True, "help": "dataset name (letters, digits, '-', '_', '.')"})
     version: str = field(default="", metadata={"required": True, "help": "semantic version of this release, e.g. 1.0.0"})
-    captions: str = field(default="", metadata={"help": "captions job output (or a LEVIR-CC json) whose selected captions go with the pairs"})
-    qa: str = field(default="", metadata={"help": "QA job output (or a VQA.json) whose selected QA pairs go with the pairs"})
-    review: str = field(default="", metadata={"help": "review job output: its sample size, acceptance and agreement go into the card and Croissant"})
+    captions: str = field(default="", metadata={"path": "must_exist", "help": "captions job output (or a LEVIR-CC json) whose selected captions go with the pairs"})
+    qa: str = field(default="", metadata={"path": "must_exist", "help": "QA job output (or a VQA.json) whose selected QA pairs go with the pairs"})
+    review: str = field(default="", metadata={"path": "dir", "help": "review job output: its sample size, acceptance and agreement go into the card and Croissant"})
     licence: str = field(default="", metadata={"help": "SPDX licence id of the release; required when an input declares none (no licence.txt) or inputs disagree"})
+    licence_override: str = field(default="", metadata={"requires": ("licence",), "help": "why --licence may differ from a licence an input declares (its licence.txt, or the bundled data's terms); recorded in release.json and the card"})
     default_split: str = field(default="train", metadata={"help": "split of LEVIR-CD pairs with no split folder, list/<split>.txt or train_/val_/test_ name prefix", "choices": SPLITS})
     require_label: bool = field(default=True, metadata={"help": "publish only pairs with a change mask (the others go to excluded.json)"})
-    shard_mb: float = field(default=256.0, metadata={"help": "Parquet shard size in MB of encoded images"})
-    rows_per_group: int = field(default=100, metadata={"help": "rows per Parquet row group"})
-    threads: int = field(default=8, metadata={"help": "pairs read and written at once"})
-    date: str = field(default="", metadata={"help": "release date YYYY-MM-DD (default: today, UTC)"})
+    shard_mb: float = field(default=256.0, metadata={"gt": 0, "help": "Parquet shard size in MB of encoded images"})
+    rows_per_group: int = field(default=100, metadata={"min": 1, "help": "rows per Parquet row group"})
+    threads: int = field(default=8, metadata={"min": 1, "help": "pairs read and written at once"})
+    date: str = field(default="", metadata={"date": True, "help": "release date YYYY-MM-DD (default: today, UTC)"})
     description: str = field(default="", metadata={"help": "one-paragraph description for the card, Croissant and STAC (default: generated)"})
 
 
@@ -74,14 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
 class Recorder:
     """Writes release files through the Store and keeps each file's SHA-256."""
 
-    def __init__(self, store: Store):
-        self.store, self.hashes = store, {}
+    def __init__(self, store: Store, inputs: list[str] = ()):
+        self.store, self.hashes, self.inputs = store, {}, list(inputs)
 
     def put(self, rel: str, data: bytes) -> None:
         self.store.write_bytes(rel, data)
         self.hashes[rel] = sha256(data)
 
     def put_json(self, rel: str, doc) -> None:
+        doc = portable(doc, self.inputs)   # no absolute path of this machine, no NaN, in a release
         self.put(rel, (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode())
 
 
@@ -112,10 +115,10 @@ def run(cfg: PublishConfig) -> dict:
     for flag, uri in (("--captions", cfg.captions), ("--qa", cfg.qa)):
         if uri and declared_licence(uri):  # derived annotations inherit the imagery's licence unless they say one
             declared[flag] = declared_licence(uri)
-    licence, licence_note = resolve_licence(declared, cfg.licence)
+    licence, licence_note = resolve_licence(declared, cfg.licence, cfg.licence_override)
 
     root = Store(cfg.output)
-    out = Recorder(root.child(cfg.version))
+    out = Recorder(root.child(cfg.version), [cfg.input, cfg.captions, cfg.qa, cfg.review, cfg.output])
     versions = json.loads(root.read_bytes(VERSIONS_FILE)) if root.exists(VERSIONS_FILE) else []
     print(f"[publish] {cfg.name} {cfg.version}: {len(dataset.pairs)} pair(s) from {dataset.uri} ({dataset.kind}); "
           f"licence {licence}; writing {out.store.uri()}", flush=True)
@@ -160,7 +163,7 @@ def run(cfg: PublishConfig) -> dict:
                                                classes),
             "masks": provenance.facts(summary), "language": language,
             "excluded_by_people": [e for e in excluded if e.get("stage") == "annotation"]}
-    out.put("README.md", card.render(info, tables).encode())
+    out.put("README.md", portable(card.render(info, tables), out.inputs).encode())
     shards = {s: [rel for rel, _ in writers[s].written] for s in present}
     out.put_json("croissant.json", croissant.document(
         name=cfg.name, version=cfg.version, date=date, licence=licence, description=description,

@@ -31,6 +31,7 @@ from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, acco
                                       ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
                                       require_endpoint, row_batches, run_llm_job, run_on_worker, run_usage,
                                       skipped_line, stop_line, summary_table, validator_tally)
+from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io.storage import Store
 from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if s["stopped"]:
         print(s["stopped"])
         return 3
+    console.explain_llm_run("qa:", cfg.output, s)   # errors by reason; exit 3 if nothing finished
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from operators.io import validation
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.sources import dataset_of
 from operators.io.storage import Store
@@ -44,13 +45,13 @@ log = logging.getLogger("changeforge.report")
 class ReportConfig:
     input: list = field(default_factory=list, metadata={"help": "job outputs (folders or s3:// prefixes): pairs, captions, QA, review"})
     output: str = field(default="", metadata={"required": True, "help": "local folder for stats.json, tables.md, figures/, index.html"})
-    images: str = field(default="", metadata={"help": "LEVIR-CD dataset for the gallery (default: an --input holding A/, "
+    images: str = field(default="", metadata={"path": "dir", "help": "LEVIR-CD dataset for the gallery (default: an --input holding A/, "
                                                       "else the dataset an input's source.json names)"})
-    gallery: int = field(default=6, metadata={"help": "sample pairs shown in the gallery"})
-    gallery_side: int = field(default=192, metadata={"help": "gallery thumbnail size in pixels (longer side)"})
+    gallery: int = field(default=6, metadata={"min": 0, "help": "sample pairs shown in the gallery"})
+    gallery_side: int = field(default=192, metadata={"min": 16, "help": "gallery thumbnail size in pixels (longer side)"})
     seed: int = field(default=0, metadata={"flag": "gallery-seed", "old_flags": ("--seed",), "help": "seed of the gallery's pick and the word cloud's layout"})
-    pass_score: float = field(default=7.0, metadata={"help": "judge score threshold of the captions/QA jobs (paper: 7)"})
-    max_residual_px: float = field(default=8.0, metadata={"help": "the pairs job's residual limit, drawn on the residual figure"})
+    pass_score: float = field(default=7.0, metadata={"range": (0, 10), "help": "judge score threshold of the captions/QA jobs (paper: 7)"})
+    max_residual_px: float = field(default=8.0, metadata={"min": 0, "help": "the pairs job's residual limit, drawn on the residual figure"})
     accept_partly: bool = field(default=False, metadata={"help": "review: count 'partly correct' as accepted"})
     title: str = field(default="changeforge dataset report", metadata={"help": "page title"})
 
@@ -269,7 +270,7 @@ def _write(path: Path, text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.report", description=__doc__.split("\n\n")[0])
     add_config_args(ap, ReportConfig, "report", skip=("input",))
-    ap.add_argument("--input", nargs="+", required=True, dest="input", help=ReportConfig.__dataclass_fields__["input"].metadata["help"])
+    validation.attach(ap.add_argument("--input", nargs="+", required=True, dest="input", help=ReportConfig.__dataclass_fields__["input"].metadata["help"]), {"path": "must_exist"})
     return ap
 
 

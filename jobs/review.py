@@ -58,9 +58,9 @@ REVIEW_SCHEMA = pa.schema([
 
 @dataclass
 class ExportConfig:
-    input: str = field(default="", metadata={"required": True, "help": "captions or QA job output (folder or s3:// prefix)"})
+    input: str = field(default="", metadata={"path": "dir", "required": True, "help": "captions or QA job output (folder or s3:// prefix)"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix for tasks.json, label_config.xml, sample.parquet"})
-    sample: int = field(default=200, metadata={"help": "items to draw"})
+    sample: int = field(default=200, metadata={"min": 1, "help": "items to draw"})
     stratify: str = field(default="perspective,car_class,split", metadata={
         "help": "strata, comma-separated: perspective (captions) or question_type (QA), car_class, split"})
     seed: int = field(default=0, metadata={"flag": "sample-seed", "old_flags": ("--seed",), "help": "random seed of the sample (same seed, same sample)"})
@@ -68,23 +68,23 @@ class ExportConfig:
         "help": "also sample rejected items (to measure human-judge agreement on both sides)"})
     kind: str = field(default="auto", metadata={"help": "captions or qa (auto: the table the input holds)",
                                                 "choices": ("auto", "captions", "qa")})
-    images: str = field(default="", metadata={
+    images: str = field(default="", metadata={"path": "dir", 
         "help": "the LEVIR-CD dataset the job read (A/ B/ label/); default: --input when it holds A/, else the "
                 "dataset named by its source.json"})
     local_files_root: str = field(default="", metadata={
         "help": "Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT for local images (default: the images folder's parent)"})
-    url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"help": "lifetime of presigned S3 image URLs (max 7 days)"})
-    pass_score: float = field(default=7.0, metadata={"help": "judge score at which the judge accepts (paper: 7)"})
-    label_studio_url: str = field(default="", metadata={
+    url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"range": (1, 7 * 24 * 3600), "help": "lifetime of presigned S3 image URLs (max 7 days)"})
+    pass_score: float = field(default=7.0, metadata={"range": (0, 10), "help": "judge score at which the judge accepts (paper: 7)"})
+    label_studio_url: str = field(default="", metadata={"url": True, 
         "help": "create the project and import the tasks there (key from LABEL_STUDIO_API_KEY)"})
     project_title: str = field(default="", metadata={"help": "project title (default: from kind, input and seed)"})
 
 
 @dataclass
 class IngestConfig:
-    export: str = field(default="", metadata={"required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
+    export: str = field(default="", metadata={"json": "nonempty", "path": "must_exist", "required": True, "help": "Label Studio JSON export file, or the server URL (with --project-id)"})
     output: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix for review/ and review_summary.*"})
-    project_id: int = field(default=0, metadata={"help": "project to export when --export is a server URL"})
+    project_id: int = field(default=0, metadata={"min": 0, "help": "project to export when --export is a server URL"})
     accept_partly: bool = field(default=False, metadata={"help": "count 'partly correct' as accepted (both rates are reported)"})
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 if __package__ in (None, ""):  # `python jobs/score.py` (e.g. under `ray job submit`)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from operators.io import console  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import new_run_id, prune_shards  # noqa: E402
@@ -29,11 +30,11 @@ log = logging.getLogger("changeforge.score")
 
 @dataclass
 class ChangeScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
-    label: str = field(default="", metadata={"flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
+    pred: str = field(default="", metadata={"path": "dir", "holds": ((".png",), "PNG masks"), "required": True, "help": "folder or s3:// prefix of predicted change masks (PNG; any non-zero pixel is change)"})
+    label: str = field(default="", metadata={"path": "dir", "holds": ((".png",), "PNG masks"), "flag": "masks", "old_flags": ("--label",), "required": True, "help": "folder or s3:// prefix of reference masks (PNG), matched to predictions by file name"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
-    masks_per_task: int = field(default=64, metadata={"help": "mask pairs decoded and counted per Ray task"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
+    masks_per_task: int = field(default=64, metadata={"min": 1, "help": "mask pairs decoded and counted per Ray task"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray (ignored when RAY_ADDRESS points at a cluster; default: all)"})
 
 
 def _ensure_ray(num_cpus: int | None) -> None:
@@ -87,11 +88,11 @@ def run_change(cfg: ChangeScoreConfig) -> dict:
 
 @dataclass
 class CaptionScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
-    refs: str = field(default="", metadata={"required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
+    pred: str = field(default="", metadata={"path": "file", "required": True, "help": 'predictions JSON: [{"filename": ..., "caption": ...}] or {filename: caption} (file or s3:// URI)'})
+    refs: str = field(default="", metadata={"path": "file", "required": True, "help": "references: LEVIR-CC-style JSON (images[].filename, split, sentences[].raw, optional changeflag)"})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_image/, errors/)"})
-    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
-    masks: str = field(default="", metadata={"help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
+    split: str = field(default="auto", metadata={"choices": ("auto", "all", "train", "val", "test"), "help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
+    masks: str = field(default="", metadata={"path": "dir", "help": "folder or s3:// prefix of the pairs' change masks (PNG, matched by file name): an empty mask makes a pair no-change (default: the references' changeflag field)"})
 
 
 def _write_tables(out: Store, tables: dict, run_id: str) -> dict[str, int]:
@@ -157,25 +158,25 @@ def run_captions(cfg: CaptionScoreConfig) -> dict:
 
 @dataclass
 class QAScoreConfig:
-    pred: str = field(default="", metadata={"required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
-    refs: str = field(default="", metadata={"required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
+    pred: str = field(default="", metadata={"path": "file", "required": True, "help": 'predictions JSON: [{"filename", "question", "answer"}], [{"id", "answer"}] or {id: answer}'})
+    refs: str = field(default="", metadata={"path": "must_exist", "required": True, "help": 'the QA job\'s JSON ({"images": [{"filename", "split", "qa": [{"type", "question", "answer"}]}]}), or a folder/s3:// prefix of such files'})
     output: str = field(default="", metadata={"required": True, "help": "output folder or s3:// prefix (metrics.json, per_question/, errors/, judge tables and cache)"})
-    split: str = field(default="auto", metadata={"help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
+    split: str = field(default="auto", metadata={"choices": ("auto", "all", "train", "val", "test"), "help": "split of the references to score; all = every split; auto = the first of test, val, train the references hold"})
     yes_no_types: str = field(default="YES/NO", metadata={"help": "comma-separated question types scored by yes/no accuracy; every other type is open (caption metrics)"})
     judge_model: str = field(default="", metadata={"help": "model name for an LLM judge score per answer (default: no judge); endpoint from OPENAI_BASE_URL or --base-url, key from OPENAI_API_KEY"})
-    base_url: str = field(default="", metadata={"help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
+    base_url: str = field(default="", metadata={"url": True, "requires": ("judge_model",), "help": "OpenAI-compatible endpoint of the judge (default: $OPENAI_BASE_URL)"})
     judge_template: str = field(default="score_qa_judge.v1", metadata={"help": "judge prompt template (file stem under prompts/)"})
-    rpm: float = field(default=500.0, metadata={"help": "judge requests per minute for the whole pool (0 = unlimited)"})
-    tpm: float = field(default=2_000_000.0, metadata={"help": "judge tokens per minute for the whole pool (0 = unlimited)"})
-    max_in_flight: int = field(default=64, metadata={"help": "judge requests outstanding at once"})
+    rpm: float = field(default=500.0, metadata={"min": 0, "help": "judge requests per minute for the whole pool (0 = unlimited)"})
+    tpm: float = field(default=2_000_000.0, metadata={"min": 0, "help": "judge tokens per minute for the whole pool (0 = unlimited)"})
+    max_in_flight: int = field(default=64, metadata={"min": 1, "help": "judge requests outstanding at once"})
     temperature: float = field(default=0.0, metadata={"help": "judge sampling temperature (negative: the endpoint's default)"})
-    max_tokens: int = field(default=300, metadata={"help": "completion token cap per judge request"})
-    price_per_mtok_in: float | None = field(default=None, metadata={"help": "USD per million prompt tokens (optional)"})
-    price_per_mtok_out: float | None = field(default=None, metadata={"help": "USD per million completion tokens (optional)"})
+    max_tokens: int = field(default=300, metadata={"min": 1, "help": "completion token cap per judge request"})
+    price_per_mtok_in: float | None = field(default=None, metadata={"min": 0, "help": "USD per million prompt tokens (optional)"})
+    price_per_mtok_out: float | None = field(default=None, metadata={"min": 0, "help": "USD per million completion tokens (optional)"})
     cache: bool = field(default=True, metadata={"help": "read and write the judge's response cache (--no-cache: everything is sent and paid again)"})
     batch_api: bool = field(default=False, metadata={"help": "send the judge's requests through the provider's Batch API (about half price, answers within 24 h; batches recorded in the output, a rerun polls them)"})
-    batch_poll_s: float = field(default=30.0, metadata={"help": "with --batch-api: seconds between polls of the open batches"})
-    num_cpus: int | None = field(default=None, metadata={"help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
+    batch_poll_s: float = field(default=30.0, metadata={"gt": 0, "help": "with --batch-api: seconds between polls of the open batches"})
+    num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
 
 
 def _load_qa_refs(uri: str) -> list:
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in top.items()))
     table = "per_question" if command == "qa" else "per_image"
     print(f"outputs: {cfg.output}/metrics.json and {cfg.output}/{{{table},errors}}/")
+    console.print_errors("score:", Store(cfg.output), None)   # errors/ holds the last run's rows only
+    console.stop_if_nothing("score:", doc.get("n_images", 1) > 0, "no mask pair could be scored")
     return 0
 
 

@@ -37,6 +37,7 @@ import cv2
 import numpy as np
 import pyarrow as pa
 
+from operators.io import console, validation
 from operators.io.cli import parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
@@ -150,9 +151,10 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jobs.validate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)")
-    ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
-                         "VQA.json: the dataset named by the source.json beside it)")
+    validation.attach(ap.add_argument("--input", required=True, help="claims JSONL or LEVIR-CC JSON (local path or s3:// URI)"),
+                      {"path": "file"})
+    validation.attach(ap.add_argument("--masks", default="", help="label folder (or s3:// prefix) the masks are found in (default for a LEVIR-CC JSON or "
+                         "VQA.json: the dataset named by the source.json beside it)"), {"path": "dir"})
     ap.add_argument("--output", required=True, help="output folder or s3:// prefix")
     return ap
 
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{s['claims']} claims: {s['ok']} pass, {s['violating']} break a rule, {s['errors']} without a readable mask")
     print("caught per rule: " + ", ".join(f"{r}={s['caught'].get(r, 0)}" for r in RULES))
     print(f"outputs: {args.output}/verdicts.jsonl and {args.output}/verdicts/")
+    console.stop_if_nothing("validate:", s["claims"] > s["errors"], f"none of the {s['claims']} claim(s) could be "
+                            "checked" + (" (no mask could be read)" if s["claims"] else " (the input holds none)"))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import sys
 import types
@@ -17,6 +18,8 @@ import typing
 import warnings
 from pathlib import Path
 from typing import Any
+
+from operators.io import validation
 
 
 def _field_type(tp: Any) -> Any:
@@ -44,7 +47,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, title: str | Non
         if dataclasses.is_dataclass(hints[f.name]):   # a nested settings group: its fields, flat
             add_config_args(parser, hints[f.name], f.metadata.get("title", f.name), skip, tuning)
             continue
-        action = _add_field(group, f, _field_type(hints[f.name]))
+        action = validation.attach(_add_field(group, f, _field_type(hints[f.name])), f.metadata)
         action.tuning = bool(tuning or f.metadata.get("tuning"))
         for old in f.metadata.get("old_flags", ()):
             add_deprecated_alias(parser, old, action.option_strings[0])
@@ -113,7 +116,12 @@ def _option_tokens(parser: argparse.ArgumentParser, values: dict, origin: str) -
             _replace_deprecated(parser, ["--" + name.replace("_", "-")])   # the same warning
         action = by_flag.get("--" + name.replace("_", "-")) or by_dest.get(name.replace("-", "_"))
         if action is None:
-            parser.error(f"{origin}: unknown option {key!r}")
+            close = difflib.get_close_matches(name.replace("_", "-"), [f[2:] for f in by_flag if f.startswith("--")], n=1)
+            parser.error(f"{origin}: unknown option {key!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+        converted, problem = validation.convert(action, value)
+        problem = problem or validation.value_problem(getattr(action, "checks", {}), converted)
+        if problem and not isinstance(value, bool):
+            parser.error(f"{origin}: {key}: {validation._shown(value)}: {problem}")
         flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
         if isinstance(action, argparse.BooleanOptionalAction):
             if not isinstance(value, bool):
@@ -139,9 +147,9 @@ def _read_run_file(path: str) -> dict:
     try:
         values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise SystemExit(f"--config {path}: cannot read it ({exc})") from None
+        validation.fail(PROG or "changeforge", f"--config {path}: cannot read it ({' '.join(str(exc).split())})")
     if not isinstance(values, dict):
-        raise SystemExit(f"--config {path}: expected a mapping of option names to values")
+        validation.fail(PROG or "changeforge", f"--config {path}: expected a mapping of option names to values")
     return values
 
 
@@ -184,6 +192,7 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
         for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
             for name, subparser in sub.choices.items():
                 subparser.prog = f"{PROG} {name}"
+    validation.make_strict(parser)   # no abbreviations, one-line errors (exit 2)
     target, at = _subparser_for(parser, argv)
     presets = getattr(target, "presets", None) or getattr(parser, "presets", None)
     for p in {id(parser): parser, id(target): target}.values():
@@ -212,7 +221,28 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
         tokens += _option_tokens(target, presets[preset][1], f"preset {preset}")
     if run_file:
         tokens += _option_tokens(target, run_file, known.config)
-    return parser.parse_args(argv[:at + 1] + _replace_deprecated(target, tokens + argv[at + 1:]))
+    args = parser.parse_args(argv[:at + 1] + _replace_deprecated(target, tokens + argv[at + 1:]))
+    # Checked before the job reads, writes or starts anything: values, paths, options that go together.
+    problem = validation.check_args(target, args, origins=_file_origins(target, run_file, known.config,
+                                                                        argv[at + 1:]))
+    if problem:
+        validation.fail(target.prog, problem)
+    return args
+
+
+def _file_origins(parser: argparse.ArgumentParser, run_file: dict, path: str | None, argv: list[str]) -> dict:
+    """dest -> "<run file>: <key>" for the run file's values the command line does not override."""
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items() if new in by_flag}
+    given = {by_flag[t.split("=")[0]].dest for t in argv if t.split("=")[0] in by_flag}
+    out = {}
+    for key in run_file:
+        name = str(key).lstrip("-")
+        action = by_flag.get("--" + name.replace("_", "-"))
+        dest = action.dest if action else name.replace("-", "_")
+        if dest not in given:
+            out[dest] = f"{path}: {key}"
+    return out
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides):

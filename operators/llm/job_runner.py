@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, fields
 from functools import partial
 
+from operators.io import validation
 from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
 from operators.io.storage import Store
 from operators.io.tables import read_table
@@ -198,6 +199,17 @@ CHOICES = {"detail": ("low", "high", "auto"), "validators": ("reject", "flag", "
 # Options whose flag is not the field's name (one name per concept across the jobs), and the spellings
 # they replace, which keep working for one release with a deprecation warning.
 FLAGS = {"dataset": "--images", "seed": "--type-seed"}
+# Checked before any work (operators.io.validation's keys); the last three are the QA job's.
+CHECKS = {"input": {"path": "dir"}, "base_url": {"url": True}, "prompts_dir": {"path": "dir"},
+          **{k: {"min": 0} for k in ("rpm", "tpm", "price_per_mtok_in", "price_per_mtok_out", "max_retries",
+                                     "max_rate_limit_retries", "max_reasks", "backoff_base_s", "max_store_mb",
+                                     "actor_start_timeout_s", "max_retry_after_s", "batch_max_wait_s")},
+          **{k: {"min": 1} for k in ("max_in_flight", "max_image_side", "max_tokens", "max_request_bytes", "actors",
+                                     "concurrent_batches", "batch_size", "prepare_threads", "num_cpus",
+                                     "batch_max_requests")},
+          "timeout_s": {"gt": 0}, "progress_every_s": {"gt": 0}, "batch_poll_s": {"gt": 0},
+          "batch_max_mb": {"gt": 0}, "batch_discount": {"gt": 0, "max": 1},
+          "dataset": {"path": "dir"}, "captions": {"path": "must_exist"}, "qa_per_pair": {"range": (1, 8)}}
 OLD_FLAGS = {"dataset": "--dataset", "seed": "--seed"}
 
 
@@ -223,7 +235,7 @@ def build_parser(cls: type, help_texts: dict, prog: str, description: str,
         else:
             kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
             kwargs.update(type=kind, default=default, choices=all_choices.get(f.name))
-        action = ap.add_argument(flag, **kwargs)
+        action = validation.attach(ap.add_argument(flag, **kwargs), CHECKS.get(f.name, {}))
         action.tuning = f.name in TUNING
     for name, old in OLD_FLAGS.items():
         if name in {f.name for f in fields(cls)}:

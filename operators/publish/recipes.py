@@ -51,7 +51,8 @@ def recipe_lines(dataset: DatasetSource, caps: LanguageSource | None, qa: Langua
         if src is None:
             continue
         if not src.runs:
-            lines.append(f"{what}: read from `{src.uri}` (a JSON file; models and prompts not recorded).")
+            lines.append(f"{what}: read from `{src.uri}`, a {'LEVIR-CC' if what == 'Captions' else 'VQA'} JSON file "
+                         "(the format names no model or prompt).")
         for run in src.runs:
             lines.append(f"{what}: JL1-CC&QA recipe (LLM generation, LLM judge), run {run['run_id']}: "
                          + ", ".join(f"{k} {v}" for k, v in run.items() if k != "run_id") + f"; selection: {SELECTION[what]}.")

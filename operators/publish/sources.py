@@ -9,7 +9,10 @@ sensor, bounds). Files that cannot form a pair become error rows, never silently
 from __future__ import annotations
 
 import json
+import math
+import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -77,13 +80,16 @@ def _pairs_job(store: Store) -> DatasetSource:
     files = _files_by_stem(store, "")
     accepted = meta[meta["status"] == "accepted"]
     pairs, errors = [], []
+    inputs = [str(run["input"]) for run in ([] if runs is None else runs.to_dict("records")) if known(run.get("input"))]
     for r in accepted.sort_values("slice_id").to_dict("records"):
+        r = {k: (v if not _missing(v) else None) for k, v in r.items()}   # NaN from pandas is "unknown", not "nan"
         sid = r["slice_id"]
-        sensors = sorted({str(platform.get(r[k])) for k in ("pre_scene", "post_scene") if platform.get(r[k])})
+        sensors = sorted({str(platform[r[k]]) for k in ("pre_scene", "post_scene") if known(platform.get(r[k]))})
         lineage = {
             "location": r.get("location"), "pre_date": r.get("pre_date"), "post_date": r.get("post_date"),
             "pre_scene": r.get("pre_scene"), "post_scene": r.get("post_scene"),
-            "pre_source": _sources(r, "pre", scene_uri), "post_source": _sources(r, "post", scene_uri),
+            "pre_source": [portable_source(u, inputs) for u in _sources(r, "pre", scene_uri)],
+            "post_source": [portable_source(u, inputs) for u in _sources(r, "post", scene_uri)],
             "sensor": "/".join(sensors) or None, "crs": r.get("crs"),
             "bounds": [float(v) for v in r["bounds"]] if r.get("bounds") is not None else None,
             "source_pair_id": r.get("pair_id"), "source_run_id": r.get("run_id"),
@@ -95,6 +101,97 @@ def _pairs_job(store: Store) -> DatasetSource:
     return DatasetSource(store.uri(), "pairs_job", pairs, errors,
                          [] if runs is None else runs.to_dict("records"),
                          tables)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NaT
+
+
+def known(v) -> bool:
+    """A value that says something: not None, NaN, an empty string or the text "nan"."""
+    return not _missing(v) and str(v).strip().lower() not in ("", "nan", "none", "null")
+
+
+# -- sources that travel -----------------------------------------------------------------------------
+def _local(uri: str) -> str | None:
+    """The local path of ``uri`` (a path or ``file://``), or None for a URI a reader elsewhere can follow."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return None if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri) else uri
+
+
+def portable_source(uri: str, inputs: list[str]) -> str:
+    """A scene's source as a release gives it: URIs (``s3://``, ``https://``, STAC hrefs) as they are;
+    a local file relative to the input of the run that read it (``naip/<file>.tif`` for a run on
+    ``.../data/naip``), else by its file name; never an absolute path of the machine that built it."""
+    path = _local(str(uri))
+    if path is None:
+        return str(uri)
+    path = os.path.normpath(path).replace(os.sep, "/")
+    for given in sorted(inputs, key=len, reverse=True):
+        root = _local(given)
+        if root is None:
+            continue
+        root = os.path.normpath(root).replace(os.sep, "/")
+        if root.lower().endswith((".csv", ".parquet")):   # a manifest: its rows name files beside it
+            root = posixpath.dirname(root) or "."
+        label = portable_uri(root)
+        if os.path.isabs(root) and os.path.isabs(path):
+            if path.startswith(root.rstrip("/") + "/"):
+                return posixpath.join(label, path[len(root.rstrip("/")) + 1:])
+        elif "/" + root.strip("/") + "/" in "/" + path:   # the run's input as typed, inside the path as read
+            return posixpath.join(label, ("/" + path).split("/" + root.strip("/") + "/", 1)[1])
+    return path if not os.path.isabs(path) else posixpath.basename(path)
+
+
+def portable_uri(uri: str) -> str:
+    """An input as a release names it: a URI as given; a local folder or file by its name (the
+    release does not know where its reader keeps it)."""
+    path = _local(str(uri))
+    if path is None:
+        return str(uri)
+    path = os.path.normpath(path)
+    if not os.path.isabs(path):
+        return path.replace(os.sep, "/")
+    return posixpath.basename(path.rstrip("/")) or "."
+
+
+# An absolute path in running text: a "/" that no word, ":" or "/" precedes (not "0/255", not a URL).
+_ABSOLUTE = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+=,-]+/)*[\w.@+=,-]+/?")
+
+
+def _on_this_machine(path: str) -> bool:
+    """``path`` starts with a top-level folder that exists here (``/tmp``, ``/home``, ``/work`` ...)."""
+    top = path.strip("/").split("/")[0]
+    return bool(top) and path.count("/") >= 2 and os.path.isdir("/" + top)
+
+
+def portable(doc, roots: list[str]):
+    """``doc`` (JSON-like) with every absolute local path under one of ``roots`` (and the working
+    folder) written as :func:`portable_uri` gives its root, in any string, keys untouched."""
+    local = sorted({os.path.normpath(os.path.abspath(p)) for p in roots if p and _local(p) is not None}
+                   | {os.getcwd()}, key=len, reverse=True)
+
+    def fix(text: str) -> str:
+        for root in local:
+            if root in text and root != "/":
+                label = portable_uri(root) if root != os.getcwd() else "."
+                text = re.sub(re.escape(root) + r"(?=/|\b|$)", label, text)
+        # Any other absolute path of this machine (a pairs run's archive, its label maps): by its name.
+        return _ABSOLUTE.sub(lambda m: posixpath.basename(m[0].rstrip("/")) if _on_this_machine(m[0]) else m[0],
+                             text)
+
+    def walk(v):
+        if isinstance(v, str):
+            return fix(v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x) for x in v]
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        return v
+    return walk(doc)
 
 
 def _sources(row: dict, side: str, scene_uri: dict[str, str]) -> list[str]:
@@ -144,6 +241,7 @@ def read_captions(uri: str) -> LanguageSource:
     store = Store(uri)
     pairs = read_current(store, "pairs")
     if pairs is None or "selected_captions" not in pairs:
+        _refuse_unfinished_job(store, "--captions", "captions")
         doc = _json_doc(uri, "LevirCCcaptions.json")
         return LanguageSource(uri, {stem(i["filename"]): {"captions": [s["raw"].strip() for s in i["sentences"]],
                                                           "perspectives": []} for i in doc["images"]})
@@ -162,6 +260,7 @@ def read_qa(uri: str) -> LanguageSource:
     store = Store(uri)
     qa = read_current(store, "qa")
     if qa is None:
+        _refuse_unfinished_job(store, "--qa", "QA")
         doc = _json_doc(uri, "VQA.json")
         return LanguageSource(uri, {stem(i["filename"]): {"qa": [{"type": q["type"], "question": q["question"],
                                                                   "answer": q["answer"]} for q in i["qa"]]}
@@ -174,6 +273,18 @@ def read_qa(uri: str) -> LanguageSource:
         by_pair.setdefault(key, {"qa": []})["qa"].append(
             {"type": r["question_type"], "question": r["question"], "answer": r["answer"]})
     return LanguageSource(uri, by_pair, qa, _language_runs(qa, qa, ("generate_prompt_version", "judge_prompt_version")))
+
+
+def _refuse_unfinished_job(store: Store, flag: str, what: str) -> None:
+    """A job output whose tables hold no finished pair is not a JSON file to publish as it is: the
+    card would say its models and prompts were not recorded, and the release would carry nothing."""
+    if not uri_is_file(store.uri()) and (store.exists("source.json") or store.list("errors", suffixes=(".parquet",))):
+        raise SystemExit(f"{flag} {portable_uri(store.uri())}: a {what} job output with no finished pair "
+                         f"(see its errors/); rerun the {what} job until pairs finish, then publish")
+
+
+def uri_is_file(uri: str) -> bool:
+    return uri.endswith(".json")
 
 
 def _json_doc(uri: str, name: str) -> dict:
@@ -198,9 +309,29 @@ def _language_runs(pairs: pd.DataFrame, table: pd.DataFrame | None, prompt_cols:
 
 
 # -- licences ----------------------------------------------------------------------------------------
+# The known terms of the data bundled in the repository's data/ (docs/data.md), by folder name.
+BUNDLED_TERMS = {"levir-cd": ("LicenseRef-LEVIR-CD-academic", "the bundled LEVIR-CD samples are for academic use "
+                              "(Chen & Shi, 2020; docs/data.md)"),
+                 "levir-cc": ("LicenseRef-LEVIR-CD-academic", "the bundled LEVIR-CC captions go with the LEVIR-CD "
+                              "samples, for academic use (docs/data.md)")}
+BUNDLED_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
+
+
+def bundled_terms(uri: str) -> tuple[str, str] | None:
+    """(licence id, why) of an input inside the repository's bundled data/, else None."""
+    path = _local(str(uri))
+    if path is None:
+        return None
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(BUNDLED_DATA)).replace(os.sep, "/")
+    return None if rel.startswith("..") else BUNDLED_TERMS.get(rel.split("/")[0])
+
+
 def declared_licence(uri: str) -> str | None:
     """The SPDX id an input declares: the first non-empty line of ``licence.txt`` (or ``license.txt``) at its
-    root, or the ``licence`` field of a release's ``release.json``; None when it declares none."""
+    root, or the ``licence`` field of a release's ``release.json``, or the known terms of the repository's
+    bundled data (:data:`BUNDLED_TERMS`); None when it declares none."""
+    if bundled_terms(uri):
+        return bundled_terms(uri)[0]
     store = Store(uri) if not uri.endswith(".json") else Store(posixpath.dirname(uri) or ".")
     for name in LICENCE_FILES:
         if store.exists(name):
@@ -211,16 +342,21 @@ def declared_licence(uri: str) -> str | None:
     return None
 
 
-def resolve_licence(declared: dict[str, str | None], given: str = "") -> tuple[str, str]:
-    """(licence, how it was decided) from the inputs' declarations and ``--licence``.
+def resolve_licence(declared: dict[str, str | None], given: str = "", override: str = "") -> tuple[str, str]:
+    """(licence, how it was decided) from the inputs' declarations, ``--licence`` and ``--licence-override``.
 
     Refuses (SystemExit) when no input declares one and none is given, or the inputs disagree and
-    none is given. A given licence wins; a declared one that differs is named in the returned note."""
+    none is given, or ``--licence`` would relabel an input's declared licence without an override
+    (the reason why the release may carry another licence), which the returned note records."""
     known = {k: v for k, v in declared.items() if v}
     if given:
         other = {k: v for k, v in known.items() if v != given}
-        note = "--licence" + (f" (inputs declare {', '.join(f'{k}: {v}' for k, v in sorted(other.items()))})"
-                              if other else "")
+        named = ", ".join(f"{k}: {v}" for k, v in sorted(other.items()))
+        if other and not override.strip():
+            raise SystemExit(f"refusing to relabel: the inputs declare {named}, and --licence {given} would "
+                             f"publish them under another licence; publish under theirs, or say why with "
+                             f'--licence-override "<why>" (recorded in the release)')
+        note = "--licence" + (f" (inputs declare {named}; overridden: {' '.join(override.split())})" if other else "")
         return given, note
     unknown = sorted(k for k, v in declared.items() if not v)
     if unknown:

@@ -1,12 +1,17 @@
 """A STAC catalogue of a release: one item per pair with the ``label`` extension (a raster change mask,
 its classes and how it was made), ``ml-aoi:split``, the pair's images as assets (relative links into
-the folder layout) and ``derived_from`` / ``source`` links to the scenes it was cut from.
+the folder layout) and ``derived_from`` / ``source`` links to the scenes it was cut from when they are
+URIs (``s3://``, ``https://``, STAC hrefs); scenes read from local files are named relative to the
+pairs run's input in ``changeforge:sources`` (a relative link would resolve inside the release).
 
 Items of pairs without geolocation (a LEVIR-CD layout) have a null geometry, as STAC allows.
 """
 from __future__ import annotations
 
 import pystac
+
+from operators.io.validation import is_uri
+from operators.publish.sources import known
 
 LABEL_EXT = "https://stac-extensions.github.io/label/v1.0.1/schema.json"
 ML_AOI_EXT = "https://stac-extensions.github.io/ml-aoi/v0.2.0/schema.json"
@@ -52,8 +57,8 @@ def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classe
         import datetime as dt
         when = dt.datetime.fromisoformat(f"{release_date}T00:00:00+00:00")
         props["acquisition_dates_known"] = False
-    if row.get("sensor"):
-        props["platform"] = row["sensor"]
+    if known(row.get("sensor")):   # an unknown sensor is left out, never "nan"
+        props["platform"] = str(row["sensor"])
     extensions = [LABEL_EXT, ML_AOI_EXT]
     if row.get("crs") and row.get("bounds"):
         if str(row["crs"]).upper().startswith("EPSG:"):
@@ -71,10 +76,16 @@ def pair_item(row: dict, files: dict[str, str], label_methods: list[str], classe
         title, asset_roles = roles[role]
         item.add_asset(role, pystac.Asset(href=f"../../{rel}", media_type=pystac.MediaType.PNG, title=title,
                                           roles=asset_roles))
+    local = {}
     for side in ("pre", "post"):
         for href in row.get(f"{side}_source") or []:
+            if not is_uri(str(href)):   # a file of the builder's input: a relative href would point into the release
+                local.setdefault(side, []).append(str(href))
+                continue
             item.add_link(pystac.Link("derived_from", href, title=f"{side} scene"))
             item.add_link(pystac.Link("source", href, title=f"{side} scene (label source imagery)"))
+    if local:
+        props["changeforge:sources"] = local   # relative to the input of the pairs run that read them
     item.add_link(pystac.Link("root", "../catalog.json", media_type=pystac.MediaType.JSON))
     item.add_link(pystac.Link("parent", "../catalog.json", media_type=pystac.MediaType.JSON))
     return item.to_dict(include_self_link=False, transform_hrefs=False)

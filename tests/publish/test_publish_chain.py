@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -309,3 +310,32 @@ def test_card_reports_the_release(chain):
     assert f"| Selected captions | {n_sel:,} | {n_sel:,} |" in text
     assert "deviations: slice_size 512 (paper 3000)" in text
     assert "## Known limitations" in text and "## Citation" in text
+
+
+def _text_files(release: Path) -> dict[str, str]:
+    out = {}
+    for p in release.rglob("*"):
+        if p.is_file() and p.suffix not in (".png", ".parquet"):
+            out[str(p.relative_to(release))] = p.read_text(encoding="utf-8")
+    return out
+
+
+def test_a_release_carries_nothing_of_the_machine_it_was_made_on(chain):
+    """Sources relative to the pairs run's input (or URIs), no absolute path of the builder, no "nan";
+    the card says what each input was: the pairs job's runs, the captions and QA jobs' models and
+    prompt versions."""
+    base = str(chain["base"])                  # the temporary folder every input and output is in
+    texts = _text_files(chain["v1"])
+    assert texts, "no text files in the release"
+    leaks = {rel: text.count(base) for rel, text in texts.items() if base in text}
+    assert not leaks, leaks
+    nans = {rel for rel, text in texts.items() if re.search(r"\bnan\b|\bNaN\b", text)}
+    assert not nans, nans
+    rows = [r for shard in sorted(chain["v1"].rglob("*.parquet"))
+            for r in pq.read_table(shard, columns=["id", "sensor", "pre_source", "post_source"]).to_pylist()]
+    sources = [s for r in rows for s in (r.get("pre_source") or []) + (r.get("post_source") or [])]
+    assert sources and all(s.startswith("archive/") and s.endswith(".tif") for s in sources), sources[:4]
+    assert all(r.get("sensor") in (None, "") or r["sensor"] != "nan" for r in rows)
+    card = texts["README.md"]
+    assert "not recorded" not in card, card
+    assert "test-model" in card and "caption_generate.v1" in card and "qa_generate.v1" in card, card

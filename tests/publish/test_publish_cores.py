@@ -108,8 +108,8 @@ def test_licence_refused_when_unknown_or_conflicting_unless_given():
         resolve_licence({"--input": "CC0-1.0", "--captions": "CC-BY-4.0"})
     assert resolve_licence({"--input": "CC-BY-4.0", "--qa": "CC-BY-4.0"}) == ("CC-BY-4.0", "declared by --input, --qa")
     assert resolve_licence({"--input": None}, "MIT") == ("MIT", "--licence")
-    lic, note = resolve_licence({"--input": "CC0-1.0"}, "CC-BY-4.0")
-    assert lic == "CC-BY-4.0" and "inputs declare --input: CC0-1.0" in note
+    lic, note = resolve_licence({"--input": "CC0-1.0"}, "CC-BY-4.0", "relicensed by its owner")
+    assert lic == "CC-BY-4.0" and "inputs declare --input: CC0-1.0; overridden: relicensed by its owner" in note
 
 
 # -- Parquet shards ----------------------------------------------------------------------------------
@@ -271,8 +271,8 @@ def test_stac_item_geometry_split_labels_and_sources():
     from rasterio.warp import transform
     bounds = [486545.6, 5207326.2, 487825.6, 5208606.2]
     row = {"id": "p1", "split": "val", "bounds": bounds, "crs": "EPSG:26914", "pre_date": "2016-08-16",
-           "post_date": "2017-08-27", "changed_pixels": 12, "car": 0.1, "pre_source": ["/d/pre.tif"],
-           "post_source": ["/d/post.tif"]}
+           "post_date": "2017-08-27", "changed_pixels": 12, "car": 0.1, "pre_source": ["s3://b/d/pre.tif"],
+           "post_source": ["naip/post.tif"], "sensor": None}
     item = stac.pair_item(row, {"A": "val/A/p1.png", "B": "val/B/p1.png", "label": "val/label/p1.png"},
                           ["manual"], [{"name": "change", "classes": [0, 255]}])
     (lon0, lon1), (lat0, lat1) = transform("EPSG:26914", "EPSG:4326", [bounds[0], bounds[2]], [bounds[1], bounds[3]])
@@ -282,7 +282,10 @@ def test_stac_item_geometry_split_labels_and_sources():
     assert item["properties"]["start_datetime"].startswith("2016-08-16")
     assert item["assets"]["label"]["href"] == "../../val/label/p1.png" and "labels" in item["assets"]["label"]["roles"]
     links = {(link["rel"], link["href"]) for link in item["links"]}
-    assert {("derived_from", "/d/pre.tif"), ("source", "/d/post.tif")} <= links
+    assert {("derived_from", "s3://b/d/pre.tif"), ("source", "s3://b/d/pre.tif")} <= links
+    # a local file is named relative to the pairs run's input, not linked (it would resolve inside the release)
+    assert item["properties"]["changeforge:sources"] == {"post": ["naip/post.tif"]}
+    assert "platform" not in item["properties"] and not any(link["href"] == "naip/post.tif" for link in item["links"])
     nogeo = stac.pair_item({"id": "p2", "split": "train"}, {"A": "a"}, ["manual"], [], "2026-03-04")
     assert nogeo["geometry"] is None and "bbox" not in nogeo
     assert nogeo["properties"]["datetime"].startswith("2026-03-04") and not nogeo["properties"]["acquisition_dates_known"]

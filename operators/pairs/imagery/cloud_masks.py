@@ -35,8 +35,8 @@ class CloudConfig:
     cloud_mask_kind: str = field(default="auto", metadata={"help": "how to read --cloud-mask: scl (Sentinel-2 classes), qa_pixel (Landsat bit flags), auto (from its name)", "choices": ("auto",) + KINDS})
     cloud_classes: tuple[int, ...] = field(default=SCL_CLOUD_CLASSES, metadata={"help": "scl classes that count as cloud (3 shadow, 8/9 cloud medium/high, 10 cirrus)"})
     cloud_bits: tuple[int, ...] = field(default=QA_PIXEL_CLOUD_BITS, metadata={"help": "qa_pixel bits that count as cloud (1 dilated cloud, 2 cirrus, 3 cloud, 4 shadow)"})
-    max_cloud_cover: float = field(default=100.0, metadata={"help": "reject pairs with a scene whose catalogued cloud cover (STAC eo:cloud_cover, manifest cloud_cover) is above this percent, before any pixel is read"})
-    max_crop_cloud: float = field(default=0.0, metadata={"help": "reject a kept crop whose cloud-masked fraction (either date) is above this (0-1; with --cloud-mask)"})
+    max_cloud_cover: float = field(default=100.0, metadata={"range": (0, 100), "help": "reject pairs with a scene whose catalogued cloud cover (STAC eo:cloud_cover, manifest cloud_cover) is above this percent, before any pixel is read"})
+    max_crop_cloud: float = field(default=0.0, metadata={"range": (0, 1), "help": "reject a kept crop whose cloud-masked fraction (either date) is above this (0-1; with --cloud-mask)"})
 
     def __post_init__(self):
         if self.cloud_mask_kind not in ("auto",) + KINDS:

@@ -20,8 +20,10 @@ ROBUST_METHODS = ("ransac", "usac_fast")
 RESAMPLING = ("nearest", "linear", "cubic")
 
 
-def _opt(default, help: str, choices: tuple | None = None):  # noqa: A002 - "help" is the CLI generator's key
-    return field(default=default, metadata={"help": help} if choices is None else {"help": help, "choices": choices})
+def _opt(default, help: str, choices: tuple | None = None, **checks):  # noqa: A002 - "help" is the CLI generator's key
+    # checks: operators.io.validation's keys (min, range, ...), applied before any work
+    return field(default=default, metadata={"help": help, **checks} if choices is None
+                 else {"help": help, "choices": choices, **checks})
 
 
 @dataclass
@@ -121,10 +123,10 @@ class ScreeningConfig:
     the evidence an acceptance needs."""
 
     max_residual_px: float = _opt(8.0, "reject if screening finds a displacement above this "
-                                       "anywhere in the crop, corners included (paper: 8 px)")
+                                       "anywhere in the crop, corners included (paper: 8 px)", min=0)
     max_residual_m: float = _opt(0.0, "the screening limit in metres of the grid's CRS (0 = use "
                                       "max_residual_px); converted with each slice's pixel size, "
-                                      "ignored for a geographic CRS")
+                                      "ignored for a geographic CRS", min=0)
     screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8); they "
                                     "tile the whole crop at half-window steps")
     screen_search_px: int = _opt(128, "largest displacement a window searches for when the "
@@ -167,14 +169,14 @@ class TilingConfig:
     """The regional method's feature tiles: their size, the context read around them and how far
     post partners are searched."""
 
-    tile_size: int = _opt(1024, "core side of a feature tile (regional method)")
+    tile_size: int = _opt(1024, "core side of a feature tile (regional method)", min=1)
     tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
                                     "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
     tile_block: int = _opt(1, "feature tiles per side whose SIFT runs as one image in one task "
                               "(shared tile edges need no context of their own: less pyramid "
                               "work per tile, larger images per task)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
-                                      "must cover the geocoding error between dates (<= tile_size)")
+                                      "must cover the geocoding error between dates (<= tile_size)", min=0)
 
     def __post_init__(self):
         if self.tile_size <= 0:
@@ -228,7 +230,7 @@ class RegistrationConfig:
 
     method: str = _opt("regional", "regional: features once per tile, reused by every slice; "
                                    "per-slice: the paper's recipe, SIFT on each whole slice pair")
-    crop_size: int = _opt(1024, "side of the central crop kept from each slice (paper: 1024)")
+    crop_size: int = _opt(1024, "side of the central crop kept from each slice (paper: 1024)", min=1)
     features: FeatureConfig = _group(FeatureConfig, "registration: features")
     matching: MatchingConfig = _group(MatchingConfig, "registration: matching")
     fit: FitConfig = _group(FitConfig, "registration: fit and its checks")

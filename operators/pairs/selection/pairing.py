@@ -40,11 +40,11 @@ PAIRS_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class PairingConfig:
-    min_iou: float = field(default=0.7, metadata={"help": "footprint IoU a pair must exceed (paper: 0.7)"})
-    min_gap_days: int = field(default=365, metadata={"help": "days the two dates must be more than apart (paper: 1 year)"})
-    lookback_years: float = field(default=10.0, metadata={"help": "both dates within this many years before the reference date (paper: 10)"})
-    reference_date: str | None = field(default=None, metadata={"help": "ISO date the lookback counts back from (default: today; the date used is recorded in pairs/ and runs/)"})
-    location_cell_deg: float = field(default=0.1, metadata={"help": "scenes without a manifest location are placed in fixed lon/lat cells of this size (degrees); a location, and its split, is the cell of the earlier scene's centre. Use cells larger than your scenes"})
+    min_iou: float = field(default=0.7, metadata={"range": (0, 1), "help": "footprint IoU a pair must exceed (paper: 0.7)"})
+    min_gap_days: int = field(default=365, metadata={"min": 0, "help": "days the two dates must be more than apart (paper: 1 year)"})
+    lookback_years: float = field(default=10.0, metadata={"gt": 0, "help": "both dates within this many years before the reference date (paper: 10)"})
+    reference_date: str | None = field(default=None, metadata={"date": True, "help": "ISO date the lookback counts back from (default: today; the date used is recorded in pairs/ and runs/)"})
+    location_cell_deg: float = field(default=0.1, metadata={"gt": 0, "help": "scenes without a manifest location are placed in fixed lon/lat cells of this size (degrees); a location, and its split, is the cell of the earlier scene's centre. Use cells larger than your scenes"})
 
     def reference(self) -> dt.date:
         return dt.date.fromisoformat(self.reference_date) if self.reference_date else dt.date.today()

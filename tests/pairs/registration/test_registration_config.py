@@ -3,6 +3,7 @@ settings, flat and nested construction agree, and the settings keys follow the c
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,8 @@ EXPECTED = {("method",): "per-slice", ("crop_size",): 512, ("features", "sift_si
 
 
 def _reg(argv):
-    return config_from_args(RegistrationConfig, parse_job_args(build_parser(), argv + ["--input", "i", "--output", "o"]))
+    naip = str(Path(__file__).resolve().parents[3] / "data" / "naip")   # --input must exist
+    return config_from_args(RegistrationConfig, parse_job_args(build_parser(), argv + ["--input", naip, "--output", "o"]))
 
 
 def _check(cfg):
