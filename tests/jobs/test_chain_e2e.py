@@ -17,11 +17,11 @@ import pytest
 
 from tests.annotation import drawing
 from tests.annotation.drawing import brush
-from tests.conftest import DATA
+from tests.conftest import DATA, own_llm_namespace
 from tests.review.test_review_label_studio import api
 
-# Starts its own Label Studio (its document root must hold the pairs output); the whole chain is set up
-# in the first test, hence the longer timeout.
+# The session's Label Studio serves the pairs output from a folder of its document root; the whole chain is
+# set up in the first test, hence the longer timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.labelstudio, pytest.mark.timeout(600)]
 
 SCENES = ("m_4709963_se_14_1_20160816.tif", "m_4709963_se_14_1_20200831.tif")
@@ -46,14 +46,14 @@ def masks_of(drawn: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory, ray_session, openai_test_server_process):
+def chain(tmp_path_factory, ray_session, openai_test_server_process, label_studio):
     from jobs import annotate, build_pairs, caption, qa, report, review, score, validate
     from operators.pairs.selection.pairing import PairingConfig
     from operators.pairs.registration.registration import RegistrationConfig
-    from tests.review.label_studio_env import LabelStudioServer, venv_dir
 
     base = tmp_path_factory.mktemp("chain")
-    archive, root = base / "archive", base / "root"
+    # The session's Label Studio (one per session) serves this folder of its document root.
+    archive, root = base / "archive", label_studio.document_root / base.name
     archive.mkdir()
     for name in SCENES:
         shutil.copy(DATA / "naip" / name, archive / name)
@@ -66,45 +66,41 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
         PairingConfig(reference_date="2021-01-01"),
         RegistrationConfig(crop_size=CROP, tile_size=512, search_margin_px=64))
 
-    server = LabelStudioServer(base / "ls-data", root, startup_s=600)
-    server.start()
+    server = label_studio
     with pytest.MonkeyPatch.context() as mp:
-        try:
-            mp.setenv("LABEL_STUDIO_API_KEY", server.token)
-            mp.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
-            mp.setenv("OPENAI_API_KEY", "test-key")
-            export_cfg = annotate.ExportConfig(input=str(pairs), output=str(base / "tasks"), prelabel="cva",
-                                               annotations_per_task=2, label_studio_url=server.url)
-            out["export"] = annotate.run_export(export_cfg)
-            out["export_again"] = annotate.run_export(dataclasses.replace(   # reuses the project, imports
-                export_cfg, output=str(base / "tasks-again"), prelabel=""))      # nothing twice
-            pid = out["export"]["label_studio"]["project_id"]
-            out["project"] = api(server, f"/api/projects/{pid}")
-            listed = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"],
-                            key=lambda t: t["data"]["pair_id"])
-            out["listed"] = listed
-            out["served"] = api(server, listed[0]["data"]["pre"])
-            second = api(server, "/api/users/", {"email": "second@changeforge.test", "username": "second",
-                                                  "first_name": "Second", "last_name": "Annotator"})["id"]
-            first = api(server, "/api/current-user/whoami")["id"]
-            out["annotators"] = (first, second)
-            for i, drawings in PLAN.items():
-                for who, drawn in zip((first, second), drawings):
-                    image = {"new": "post", "demolished": "pre"}
-                    api(server, f"/api/tasks/{listed[i]['id']}/annotations/", {
-                        "result": [brush(c, image[c], m) for c, m in drawn.items()], "completed_by": who,
-                        "lead_time": 30.0 + i})
-            out["ingest"] = annotate.run_ingest(annotate.IngestConfig(input=str(pairs), export=server.url,
-                                                                      project_id=pid))
-        finally:
-            server.stop()
+        mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+        mp.setenv("OPENAI_API_KEY", "test-key")
+        export_cfg = annotate.ExportConfig(input=str(pairs), output=str(base / "tasks"), prelabel="cva",
+                                           annotations_per_task=2, label_studio_url=server.url)
+        out["export"] = annotate.run_export(export_cfg)
+        out["export_again"] = annotate.run_export(dataclasses.replace(   # reuses the project, imports
+            export_cfg, output=str(base / "tasks-again"), prelabel=""))      # nothing twice
+        pid = out["export"]["label_studio"]["project_id"]
+        out["project"] = api(server, f"/api/projects/{pid}")
+        listed = sorted(api(server, f"/api/tasks?project={pid}&page_size=100")["tasks"],
+                        key=lambda t: t["data"]["pair_id"])
+        out["listed"] = listed
+        out["served"] = api(server, listed[0]["data"]["pre"])
+        second = api(server, "/api/users/", {"email": "second@changeforge.test", "username": "second",
+                                              "first_name": "Second", "last_name": "Annotator"})["id"]
+        first = api(server, "/api/current-user/whoami")["id"]
+        out["annotators"] = (first, second)
+        for i, drawings in PLAN.items():
+            for who, drawn in zip((first, second), drawings):
+                image = {"new": "post", "demolished": "pre"}
+                api(server, f"/api/tasks/{listed[i]['id']}/annotations/", {
+                    "result": [brush(c, image[c], m) for c, m in drawn.items()], "completed_by": who,
+                    "lead_time": 30.0 + i})
+        out["ingest"] = annotate.run_ingest(annotate.IngestConfig(input=str(pairs), export=server.url,
+                                                                  project_id=pid))
 
         llm = openai_test_server_process
         llm.configure(latency_ms=0, reject_json_schema=False, faults=[])
         common = dict(model="test-model", base_url=llm.base_url, timeout_s=5.0, max_retries=2, actors=1,
                       concurrent_batches=4, batch_size=4, progress_every_s=5.0)
-        out["caption"] = caption.run(caption.CaptionJobConfig(input=str(pairs), output=str(base / "captions"), **common))
-        out["qa"] = qa.run(qa.QAJobConfig(input=str(base / "captions"), output=str(base / "qa"), **common))
+        with own_llm_namespace("chain-e2e"):   # limiters of its own, not the account's default
+            out["caption"] = caption.run(caption.CaptionJobConfig(input=str(pairs), output=str(base / "captions"), **common))
+            out["qa"] = qa.run(qa.QAJobConfig(input=str(base / "captions"), output=str(base / "qa"), **common))
     out["validate"] = validate.run(str(base / "qa" / "VQA.json"), str(base / "audit"))
     out["review"] = review.run_export(review.ExportConfig(input=str(base / "captions"), output=str(base / "review"),
                                                           sample=4, include_rejected=True))

@@ -11,7 +11,7 @@ from ray.exceptions import ActorUnavailableError
 
 from operators.llm import stage as stage_module
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret
-from operators.llm.ratelimit import LeaseClient, RateLimiterCore, RateLimits
+from operators.llm.ratelimit import LeaseClient, LimiterUnavailable, RateLimiterCore, RateLimits
 from operators.llm.stage import LLMStageActor, StageSpec
 from operators.io.tables import envelope, split_envelopes
 
@@ -116,13 +116,9 @@ def test_limiter_unreachable_past_its_wait_then_back_loses_no_capacity():
         handle.down = True
         for _ in range(4):
             client.release()                                     # they finish during the outage
-        try:
-            await asyncio.wait_for(client.flush(), 5)
-        except Exception as exc:  # noqa: BLE001 - may report the outage; must not hang
-            assert not isinstance(exc, asyncio.TimeoutError)
-        with pytest.raises(Exception) as failed:                 # a request asking now fails in bounded time
+        await asyncio.wait_for(client.flush(), 5)               # never raises: unsent counters are kept
+        with pytest.raises(LimiterUnavailable):                  # a request asking now fails in bounded time
             await asyncio.wait_for(client.acquire(0.0), 5)
-        assert not isinstance(failed.value, asyncio.TimeoutError)
         handle.down = False
         clock.t += 61.0
         await asyncio.wait_for(client.acquire(0.0), 5)           # back: nothing held against the cap
@@ -142,9 +138,8 @@ def test_a_hung_limiter_fails_requests_in_bounded_time():
     client = LeaseClient(handle, actor_wait_s=0.3)
 
     async def go():
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(LimiterUnavailable):                  # not wait_for's TimeoutError: bounded by the client
             await asyncio.wait_for(client.acquire(0.0), 10)
-        assert not isinstance(failed.value, asyncio.TimeoutError)
     asyncio.run(go())
 
 
