@@ -63,13 +63,29 @@ class LocalRayCluster:
             f.write(secrets.token_hex(32))
         self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token, "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_free_objects_period_milliseconds": "100", **self.env}   # as cluster.yaml
-        self._ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
+        self._start(self.temp_dir, "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                   "--num-cpus", str(self.head_cpus), "--dashboard-host", "127.0.0.1",
                   "--dashboard-port", str(self.dashboard_port),
                   "--ray-client-server-port", str(_free_port()),
                   "--dashboard-agent-listen-port", str(_free_port()),
                   "--min-worker-port", "0", "--max-worker-port", "0",
                   "--temp-dir", self.temp_dir, "--disable-usage-stats")
+
+    START_ATTEMPTS = 3
+
+    def _start(self, own_dir: str, *args: str) -> None:
+        """``ray start``, again (after stopping what the failed attempt left) when it fails: Ray gives a
+        starting raylet a fixed 30 s to register with the GCS, which a loaded shared machine can miss."""
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            try:
+                self._ray("start", *args)
+                return
+            except RuntimeError as exc:
+                if attempt == self.START_ATTEMPTS or "timed out during startup" not in str(exc):
+                    raise
+                print(f"[cluster] ray start attempt {attempt} timed out during startup; again", flush=True)
+                self._kill(self._own_processes(marks=(own_dir,)))
+                time.sleep(5)
 
     # -- nodes ------------------------------------------------------------------------------------
     @property
@@ -86,7 +102,7 @@ class LocalRayCluster:
         # runtime_env packages, which no two real machines do.
         node_dir = os.path.join(self.temp_dir, f"node-{name}")
         os.makedirs(node_dir, exist_ok=True)
-        self._ray("start", "--address", self.address, "--node-ip-address", "127.0.0.1",
+        self._start(node_dir, "--address", self.address, "--node-ip-address", "127.0.0.1",
                   "--temp-dir", node_dir, "--dashboard-agent-listen-port", str(_free_port()),
                   "--num-cpus", str(cpus), "--resources", json.dumps({f"node_{name}": 1}),
                   "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats")
@@ -196,8 +212,8 @@ class LocalRayCluster:
         self.client.stop_job(job_id)
 
     # -- teardown ---------------------------------------------------------------------------------
-    def _own_processes(self) -> list[psutil.Process]:
-        marks = (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
+    def _own_processes(self, marks: tuple[str, ...] = ()) -> list[psutil.Process]:
+        marks = marks or (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
         own = []
         for p in psutil.process_iter(["pid", "cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
@@ -205,15 +221,22 @@ class LocalRayCluster:
                 own.append(p)
         return own
 
-    def shutdown(self) -> None:
-        procs = self._own_processes()
+    @staticmethod
+    def _kill(procs: list[psutil.Process]) -> None:
         for p in procs:
-            for q in [p] + p.children(recursive=True):
+            try:
+                family = [p] + p.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for q in family:
                 try:
                     q.send_signal(signal.SIGKILL)
                 except psutil.NoSuchProcess:
                     pass
         psutil.wait_procs(procs, timeout=10)
+
+    def shutdown(self) -> None:
+        self._kill(self._own_processes())
         shutil.rmtree(self.temp_dir, ignore_errors=True)   # sessions, logs, spilled objects
 
     def _ray(self, *args: str, check: bool = True, timeout: float = 180, both: bool = False) -> str:
