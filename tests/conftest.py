@@ -60,11 +60,15 @@ def _environment_restored():
     and module fixtures set theirs before this snapshot and restore them after the last test. Set up
     before any function's monkeypatch (the quick-test guard asks for it first), so its check runs after
     monkeypatch has undone its changes."""
-    # Their first import sets variables (RAY_CLIENT_MODE; GDAL_/PROJ_CURL_CA_BUNDLE; LD_LIBRARY_PATH): not
-    # a test's doing, so imported before the snapshot.
+    # Their first import sets variables (RAY_CLIENT_MODE; GDAL_/PROJ_CURL_CA_BUNDLE; LD_LIBRARY_PATH;
+    # KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK): not a test's doing, so imported before the snapshot.
     import cv2  # noqa: F401
     import rasterio  # noqa: F401
     import ray  # noqa: F401
+    try:
+        import sklearn  # noqa: F401 - the prelabels extra, optional
+    except ImportError:
+        pass
     before = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
     yield
     after = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}

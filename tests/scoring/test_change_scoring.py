@@ -105,6 +105,14 @@ def test_defined_values_on_edge_cases():
     assert all(v is None for v in scores_from_counts(0, 0, 0, 0).values())
 
 
+# Mutants of operators/scoring/confusion.py no test can kill (tools/mutation.py reads these lines):
+# counts are never negative (popcounts, or sums of them), and chance agreement is at most 1.
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `perfect = fp == 0 and fn == 0`: with counts >= 0, `<= 0` is `== 0`
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if n == 0:`: with counts >= 0, `n <= 0` is `n == 0`
+# equivalent mutant: core/ReplaceComparisonOperator_Gt_NotEq on `if den > 0:`: a sum of counts is >= 0, so `!= 0` is `> 0`
+# equivalent mutant: core/ReplaceComparisonOperator_GtE_Eq on `kappa = 1.0 if chance >= 1.0 else (oa - chance) / (1.0 - chance)`: chance is at most 1, so `== 1.0` is `>= 1.0`
+
+
 def test_a_size_mismatch_names_both_sizes():
     with pytest.raises(ValueError, match=r"^size mismatch: prediction 3x2, label 5x4$"):
         confusion_counts(np.zeros((2, 3), bool), np.zeros((4, 5), bool))
