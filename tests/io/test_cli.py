@@ -169,6 +169,7 @@ def test_an_unknown_job_is_refused(capsys):
     assert "unknown job 'nonsense'" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # a subprocess: seconds of imports, outside the quick loop
 def test_the_changeforge_command_runs_a_job_s_help():
     """The one subprocess: the module entry point as the installed command runs it."""
     out = subprocess.run([sys.executable, "-m", "jobs.cli", "pairs", "--help"], cwd=REPO, capture_output=True,
