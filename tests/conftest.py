@@ -50,6 +50,28 @@ def label_studio_python() -> Path:
     return ensure_venv() / "bin" / "python"
 
 
+@pytest.fixture(scope="session")
+def label_studio(tmp_path_factory):
+    """A Label Studio server on 127.0.0.1 (its own venv; installed on first use), serving local files
+    from a document root holding a copy of data/levir-cd; one per session, here so that the review and
+    the chain tests share it (each in a folder of the document root, with projects of its own)."""
+    import shutil
+
+    from tests.review.label_studio_env import LabelStudioServer, venv_dir
+    base = tmp_path_factory.mktemp("label-studio")
+    root = base / "root"
+    shutil.copytree(DATA / "levir-cd", root / "levir-cd")
+    server = LabelStudioServer(base / "data", root, startup_s=900)
+    server.start()
+    # the jobs find the SDK in the same environment as the server (LABEL_STUDIO_VENV may move it)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}   # pytest's own, set per test phase
 
 

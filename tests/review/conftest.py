@@ -1,9 +1,8 @@
 """Fixtures of the review and report tests: a real captions output (the captions job run against the
 OpenAI-compatible test server on the repository's LEVIR-CD crops), a QA table in the QA job's shape,
-a pairs-job table set, and a Label Studio server."""
+a pairs-job table set (the session's Label Studio server is in tests/conftest.py)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -124,22 +123,3 @@ def chromium_path():
     if path is None:
         pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does it)")
     return path
-
-
-@pytest.fixture(scope="session")
-def label_studio(tmp_path_factory):
-    """A Label Studio server on 127.0.0.1 (its own venv; installed on first use), serving local files
-    from a document root holding a copy of data/levir-cd."""
-    from tests.review.label_studio_env import LabelStudioServer, venv_dir
-    base = tmp_path_factory.mktemp("label-studio")
-    root = base / "root"
-    shutil.copytree(LEVIR, root / "levir-cd")
-    server = LabelStudioServer(base / "data", root, startup_s=900)
-    server.start()
-    # the jobs find the SDK in the same environment as the server (LABEL_STUDIO_VENV may move it)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
-        try:
-            yield server
-        finally:
-            server.stop()
