@@ -42,9 +42,16 @@ def _ensure_ray(num_cpus: int | None) -> None:
     ``python jobs/score.py`` works from any folder without an install (as the other jobs do)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    before = os.environ.get("PYTHONPATH")
     if repo not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([repo] + paths)
-    init_ray(num_cpus)
+    try:
+        init_ray(num_cpus)
+    finally:   # a local Ray's processes took it at start; the caller's environment is left as it was
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def run_change(cfg: ChangeScoreConfig) -> dict:

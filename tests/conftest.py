@@ -6,10 +6,10 @@ exactly as they would inherit a real deployment's settings.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
+import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,8 +50,38 @@ def label_studio_python() -> Path:
     return ensure_venv() / "bin" / "python"
 
 
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}   # pytest's own, set per test phase
+
+
 @pytest.fixture(autouse=True)
-def _quick_tests_start_no_ray(request, monkeypatch):
+def _environment_restored():
+    """A test leaves os.environ as it found it (monkeypatch.setenv does; a bare os.environ[...] = or a
+    job that rewrites a variable does not, and the next test then runs in another environment). Session
+    and module fixtures set theirs before this snapshot and restore them after the last test. Set up
+    before any function's monkeypatch (the quick-test guard asks for it first), so its check runs after
+    monkeypatch has undone its changes."""
+    # Their first import sets variables (RAY_CLIENT_MODE; GDAL_/PROJ_CURL_CA_BUNDLE; LD_LIBRARY_PATH;
+    # KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK): not a test's doing, so imported before the snapshot.
+    import cv2  # noqa: F401
+    import rasterio  # noqa: F401
+    import ray  # noqa: F401
+    try:
+        import sklearn  # noqa: F401 - the prelabels extra, optional
+    except ImportError:
+        pass
+    before = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
+    yield
+    after = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
+    if after != before:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        os.environ.clear()
+        os.environ.update(before)   # the next test starts clean either way
+        pytest.fail(f"the test left os.environ changed: {changed}", pytrace=False)
+
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_ray(request, _environment_restored, monkeypatch):
     """A quick test that reaches ray.init would start a whole Ray: it must use ray_session instead (and so
     leave the quick loop)."""
     if request.node.get_closest_marker("quick") is None:
@@ -64,33 +94,19 @@ def _quick_tests_start_no_ray(request, monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Kept here too: other test modules import them from tests.conftest.
+from tests.equipment import free_port, start_announced, stop, wait_for_port  # noqa: E402,F401
 
-
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+MOTO_READY = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """A moto S3 server on 127.0.0.1; sets AWS_* so boto3, pyarrow and GDAL all talk to it."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    """A moto S3 server on 127.0.0.1 (on a port it bound itself, confirmed to be it answering); sets
+    AWS_* so boto3, pyarrow and GDAL all talk to it."""
+    proc, port, log = start_announced([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                                      timeout=30, pattern=MOTO_READY)
     try:
-        wait_for_port(port)
         endpoint = f"http://127.0.0.1:{port}"
         with pytest.MonkeyPatch.context() as env:   # restored when the session ends
             for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
@@ -99,8 +115,8 @@ def s3_endpoint():
                 env.setenv(name, value)
             yield endpoint
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
+        log.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -147,6 +163,18 @@ def openai_test_server_process():
         server.close()
 
 
+@contextmanager
+def own_llm_namespace(label: str):
+    """For a session or module fixture that runs LLM jobs: account limiters of its own while it runs
+    (llm_namespace is the per-test form), restored afterwards."""
+    import uuid
+
+    from operators.llm.ratelimit import NAMESPACE_ENV
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(NAMESPACE_ENV, f"changeforge-llm-{label}-{uuid.uuid4().hex[:8]}")
+        yield
+
+
 @pytest.fixture()
 def llm_namespace(monkeypatch):
     """A fresh Ray namespace for this test's account limiters (jobs and run_pool find them there), so
@@ -167,6 +195,7 @@ def openai_server(openai_test_server_process, llm_namespace):
     server.restore_defaults()
     server.reset()
     yield server
+    server.release()   # a test that held requests and failed leaves none waiting
     server.restore_defaults()
 
 

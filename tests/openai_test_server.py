@@ -76,6 +76,11 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+try:
+    from tests.equipment import announce, listen_socket
+except ModuleNotFoundError:   # run as a script (python tests/openai_test_server.py): its folder is on sys.path
+    from equipment import announce, listen_socket
+
 SCHEMA_MARKER = "JSON schema:"
 WORD_RE = re.compile(r"[A-Za-z][A-Za-z\-]{2,}")
 
@@ -456,6 +461,7 @@ def make_app(latency_ms: float = 0.0, config: dict | None = None) -> web.Applica
     app.router.add_post("/control/reset", post_reset)
     app.router.add_post("/control/faults", post_faults)
     add_batch_routes(app)
+    add_hold(app)
     return app
 
 
@@ -613,41 +619,123 @@ def add_batch_routes(app: web.Application) -> None:
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
 
 
+# -- hold and release (issue 35): a kill lands at a known point, not in a race with latency ---------
+# POST /_control/hold {"after": N}   from the (N+1)-th chat request on, every request waits on arrival
+#                                    (before it is counted or answered) until released
+# GET  /_control/held?at_least=K&timeout_s=T
+#                                    waits until K requests are waiting (at most T s; 408 if not), then
+#                                    {"held": waiting now, "passed": let through since the hold, "active"}
+# POST /_control/release             lets every waiting request through and ends the hold
+class Hold:
+    def __init__(self):
+        self.active, self.after, self.passed, self.waiting = False, 0, 0, 0
+        self.gate = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    def view(self) -> dict:
+        return {"active": self.active, "after": self.after, "passed": self.passed, "held": self.waiting}
+
+
+@web.middleware
+async def hold_middleware(request: web.Request, handler):
+    hold: Hold = request.app["hold"]
+    if hold.active and request.path == "/v1/chat/completions":
+        if hold.passed < hold.after:
+            hold.passed += 1
+        else:
+            gate = hold.gate
+            async with hold.changed:
+                hold.waiting += 1
+                hold.changed.notify_all()
+            try:
+                await gate.wait()
+            finally:
+                async with hold.changed:
+                    hold.waiting -= 1
+                    hold.changed.notify_all()
+    return await handler(request)
+
+
+async def post_hold(request: web.Request) -> web.Response:
+    hold: Hold = request.app["hold"]
+    body = await request.json() if request.can_read_body else {}
+    hold.active, hold.after, hold.passed = True, int(body.get("after", 0)), 0
+    hold.gate = asyncio.Event()
+    return web.json_response(hold.view())
+
+
+async def get_held(request: web.Request) -> web.Response:
+    hold: Hold = request.app["hold"]
+    at_least = int(request.query.get("at_least", 0))
+    timeout = float(request.query.get("timeout_s", 0))
+    try:
+        async with hold.changed:
+            await asyncio.wait_for(hold.changed.wait_for(lambda: hold.waiting >= at_least), timeout or None)
+    except asyncio.TimeoutError:
+        return web.json_response(hold.view(), status=408)
+    return web.json_response(hold.view())
+
+
+async def post_release(request: web.Request) -> web.Response:
+    hold: Hold = request.app["hold"]
+    hold.active = False
+    hold.gate.set()
+    return web.json_response(hold.view())
+
+
+def add_hold(app: web.Application) -> None:
+    app["hold"] = Hold()
+    app.middlewares.append(hold_middleware)
+    app.router.add_post("/_control/hold", post_hold)
+    app.router.add_get("/_control/held", get_held)
+    app.router.add_post("/_control/release", post_release)
+
+
+class HoldControl:
+    """The hold switch from the test side (a mixin of ServerProcess)."""
+
+    def hold(self, after: int = 0) -> dict:
+        """Requests after the first ``after`` wait at the server until ``release``."""
+        return self._call("/_control/hold", {"after": after})
+
+    def wait_held(self, at_least: int, timeout_s: float = 120) -> dict:
+        """Until ``at_least`` requests are waiting; TimeoutError after ``timeout_s``."""
+        import urllib.error
+        try:
+            return self._call(f"/_control/held?at_least={at_least}&timeout_s={timeout_s}",
+                              timeout=timeout_s + 30)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 408:
+                raise TimeoutError(f"fewer than {at_least} requests held after {timeout_s}s: "
+                                   f"{json.loads(exc.read())}") from None
+            raise
+
+    def release(self) -> dict:
+        return self._call("/_control/release", {})
+
+
 # -- running it from tests and benchmarks -------------------------------------------------------
-class ServerProcess:
+class ServerProcess(HoldControl):
     """The test server in its own process on 127.0.0.1 (so its CPU is not the caller's), with
-    its control endpoints: counters, arrival times, fault configuration."""
+    its control endpoints: counters, arrival times, fault configuration, the hold switch. It binds
+    a port of its own (port 0) and reports it; the port's listener is checked to be that process."""
 
     def __init__(self, latency_ms: float = 0.0, timeout_s: float = 20.0):
         import os
-        import socket
-        import subprocess
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.openai_test_server", "--port", str(self.port),
-             "--latency-ms", str(latency_ms)], cwd=repo,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.time() + timeout_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    self.close()
-                    raise RuntimeError(f"test server did not start on port {self.port}")
-                time.sleep(0.1)
 
-    def _call(self, path: str, payload: dict | None = None) -> dict:
+        from tests.equipment import start_announced
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.proc, self.port, self._log = start_announced(
+            [sys.executable, "-m", "tests.openai_test_server", "--port", "0", "--latency-ms", str(latency_ms)],
+            timeout=timeout_s, cwd=repo)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def _call(self, path: str, payload: dict | None = None, timeout: float = 30) -> dict:
         import urllib.request
         data = None if payload is None else json.dumps(payload).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
 
     def stats(self) -> dict:
@@ -667,14 +755,15 @@ class ServerProcess:
         return self._call("/control/faults", config)
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        from tests.equipment import stop
+        stop(self.proc)
+        self._log.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="OpenAI-compatible test server (test equipment, not a model)")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("--port", type=int, default=8011, help="0: a free port, printed at start")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every reply")
     ap.add_argument("--faults", default="", help="initial fault configuration as JSON (see module doc)")
     args = ap.parse_args(argv)
@@ -684,9 +773,11 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    print(f"openai test server on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(make_app(args.latency_ms, config), host=args.host, port=args.port, print=None,
-                access_log=None, backlog=4096)
+    # The socket is bound here (port 0: one the kernel picks) and its port printed once it listens.
+    sock = listen_socket(args.host, args.port)
+    print(f"openai test server on http://{args.host}:{sock.getsockname()[1]}/v1", flush=True)
+    announce(sock)
+    web.run_app(make_app(args.latency_ms, config), sock=sock, print=None, access_log=None)
 
 
 if __name__ == "__main__":

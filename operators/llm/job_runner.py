@@ -292,9 +292,16 @@ def ensure_ray(cfg: LLMJobConfig) -> None:
     PYTHONPATH so that ``python jobs/caption.py`` works from any folder without an install."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    before = os.environ.get("PYTHONPATH")
     if repo not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([repo] + paths)
-    init_ray(cfg.num_cpus)
+    try:
+        init_ray(cfg.num_cpus)
+    finally:   # a local Ray's processes took it at start; the caller's environment is left as it was
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 class ProgressReporter(threading.Thread):

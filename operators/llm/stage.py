@@ -223,22 +223,27 @@ class LLMStageActor:
 
     def __del__(self):
         """Ray Data deletes the callable when it shuts the pool down gracefully: close the HTTP
-        sessions on the loop they belong to (unclosed, aiohttp warns about each at exit)."""
-        loop = getattr(self, "_loop", None)
+        sessions on the loop they belong to (unclosed, aiohttp warns about each at exit). Once only
+        (a second call finds no loop), and never by waiting on a loop that is not running (nothing
+        would run the close: the wait would only time out)."""
+        loop, self._loop = getattr(self, "_loop", None), None
         if loop is None or loop.is_closed():
             return
+        try:
+            in_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            in_loop = False
         for runner in self.runners:
             if runner.caller is None:
                 continue
+            closing = runner.caller.aclose()
             try:
-                try:
-                    in_loop = asyncio.get_running_loop() is loop
-                except RuntimeError:
-                    in_loop = False
                 if in_loop:
-                    loop.create_task(runner.caller.aclose())
-                else:
-                    asyncio.run_coroutine_threadsafe(runner.caller.aclose(), loop).result(timeout=5)
+                    loop.create_task(closing)
+                elif loop.is_running():
+                    asyncio.run_coroutine_threadsafe(closing, loop).result(timeout=5)
+                else:   # stopped, not closed: run the close on it here
+                    loop.run_until_complete(closing)
             except Exception:  # noqa: BLE001 - closing is best effort at exit
                 pass
 

@@ -1,6 +1,8 @@
 """A real multi-node Ray cluster on 127.0.0.1 for tests: a head and extra worker nodes started with
-the ``ray`` CLI (token authentication on, as Ray 2.59+ does for local clusters), jobs submitted with
-``ray job submit --working-dir``, and nodes killed on purpose.
+the ``ray`` CLI (token authentication on, as Ray 2.59+ does for local clusters), jobs submitted through
+the job API with a working dir (what ``ray job submit --working-dir`` does) and polled every few seconds
+over HTTP (a ``ray`` CLI call costs about a second of CPU, taken from the jobs under test), and nodes
+killed on purpose.
 
 Test equipment. Everything it starts lives under its own temporary directory and ports, and it
 stops only what it started (``ray stop`` would kill every Ray on the machine, including other test
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +63,38 @@ class LocalRayCluster:
             f.write(secrets.token_hex(32))
         self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token, "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_free_objects_period_milliseconds": "100", **self.env}   # as cluster.yaml
-        self._ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
+        try:
+            self._start_head()
+        except BaseException:
+            self.shutdown()   # a head that failed to start may have left its GCS and dashboard running
+            raise
+
+    def _start_head(self) -> None:
+        self._start(self.temp_dir, "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                   "--num-cpus", str(self.head_cpus), "--dashboard-host", "127.0.0.1",
                   "--dashboard-port", str(self.dashboard_port),
                   "--ray-client-server-port", str(_free_port()),
                   "--dashboard-agent-listen-port", str(_free_port()),
                   "--min-worker-port", "0", "--max-worker-port", "0",
                   "--temp-dir", self.temp_dir, "--disable-usage-stats")
+
+    START_ATTEMPTS = 3
+
+    def _start(self, own_dir: str, *args: str) -> None:
+        """``ray start``, again (after stopping what the failed attempt left) when it fails: Ray gives a
+        starting raylet a fixed 30 s to register with the GCS, which a loaded shared machine can miss.
+        Not what the tests test; three attempts, 10 s apart."""
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            try:
+                self._ray("start", *args)
+                return
+            except RuntimeError as exc:
+                if attempt == self.START_ATTEMPTS:
+                    raise
+                print(f"[cluster] ray start attempt {attempt} failed ({str(exc).strip().splitlines()[-1][:120]}); "
+                      f"again", flush=True)
+                self._kill(self._own_processes(marks=(own_dir,)))
+                time.sleep(10)
 
     # -- nodes ------------------------------------------------------------------------------------
     @property
@@ -82,7 +111,7 @@ class LocalRayCluster:
         # runtime_env packages, which no two real machines do.
         node_dir = os.path.join(self.temp_dir, f"node-{name}")
         os.makedirs(node_dir, exist_ok=True)
-        self._ray("start", "--address", self.address, "--node-ip-address", "127.0.0.1",
+        self._start(node_dir, "--address", self.address, "--node-ip-address", "127.0.0.1",
                   "--temp-dir", node_dir, "--dashboard-agent-listen-port", str(_free_port()),
                   "--num-cpus", str(cpus), "--resources", json.dumps({f"node_{name}": 1}),
                   "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats")
@@ -90,11 +119,14 @@ class LocalRayCluster:
         self.wait_for_nodes(1 + len(self.nodes))
 
     def alive_nodes(self) -> int:
-        out = self._ray("list", "nodes", "--address", self.dashboard, "--format", "json",
-                        "--filter", "state=ALIVE", check=False)
+        """Alive nodes, from the dashboard's state API (0 while it is not up yet)."""
+        url = (f"{self.dashboard}/api/v0/nodes?limit=100&filter_keys=state&filter_predicates=%3D"
+               f"&filter_values=ALIVE")
         try:
-            return len(json.loads(out))
-        except ValueError:
+            req = urllib.request.Request(url, headers=self.auth_headers)
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return len(json.loads(r.read())["data"]["result"]["result"])
+        except (OSError, ValueError, KeyError):
             return 0
 
     def wait_for_nodes(self, n: int, timeout: float = 60) -> None:
@@ -103,6 +135,11 @@ class LocalRayCluster:
             if time.time() > deadline:
                 raise RuntimeError(f"cluster did not reach {n} alive nodes")
             time.sleep(1)
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker nodes added and not killed, oldest first."""
+        return list(self.nodes)
 
     def kill_node(self, name: str) -> int:
         """SIGKILL a worker node's raylet and every process under it (its workers): a lost node.
@@ -127,36 +164,42 @@ class LocalRayCluster:
         raise LookupError(f"no raylet for node {name}")
 
     # -- jobs ---------------------------------------------------------------------------------------
+    POLL_S = 2.0   # job status polls: a few seconds apart
+
+    @property
+    def auth_headers(self) -> dict:
+        with open(self.env["RAY_AUTH_TOKEN_PATH"]) as f:
+            return {"Authorization": f"Bearer {f.read().strip()}"}
+
+    @property
+    def client(self):
+        """Ray's job API client for this cluster (token authentication by header: this process's own
+        Ray, if any, is left alone)."""
+        if getattr(self, "_client", None) is None:
+            from ray.job_submission import JobSubmissionClient
+            self._client = JobSubmissionClient(self.dashboard, headers=self.auth_headers)
+        return self._client
+
     def submit(self, entrypoint: list[str], working_dir: str, env_vars: dict | None = None,
                wait: bool = True, timeout: float = 600) -> str:
-        runtime_env = {"env_vars": env_vars or {}}
+        runtime_env = {"working_dir": working_dir, "env_vars": env_vars or {}}
         deadline = time.time() + 120
         while True:
             try:
-                out = self._ray("job", "submit", "--address", self.dashboard,
-                                "--working-dir", working_dir,
-                                "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--",
-                                *entrypoint, timeout=timeout, both=True)
+                job_id = self.client.submit_job(entrypoint=shlex.join(entrypoint), runtime_env=runtime_env)
                 break
-            except RuntimeError as exc:
+            except (RuntimeError, ConnectionError) as exc:
                 # The head's job agent comes up some seconds after `ray start` returns.
                 if "No available agent" not in str(exc) or time.time() > deadline:
                     raise
                 time.sleep(3)
-        job_id = next(line.split("'")[1] for line in out.splitlines()
-                      if "submitted successfully" in line)
         if wait:
             self.wait(job_id, timeout)
         return job_id
 
     def status(self, job_id: str) -> str:
-        out = self._ray("job", "status", "--address", self.dashboard, job_id, both=True)
-        # The CLI says "Job '<id>' succeeded" / "failed" / "was stopped" / "is currently running".
-        text = out.lower()
-        for word in ("succeeded", "failed", "stopped", "running", "pending"):
-            if f"{word}" in text.split(job_id.lower(), 1)[-1]:
-                return word.upper()
-        return "UNKNOWN"
+        """PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+        return str(self.client.get_job_status(job_id).value)
 
     def wait(self, job_id: str, timeout: float = 600) -> JobResult:
         t0 = time.time()
@@ -166,17 +209,20 @@ class LocalRayCluster:
                 return JobResult(job_id, status, self.logs(job_id), time.time() - t0)
             if time.time() - t0 > timeout:
                 raise TimeoutError(f"job {job_id} still {status} after {timeout}s")
-            time.sleep(1)
+            time.sleep(self.POLL_S)
 
     def logs(self, job_id: str) -> str:
-        return self._ray("job", "logs", "--address", self.dashboard, job_id, check=False)
+        try:
+            return self.client.get_job_logs(job_id)
+        except RuntimeError as exc:
+            return f"(no logs: {exc})"
 
     def stop_job(self, job_id: str) -> None:
-        self._ray("job", "stop", "--address", self.dashboard, job_id, check=False)
+        self.client.stop_job(job_id)
 
     # -- teardown ---------------------------------------------------------------------------------
-    def _own_processes(self) -> list[psutil.Process]:
-        marks = (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
+    def _own_processes(self, marks: tuple[str, ...] = ()) -> list[psutil.Process]:
+        marks = marks or (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
         own = []
         for p in psutil.process_iter(["pid", "cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
@@ -184,15 +230,22 @@ class LocalRayCluster:
                 own.append(p)
         return own
 
-    def shutdown(self) -> None:
-        procs = self._own_processes()
+    @staticmethod
+    def _kill(procs: list[psutil.Process]) -> None:
         for p in procs:
-            for q in [p] + p.children(recursive=True):
+            try:
+                family = [p] + p.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for q in family:
                 try:
                     q.send_signal(signal.SIGKILL)
                 except psutil.NoSuchProcess:
                     pass
         psutil.wait_procs(procs, timeout=10)
+
+    def shutdown(self) -> None:
+        self._kill(self._own_processes())
         shutil.rmtree(self.temp_dir, ignore_errors=True)   # sessions, logs, spilled objects
 
     def _ray(self, *args: str, check: bool = True, timeout: float = 180, both: bool = False) -> str:

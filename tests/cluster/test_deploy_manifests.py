@@ -105,11 +105,8 @@ def test_entrypoint_is_a_job_that_accepts_its_options(path):
     argv = shlex.split(yaml.safe_load(path.read_text())["spec"]["entrypoint"])
     assert argv[:2] == ["python", "-m"] and argv[2].startswith("jobs.")
     job = importlib.import_module(argv[2])
-    # SystemExit on an unknown or malformed option
-    if hasattr(job, "build_parser"):
-        job.build_parser().parse_args(argv[3:])
-    else:
-        job.parse_args(argv[3:])
+    # Every job builds its parser with build_parser: SystemExit on an unknown or malformed option.
+    job.build_parser().parse_args(argv[3:])
 
 
 def test_structural_check_catches_what_it_claims():

@@ -154,17 +154,33 @@ def test_pairs_presets_are_the_papers_and_the_demos_geometry():
             demo.reference_date) == (512, 128, 256, 512, 64, "2021-01-01")
 
 
-def test_changeforge_runs_every_job_s_help():
-    from jobs.cli import JOBS
+@pytest.mark.parametrize("name", list(__import__("jobs.cli").cli.JOBS))
+def test_changeforge_runs_every_job_s_help(name, capsys):
+    """In process (a subprocess per job costs seconds of imports each; one smoke test below runs the
+    command itself)."""
+    from jobs import cli as changeforge
 
-    for name in JOBS:
-        out = subprocess.run([sys.executable, "-m", "jobs.cli", name, "--help"], cwd=REPO, capture_output=True,
-                             text=True, timeout=120)
-        assert out.returncode == 0, (name, out.stderr[-2000:])
-        assert out.stdout.startswith(f"usage: changeforge {name}"), out.stdout[:200]
-    out = subprocess.run([sys.executable, "-m", "jobs.cli", "nonsense"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 2 and "unknown job 'nonsense'" in out.stderr
+    with pytest.raises(SystemExit) as done:      # argparse exits after printing the help
+        changeforge.main([name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: changeforge {name}"), out[:200]
+
+
+def test_an_unknown_job_is_refused(capsys):
+    from jobs import cli as changeforge
+
+    assert changeforge.main(["nonsense"]) == 2
+    assert "unknown job 'nonsense'" in capsys.readouterr().err
+
+
+@pytest.mark.slow   # a subprocess: seconds of imports, outside the quick loop
+def test_the_changeforge_command_runs_a_job_s_help():
+    """The one subprocess: the module entry point as the installed command runs it."""
+    out = subprocess.run([sys.executable, "-m", "jobs.cli", "pairs", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("usage: changeforge pairs"), out.stdout[:200]
 
 
 def test_a_missing_extra_is_one_line_not_a_traceback(monkeypatch, capsys):

@@ -21,7 +21,9 @@ def requests(n, tag="r"):
 
 
 def run_all(server, reqs, cache=None, **overrides):
-    cfg = dict(model="test-model", base_url=server.base_url, timeout_s=1.0, max_retries=4, max_reasks=2,
+    # A generous client timeout: on a loaded machine a reply can take over a second, and a retry would
+    # turn `attempts == 1` into 2. Tests of timeouts set a short one (and server-side timeouts).
+    cfg = dict(model="test-model", base_url=server.base_url, timeout_s=30.0, max_retries=4, max_reasks=2,
                backoff_base_s=0.02)
     cfg.update(overrides)
 

@@ -11,7 +11,7 @@ from ray.exceptions import ActorUnavailableError
 
 from operators.llm import stage as stage_module
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret
-from operators.llm.ratelimit import LeaseClient, RateLimiterCore, RateLimits
+from operators.llm.ratelimit import LeaseClient, LimiterUnavailable, RateLimiterCore, RateLimits
 from operators.llm.stage import LLMStageActor, StageSpec
 from operators.io.tables import envelope, split_envelopes
 
@@ -116,13 +116,9 @@ def test_limiter_unreachable_past_its_wait_then_back_loses_no_capacity():
         handle.down = True
         for _ in range(4):
             client.release()                                     # they finish during the outage
-        try:
-            await asyncio.wait_for(client.flush(), 5)
-        except Exception as exc:  # noqa: BLE001 - may report the outage; must not hang
-            assert not isinstance(exc, asyncio.TimeoutError)
-        with pytest.raises(Exception) as failed:                 # a request asking now fails in bounded time
+        await asyncio.wait_for(client.flush(), 5)               # never raises: unsent counters are kept
+        with pytest.raises(LimiterUnavailable):                  # a request asking now fails in bounded time
             await asyncio.wait_for(client.acquire(0.0), 5)
-        assert not isinstance(failed.value, asyncio.TimeoutError)
         handle.down = False
         clock.t += 61.0
         await asyncio.wait_for(client.acquire(0.0), 5)           # back: nothing held against the cap
@@ -142,9 +138,8 @@ def test_a_hung_limiter_fails_requests_in_bounded_time():
     client = LeaseClient(handle, actor_wait_s=0.3)
 
     async def go():
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(LimiterUnavailable):                  # not wait_for's TimeoutError: bounded by the client
             await asyncio.wait_for(client.acquire(0.0), 10)
-        assert not isinstance(failed.value, asyncio.TimeoutError)
     asyncio.run(go())
 
 
@@ -192,16 +187,16 @@ def test_limiter_memory_stays_flat_over_a_long_run_without_429s():
 
     async def go():
         sizes = []
-        for i in range(20_000):
+        for i in range(8_000):
             await client.acquire(10.0)
             client.release()
             await client.flush()
-            clock.t += 0.05                                        # 20 requests/s for ~17 minutes
-            if i in (5_000, 19_999):
+            clock.t += 0.05                                        # 20 requests/s for ~7 minutes
+            if i in (2_000, 7_999):                                # both past the first 60 s window
                 sizes.append(size(vars(core)))
         return sizes
-    at_5k, at_20k = asyncio.run(go())
-    assert at_20k <= at_5k + 50, (at_5k, at_20k)
+    at_2k, at_8k = asyncio.run(go())
+    assert at_8k <= at_2k + 50, (at_2k, at_8k)   # 6,000 more requests leave nothing behind
 
 
 def test_rpm_of_one_grants_once_a_minute():

@@ -200,6 +200,33 @@ def test_the_actor_closes_its_http_sessions_when_deleted():
         actor._loop = loop
         actor.__del__()
         assert closed == [thread.ident]
+        actor.__del__()                  # again (the collector after an explicit call): nothing to close
+        assert closed == [thread.ident]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+
+
+def test_the_actor_closes_its_http_sessions_on_a_stopped_loop():
+    """At shutdown the actor's loop may have stopped without closing: nothing runs there, so the
+    sessions are closed by running that loop here, not by waiting on it (a wait that only times out)."""
+    import asyncio
+    import threading
+
+    from operators.llm.stage import LLMStageActor
+
+    closed = []
+
+    class Caller:
+        async def aclose(self):
+            closed.append(threading.get_ident())
+
+    loop = asyncio.new_event_loop()
+    try:
+        actor = LLMStageActor.__new__(LLMStageActor)
+        actor.runners = [type("Runner", (), {"caller": Caller()})()]
+        actor._loop = loop
+        actor.__del__()
+        assert closed == [threading.get_ident()]
+    finally:
+        loop.close()

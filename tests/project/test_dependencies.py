@@ -45,7 +45,8 @@ def declared() -> dict[str, set[str]]:
     return out
 
 
-def imports(folder: str) -> list[tuple[str, str, bool, bool]]:
+@functools.cache   # three tests read the same folders: parsed once
+def imports(folder: str) -> tuple[tuple[str, str, bool, bool], ...]:
     """(top-level module, file:line, at module level, guarded by ``except ImportError``)."""
     found = []
     for path in sorted((REPO / folder).rglob("*.py")):
@@ -67,7 +68,7 @@ def imports(folder: str) -> list[tuple[str, str, bool, bool]]:
                     continue
                 found.append((top, f"{path.relative_to(REPO)}:{node.lineno}", id(node) in top_level,
                               id(node) in guarded))
-    return found
+    return tuple(found)
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from jobs import build_pairs
 from jobs.caption import CaptionJobConfig, run as run_captions
 from jobs.publish import PublishConfig, run as publish
 from jobs.qa import QAJobConfig, run as run_qa
-from tests.conftest import DATA
+from tests.conftest import DATA, own_llm_namespace
 
 pytestmark = pytest.mark.slow
 
@@ -85,9 +85,10 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process):
     common = dict(model="test-model", base_url=server.base_url, timeout_s=5.0, max_retries=4, max_reasks=3,
                   backoff_base_s=0.05, actors=1, concurrent_batches=2, batch_size=4, progress_every_s=5.0)
     caps = base / "captions"
-    run_captions(CaptionJobConfig(input=str(pairs), output=str(caps), **common))
     qa = base / "qa"
-    run_qa(QAJobConfig(input=str(caps), output=str(qa), **common))
+    with own_llm_namespace("publish-chain"):   # limiters of its own, not the account's default
+        run_captions(CaptionJobConfig(input=str(pairs), output=str(caps), **common))
+        run_qa(QAJobConfig(input=str(caps), output=str(qa), **common))
 
     rel = base / "releases"
     first = publish(PublishConfig(input=str(pairs), captions=str(caps), qa=str(qa), output=str(rel),
@@ -255,10 +256,10 @@ def test_every_checksum_verifies(chain):
             assert hashlib.sha256((release / rel).read_bytes()).hexdigest() == digest, rel
         on_disk = {str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()}
         assert set(listed) == on_disk - {"SHA256SUMS"}
-        if shutil.which("sha256sum"):
-            proc = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=release, capture_output=True,
-                                  text=True, timeout=120)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert shutil.which("sha256sum"), "sha256sum (GNU coreutils) is not on PATH"
+        proc = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=release, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_second_version_changelog_names_exactly_the_added_pairs(chain):

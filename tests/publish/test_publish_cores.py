@@ -63,12 +63,12 @@ def test_sha256sums_is_what_sha256sum_checks(tmp_path):
     assert text.splitlines()[0] == f"{hashlib.sha256(b'# card' + bytes([10])).hexdigest()}  README.md"
     assert versions.parse_sha256sums(text) == {rel: hashlib.sha256(d).hexdigest() for rel, d in files.items()}
     (tmp_path / "SHA256SUMS").write_text(text)
-    if shutil.which("sha256sum"):
-        ok = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, timeout=30)
-        assert ok.returncode == 0, ok.stdout
-        (tmp_path / "README.md").write_bytes(b"# edited\n")
-        bad = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, timeout=30)
-        assert bad.returncode != 0
+    assert shutil.which("sha256sum"), "sha256sum (GNU coreutils) is not on PATH"
+    ok = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, timeout=30)
+    assert ok.returncode == 0, ok.stdout
+    (tmp_path / "README.md").write_bytes(b"# edited\n")
+    bad = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, timeout=30)
+    assert bad.returncode != 0
     with pytest.raises(ValueError):
         versions.sha256sums({"a\nb": "00"})
 

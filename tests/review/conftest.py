@@ -3,7 +3,6 @@ OpenAI-compatible test server on the repository's LEVIR-CD crops), a QA table in
 a pairs-job table set (the Label Studio server is the session's, in tests/conftest.py)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +22,14 @@ def captions_output(ray_session, openai_test_server_process, tmp_path_factory):
     server = openai_test_server_process
     server.configure(latency_ms=0, reject_json_schema=False, faults=[])
     out = tmp_path_factory.mktemp("captions") / "out"
+    from tests.conftest import own_llm_namespace
     old = os.environ.get("OPENAI_API_KEY")
     os.environ["OPENAI_API_KEY"] = "test-key"
     try:
-        run(CaptionJobConfig(input=str(LEVIR), output=str(out), model="test-model", base_url=server.base_url,
-                             timeout_s=5.0, max_retries=2, actors=1, concurrent_batches=4, batch_size=4,
-                             progress_every_s=5.0, price_per_mtok_in=0.5, price_per_mtok_out=1.5))
+        with own_llm_namespace("review-captions"):   # limiters of its own, not the account's default
+            run(CaptionJobConfig(input=str(LEVIR), output=str(out), model="test-model", base_url=server.base_url,
+                                 timeout_s=5.0, max_retries=2, actors=1, concurrent_batches=4, batch_size=4,
+                                 progress_every_s=5.0, price_per_mtok_in=0.5, price_per_mtok_out=1.5))
     finally:
         if old is None:
             os.environ.pop("OPENAI_API_KEY", None)

@@ -105,6 +105,49 @@ def test_defined_values_on_edge_cases():
     assert all(v is None for v in scores_from_counts(0, 0, 0, 0).values())
 
 
+# Mutants of operators/scoring/confusion.py no test can kill (tools/mutation.py reads these lines):
+# counts are never negative (popcounts, or sums of them), and chance agreement is at most 1.
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `perfect = fp == 0 and fn == 0`: with counts >= 0, `<= 0` is `== 0`
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if n == 0:`: with counts >= 0, `n <= 0` is `n == 0`
+# equivalent mutant: core/ReplaceComparisonOperator_Gt_NotEq on `if den > 0:`: a sum of counts is >= 0, so `!= 0` is `> 0`
+# equivalent mutant: core/ReplaceComparisonOperator_GtE_Eq on `kappa = 1.0 if chance >= 1.0 else (oa - chance) / (1.0 - chance)`: chance is at most 1, so `== 1.0` is `>= 1.0`
+
+
+def test_a_size_mismatch_names_both_sizes():
+    with pytest.raises(ValueError, match=r"^size mismatch: prediction 3x2, label 5x4$"):
+        confusion_counts(np.zeros((2, 3), bool), np.zeros((4, 5), bool))
+
+
+@pytest.mark.parametrize("counts", [(0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 1, 1, 1),
+                                    (2, 1, 0, 1), (3, 0, 2, 1), (0, 1, 1, 0), (5, 2, 3, 7)])
+def test_scores_of_small_counts_match_the_formulas(counts):
+    """Counts of a few pixels, where a ratio's denominator is 1 or 2 and one class may be absent: each
+    score against its formula written out here (0/0 as the module doc defines it)."""
+    tn, fp, fn, tp = counts
+    n = tn + fp + fn + tp
+
+    def ratio(num, den, absent):
+        return num / den if den else (1.0 if absent else 0.0)
+
+    def cls(tp_, fp_, fn_):
+        absent = fp_ == 0 and fn_ == 0
+        return (ratio(tp_, tp_ + fp_, absent), ratio(tp_, tp_ + fn_, absent),
+                ratio(2 * tp_, 2 * tp_ + fp_ + fn_, absent), ratio(tp_, tp_ + fp_ + fn_, absent))
+
+    p, r, f1, iou = cls(tp, fp, fn)
+    _, _, f1_0, iou_0 = cls(tn, fn, fp)
+    oa = (tp + tn) / n
+    pe = ((tp + fp) * (tp + fn) + (tn + fn) * (tn + fp)) / n ** 2
+    kappa = 1.0 if pe == 1 else (oa - pe) / (1 - pe)
+    expected = {"precision": p, "recall": r, "f1": f1, "iou": iou, "oa": oa, "kappa": kappa,
+                "mf1": (f1 + f1_0) / 2, "miou": (iou + iou_0) / 2}
+    ours = scores_from_counts(*counts)
+    assert ours == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    pred = np.array([False] * tn + [True] * fp + [False] * fn + [True] * tp)
+    label = np.array([False] * (tn + fp) + [True] * (fn + tp))
+    assert confusion_counts(pred, label) == counts
+
+
 def test_any_nonzero_pixel_is_change():
     label = real_label("test_2_0000_0000.png")
     for encoded in (label.astype(np.uint8), label.astype(np.uint8) * 255, label.astype(np.uint8) * 37,

@@ -17,16 +17,16 @@ import pytest
 import operators.pairs.regional.regional_ops as regional_ops
 from benchmarks.registration_real import dense_errors, perturbations, spoiled_fit
 from operators.pairs.regional.regional_ops import register_slice_regional
-from tests.pairs.screening._naip_cases import NAIP, NAIP_CROP, WAVE, WAVE_CROP, registered
+from tests.pairs.screening._naip_cases import NAIP, NAIP_CROP, WAVE_CROP, registered
 
 LIMIT = 8.0
 
 
 @pytest.mark.slow
-def test_spoiled_fits_are_never_accepted(tmp_path, monkeypatch):
+def test_spoiled_fits_are_never_accepted(wave_registered, monkeypatch):
     """Every slice's fit spoiled by each known error (two shifts, a rotation with 11 px at the
     crop corners, one crop corner moved 12 px): no crop accepted with a true error over 8 px."""
-    rows, cfg, out, warp = registered(WAVE, WAVE_CROP, tmp_path)
+    rows, cfg, out, warp = wave_registered
     good_fit = regional_ops.fit_slice
     bad, accepted = [], 0
     for name, P in perturbations(384, WAVE_CROP).items():

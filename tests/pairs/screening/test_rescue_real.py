@@ -18,12 +18,12 @@ import pytest
 
 from benchmarks.registration_real import dense_errors
 from operators.pairs.regional.regional_ops import register_slice_regional
-from tests.pairs.screening._naip_cases import WAVE, WAVE_CROP as CROP, registered
+from tests.pairs.screening._naip_cases import WAVE_CROP as CROP
 
 
 @pytest.mark.slow
-def test_real_pair_with_a_smooth_residual_is_rescued_within_the_limit(tmp_path):
-    rows, cfg, out, warp = registered(WAVE, CROP, tmp_path)
+def test_real_pair_with_a_smooth_residual_is_rescued_within_the_limit(wave_registered):
+    rows, cfg, out, warp = wave_registered     # WAVE at CROP, registered once (conftest.py)
     rescued = []
     for row in rows:
         recs = {rescue: json.loads(register_slice_regional(row, replace(cfg, rescue=rescue), out,

@@ -1,0 +1,265 @@
+"""Mutation testing of the modules where a wrong line costs users the most, with their quick tests as
+the oracle (cosmic-ray 8): does a test fail when a line of the code is wrong?
+
+    python tools/mutation.py                          # every module of tools/mutation.toml, all mutants
+    python tools/mutation.py --sample 40 --seed 35 --fail-on-survivor     # CI: a fixed sample
+    python tools/mutation.py --module operators/scoring/confusion.py      # one module
+
+For each module (``[[module]]`` in ``tools/mutation.toml``: its path and the quick tests that cover it)
+cosmic-ray writes each mutant (an operator swapped, a constant changed, a condition negated, ...) into
+a copy of the checkout and runs the tests against it: a failing run kills the mutant; a mutant the
+tests pass is a survivor. Printed per module: killed / survived / timeouts / incompetent (mutants
+that cannot run, e.g. a syntax the operator made), the score (killed / (killed + survived)), and each
+survivor's line and change.
+
+An equivalent mutant (one no test can kill because the program means the same, e.g. ``>`` for ``>=``
+where both sides are never equal) is explained in a comment of the module's test file, which this tool
+reads:
+
+    # equivalent mutant: <operator name> on `<the source line, stripped>`: <why it cannot be killed>
+
+and it is then counted apart, not as a survivor. Exit 1 with ``--fail-on-survivor`` if any survived,
+or when a module's score is under ``--min-score``; exit 2 if a module's tests fail unmutated.
+
+The checkout is copied (``operators``, ``jobs``, ``prompts``, ``tests``, ``pyproject.toml``; ``data``
+linked): cosmic-ray edits the files it mutates, and the working tree is never touched.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "tools" / "mutation.toml"
+COPIED = ("operators", "jobs", "prompts", "tests", "pyproject.toml")
+LINKED = ("data",)
+EQUIVALENT = re.compile(r"#\s*equivalent mutant:\s*(\S+)\s+on\s+`(.+?)`\s*:\s*(.+)")
+
+
+@dataclass
+class Module:
+    path: str
+    tests: list[str]
+    timeout_s: float = 60.0
+
+
+@dataclass
+class Outcome:
+    module: str
+    killed: int = 0
+    survived: list[dict] = field(default_factory=list)
+    equivalent: list[dict] = field(default_factory=list)
+    timeouts: int = 0
+    incompetent: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float | None:
+        judged = self.killed + len(self.survived)
+        return None if judged == 0 else self.killed / judged
+
+
+def load_modules(path: Path = CONFIG) -> list[Module]:
+    doc = tomllib.loads(path.read_text())
+    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 60)))
+            for m in doc["module"]]
+
+
+def equivalents(tests: list[str], root: Path = REPO) -> dict[tuple[str, str], str]:
+    """(operator, stripped source line) -> the reason, from the tests' ``# equivalent mutant:`` comments."""
+    out = {}
+    for t in tests:
+        for line in (root / t).read_text().splitlines():
+            found = EQUIVALENT.search(line)
+            if found:
+                out[(found[1], found[2].strip())] = found[3].strip()
+    return out
+
+
+def copy_checkout(dest: Path) -> None:
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, dest / name)
+    for name in LINKED:
+        if (REPO / name).exists():
+            (dest / name).symlink_to(REPO / name)
+
+
+def test_command(module: Module) -> str:
+    # -x: the first failure kills the mutant; -p no:randomly/cacheprovider: nothing kept between runs.
+    return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", "quick", "-p", "no:cacheprovider",
+                     "--timeout", str(int(module.timeout_s)), *module.tests])
+
+
+def write_config(work: Path, module: Module, timeout_s: float) -> Path:
+    cfg = work / f"cr-{Path(module.path).stem}.toml"
+    cfg.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {module.path!r}\n"
+        f"timeout = {timeout_s}\n"
+        "excluded-modules = []\n"
+        f"test-command = {test_command(module)!r}\n"
+        "[cosmic-ray.distributor]\n"
+        "name = \"local\"\n")
+    return cfg
+
+
+def run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (start, end) positions of the module's annotations, if it never evaluates them (``from
+    __future__ import annotations``): a mutant there is equivalent by construction."""
+    tree = ast.parse(source)
+    lazy = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+               any(a.name == "annotations" for a in n.names) for n in tree.body)
+    if not lazy:
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        found = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            found.append(node.returns)
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        if isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+        spans += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found]
+    return spans
+
+
+def sample_jobs(session: Path, source: str, n: int | None, seed: int) -> tuple[int, int]:
+    """Mark mutants inside never-evaluated annotations skipped, then keep ``n`` of the rest (a seeded
+    draw; all if None) and mark the others skipped. Returns (kept, in annotations)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+    spans = annotation_spans(source)
+    skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        items = sorted(db.work_items, key=lambda i: i.job_id)
+        inside = [i.job_id for i in items
+                  if any(a <= tuple(i.mutations[0].start_pos) < b for a, b in spans)]
+        jobs = [i.job_id for i in items if i.job_id not in set(inside)]
+        keep = set(jobs if n is None or n >= len(jobs) else random.Random(seed).sample(jobs, n))
+        db.set_multiple_results(inside + [j for j in jobs if j not in keep], skipped)
+        return len(keep), len(inside)
+
+
+def collect(session: Path, module: Module, root: Path) -> Outcome:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+    known = equivalents(module.tests, root)
+    source = (root / module.path).read_text().splitlines()
+    out = Outcome(module.path)
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                out.skipped += 1
+                continue
+            if result.worker_outcome == WorkerOutcome.ABNORMAL:
+                out.timeouts += 1          # killed by cosmic-ray's timeout: the mutant hangs
+                continue
+            if result.test_outcome == TestOutcome.INCOMPETENT or result.worker_outcome == WorkerOutcome.EXCEPTION:
+                out.incompetent += 1
+                continue
+            if result.test_outcome == TestOutcome.KILLED:
+                out.killed += 1
+                continue
+            m = item.mutations[0]
+            line = source[m.start_pos[0] - 1].strip()
+            entry = {"line": m.start_pos[0], "operator": m.operator_name, "occurrence": m.occurrence,
+                     "source": line, "diff": result.diff or ""}
+            reason = known.get((m.operator_name, line))
+            if reason:
+                out.equivalent.append({**entry, "reason": reason})
+            else:
+                out.survived.append(entry)
+    return out
+
+
+def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print) -> Outcome:
+    env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.time()
+    base = run(test_command(module).split(), work, env)       # the oracle passes unmutated
+    if base.returncode != 0:
+        raise SystemExit(f"{module.path}: its tests fail without a mutation:\n{base.stdout[-3000:]}")
+    baseline_s = time.time() - t0
+    timeout = max(module.timeout_s, 4 * baseline_s + 10)
+    cfg = write_config(work, module, timeout)
+    session = work / f"cr-{Path(module.path).stem}.sqlite"
+    init = run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], work, env)
+    if init.returncode != 0:
+        raise SystemExit(f"cosmic-ray init failed for {module.path}:\n{init.stderr[-3000:]}")
+    kept, in_annotations = sample_jobs(session, (work / module.path).read_text(), sample, seed)
+    log(f"[mutation] {module.path}: {kept} mutants ({in_annotations} more in never-evaluated annotations, "
+        f"not run), tests {baseline_s:.1f} s unmutated", flush=True)
+    ex = run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(session)], work, env)
+    if ex.returncode != 0:
+        raise SystemExit(f"cosmic-ray exec failed for {module.path}:\n{ex.stderr[-3000:]}")
+    out = collect(session, module, work)
+    out.seconds = time.time() - t0
+    return out
+
+
+def report(outcomes: list[Outcome], log=print) -> None:
+    log(f"{'module':<48} {'killed':>6} {'survived':>8} {'equiv.':>6} {'timeout':>7} {'incomp.':>7} {'score':>6}")
+    for o in outcomes:
+        score = "-" if o.score is None else f"{100 * o.score:.0f} %"
+        log(f"{o.module:<48} {o.killed:>6} {len(o.survived):>8} {len(o.equivalent):>6} {o.timeouts:>7} "
+            f"{o.incompetent:>7} {score:>6}   ({o.seconds:.0f} s)")
+    for o in outcomes:
+        for s in o.survived:
+            log(f"\nSURVIVED {o.module}:{s['line']} {s['operator']} (occurrence {s['occurrence']}): {s['source']}")
+            log("\n".join("    " + d for d in s["diff"].splitlines() if d.startswith(("+", "-"))
+                          and not d.startswith(("+++", "---"))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the module list (default: tools/mutation.toml)")
+    ap.add_argument("--module", action="append", default=[], help="only this module path (repeatable)")
+    ap.add_argument("--sample", type=int, default=None, help="mutants per module, drawn with --seed (default: all)")
+    ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--fail-on-survivor", action="store_true", help="exit 1 if any mutant survived")
+    ap.add_argument("--min-score", type=float, default=0.0, help="exit 1 if a module's score is below (0-1)")
+    args = ap.parse_args(argv)
+    modules = load_modules(args.config)
+    if args.module:
+        unknown = set(args.module) - {m.path for m in modules}
+        if unknown:
+            ap.error(f"--module {sorted(unknown)[0]}: not in {args.config}")
+        modules = [m for m in modules if m.path in args.module]
+    with tempfile.TemporaryDirectory(prefix="cf-mutation-") as tmp:
+        work = Path(tmp)
+        copy_checkout(work)
+        outcomes = [mutate(m, work, args.sample, args.seed) for m in modules]
+    report(outcomes)
+    survived = sum(len(o.survived) for o in outcomes)
+    low = [o.module for o in outcomes if o.score is not None and o.score < args.min_score]
+    if args.fail_on_survivor and survived:
+        print(f"\n[mutation] {survived} mutant(s) survived", file=sys.stderr)
+        return 1
+    if low:
+        print(f"\n[mutation] score under {args.min_score:.0%}: {', '.join(low)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
