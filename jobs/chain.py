@@ -201,14 +201,15 @@ def _now() -> str:
 def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool = False) -> dict:
     root_uri, steps = load_chain(config)
     from jobs.cli import JOBS
-    validation.check_chain(config, steps, _parser_for, WIRING, [j for j in JOBS if j != "chain"])  # before any step
+    # before any step: jobs, options and values here; the required options below (all of them at once)
+    validation.check_chain(config, steps, _parser_for, WIRING, [j for j in JOBS if j != "chain"], required=False)
     root = Store(root_uri)
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
         raise SystemExit(f"chain: --from-step {from_step!r} is not a step ({', '.join(names)})")
     problems = check(root, steps)          # every step's options and needs, before anything runs
     if problems and not dry_run:
-        raise SystemExit("chain: nothing ran; " + "; ".join(problems))
+        raise SystemExit(f"changeforge chain: {config}: nothing ran; " + "; ".join(problems))
     for line in problems:
         print(f"[chain] dry run: {line}", flush=True)
     state = _load_state(root)

@@ -311,14 +311,16 @@ def reason_lines(reasons: dict[str, int], examples: dict[str, list[str]] | None 
 ARRIVES_LATER = {"export"}
 
 def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dict[str, dict] | None = None,
-                jobs: list[str] = (), prog: str = "changeforge chain") -> None:
+                jobs: list[str] = (), prog: str = "changeforge chain", required: bool = True) -> None:
     """Every step of a chain file checked as its job would check it, before any step runs: the job
     and command exist, every option is one of the job's, every value passes the option's checks
     (paths the user names must exist; the ones the chain wires are made by earlier steps), and the
     required options are given or wired. One line naming the file, the step and the key; exit 2.
 
     ``parser_for(step)`` gives ``(module, command, parser)`` or raises SystemExit; ``wired``: step ->
-    the options the chain fills in; ``jobs``: job names, for a suggestion when a step is misspelt."""
+    the options the chain fills in; ``jobs``: job names, for a suggestion when a step is misspelt;
+    ``required=False`` leaves the required options to the caller (the chain names all of them at once,
+    and its dry run lists them)."""
     for i, (step, options) in enumerate(steps):
         where = f"{path}: step {i + 1} {step!r}"
         try:
@@ -358,6 +360,6 @@ def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dic
                     fail(prog, f"{where}: {key}: {_shown(v)}: {problem}")
         wired_here = {by_flag["--" + k.replace("_", "-")].dest for k in (wired or {}).get(step, {})
                       if "--" + k.replace("_", "-") in by_flag}
-        for a in parser._actions:
+        for a in parser._actions if required else ():
             if a.required and a.option_strings and a.dest not in given | wired_here:
                 fail(prog, f"{where}: needs {flag_of(a).lstrip('-')} (the step's job requires it)")

@@ -151,7 +151,7 @@ CASES = [
     ("chain-misspelt-step", ["chain", "--config", "chain-misspelt.yaml"], "chain-misspelt.yaml: step 2 'captoin': unknown job 'captoin'"),
     ("chain-unknown-key", ["chain", "--config", "chain-key.yaml"], "chain-key.yaml: step 2 'caption': unknown option 'modle' (did you mean model?)"),
     ("chain-bad-value", ["chain", "--config", "chain-value.yaml"], "chain-value.yaml: step 2 'caption': rpm: -1: must be at least 0"),
-    ("chain-required", ["chain", "--config", "chain-required.yaml"], "chain-required.yaml: step 2 'caption': needs model"),
+    ("chain-required", ["chain", "--config", "chain-required.yaml"], "chain-required.yaml: nothing ran; step 2 'caption' needs --model"),
     ("chain-missing-path", ["chain", "--config", "chain-path.yaml"], "chain-path.yaml: step 1 'pairs': input:"),
     ("chain-no-command", ["chain", "--config", "chain-command.yaml"], "chain-command.yaml: step 2 'score': name the command"),
     ("chain-abbreviation", ["chain", "--config", "chain-key.yaml", "--dry"], "unknown option --dry (did you mean --dry-run?)"),

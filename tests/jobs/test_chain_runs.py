@@ -157,11 +157,12 @@ def test_a_boolean_given_both_ways_is_refused(tmp_path):
 
 def test_required_options_neither_given_nor_wired_are_named_before_anything_runs(rec, tmp_path, capsys):
     config = tmp_path / "chain.yaml"
+    (tmp_path / "p.json").write_text('[{"id": "x", "answer": "no"}]')   # exists: only what is missing is named
     config.write_text(f"""output: {tmp_path / 'root'}
 steps:
   - caption: {{input: {tmp_path}, model: m}}
   - score captions: {{}}
-  - score qa: {{pred: p.json}}
+  - score qa: {{pred: {tmp_path / 'p.json'}}}
   - publish: {{licence: CC0-1.0}}
 """)
     with pytest.raises(SystemExit) as exc:
