@@ -21,7 +21,7 @@ def chain(config, *extra):
 
 
 @pytest.mark.slow   # three chain runs, each step its own process (~25 s)
-def test_chain_stops_at_a_failing_step_and_resumes_there(tmp_path):
+def test_chain_waits_for_the_export_and_resumes_at_ingest(tmp_path):
     ds = make_dataset(tmp_path / "docroot" / "pairs")
     __import__("shutil").rmtree(ds / "metadata")        # a LEVIR-CD-layout dataset, not a pairs output
     root, export = tmp_path / "run", tmp_path / "ls-export.json"
@@ -43,14 +43,19 @@ steps:
     # The annotators' work arrives; the chain resumes at ingest.
     tasks[0].update(id=1, annotations=[{"id": 1, "completed_by": 1, "result": [brush("new", "post", rect(0, 9, 0, 9))]}])
     export.write_text(json.dumps(tasks))
-    second = chain(config)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    assert "finished earlier" in second.stderr and "ran 2 step(s)" in second.stdout
+    second = chain(config)     # one pair of eight decided: the chain ingests and waits for the rest
+    assert second.returncode == 3, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "finished earlier" in second.stderr and "waiting for annotators: 1 of " in second.stdout
     assert (root / "annotate" / "tasks.json").stat().st_mtime_ns == exported_at     # not exported again
-    assert (ds / "label" / f"{tasks[0]['data']['pair_id']}.png").exists() and (root / "report" / "index.html").exists()
-    # Nothing left to do: a third run runs nothing.
-    third = chain(config)
-    assert third.returncode == 0 and "ran 0 step(s)" in third.stdout
+    assert (ds / "label" / f"{tasks[0]['data']['pair_id']}.png").exists()
+    assert not (root / "report").exists()
+    # --partial: the report runs on what is decided; ingest is not run again (its export is unchanged).
+    third = chain(config, "--partial")
+    assert third.returncode == 0 and "ran 1 step(s)" in third.stdout, third.stdout[-2000:] + third.stderr[-2000:]
+    assert (root / "report" / "index.html").exists()
+    # Nothing left to do: a fourth run runs nothing.
+    fourth = chain(config, "--partial")
+    assert fourth.returncode == 0 and "ran 0 step(s)" in fourth.stdout
 
 
 def test_unknown_options_are_refused_before_anything_runs(tmp_path):
