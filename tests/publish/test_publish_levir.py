@@ -82,11 +82,15 @@ def test_croissant_of_a_levir_release_iterates(levir_release):
 
 
 def test_unknown_licence_is_refused_and_nothing_is_written(tmp_path):
+    # A copy outside the repository's data/ (whose bundled terms are known) and without a licence.txt.
+    import shutil
+    levir = tmp_path / "levir"
+    shutil.copytree(LEVIR, levir)
     with pytest.raises(SystemExit, match="licence of --input is unknown"):
-        run(PublishConfig(input=str(LEVIR), output=str(tmp_path / "rel"), name="x", version="1.0.0"))
+        run(PublishConfig(input=str(levir), output=str(tmp_path / "rel"), name="x", version="1.0.0"))
     assert not (tmp_path / "rel").exists()
     with pytest.raises(SystemExit, match="not a semantic version"):
-        run(PublishConfig(input=str(LEVIR), output=str(tmp_path / "rel"), name="x", version="1.0", licence="MIT"))
+        run(PublishConfig(input=str(levir), output=str(tmp_path / "rel"), name="x", version="1.0", licence="MIT"))
 
 
 def test_release_from_and_to_s3(s3_client, s3_bucket):
