@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -38,6 +39,10 @@ import cv2
 from operators.language.caption_ops import (CaptionPrompts, PrepareConfig, build_generate_request,
                                             build_judge_request, find_dataset_pairs, prepare_pair)
 from operators.language.captions import load_template, overall_score, select_captions
+from operators.llm.job_runner import LLMJobConfig
+
+# The templates the captions job sends by default (the cache-shaped ones).
+CURRENT = {"generate": LLMJobConfig.generate_template, "judge": LLMJobConfig.judge_template}
 from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret
 from operators.llm.images import image_part
@@ -211,9 +216,12 @@ def main(argv=None) -> int:
                 tallies[shape] = asyncio.run(run_shape(server, records, prompts, shape))[0]
             server.configure(prefix_cache=True)
             server.reset()
-            tallies["cached"] = asyncio.run(run_shape(server, records, prompts, "cached"))[0]
+            # (c) and (d): the real builders with the current (cache-shaped) templates.
+            shaped = dataclasses.replace(prompts, generate=load_template(CURRENT["generate"]),
+                                         judge=load_template(CURRENT["judge"]))
+            tallies["cached"] = asyncio.run(run_shape(server, records, shaped, "cached"))[0]
             server.reset()
-            tallies["batch"] = run_batch(server, records, prompts, Path(tmp) / "batch")
+            tallies["batch"] = run_batch(server, records, shaped, Path(tmp) / "batch")
     finally:
         server.close()
     per = {}

@@ -154,6 +154,8 @@ def pair_messages(template: PromptTemplate, record: dict, detail: str, stage_tex
     else:
         content = [{"type": "text", "text": stage_text}] + images
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
+
+
 @dataclass(frozen=True)
 class CaptionPrompts:
     generate: PromptTemplate
