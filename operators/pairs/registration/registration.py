@@ -253,8 +253,8 @@ def inlier_coverage(pre_xy: np.ndarray, inliers: np.ndarray, slice_side: int,
                     cfg: RegistrationConfig) -> Optional[float]:
     """How much of the kept crop backs the fit: the crop is cut into ``COVERAGE_CELLS`` x
     ``COVERAGE_CELLS`` cells; of the cells holding at least ``COVERAGE_MATCHES`` matches, the
-    share whose inliers exceed what chance gives their matches (as :func:`confidence_inliers`,
-    and at least 3). Repeated texture agreeing with itself in one part of the crop, amid
+    share whose inliers exceed what chance gives their matches (its mean plus two standard
+    deviations, and at least 2). Repeated texture agreeing with itself in one part of the crop, amid
     look-alike matches everywhere, backs the fit in that part only; a cloud-free band backs it
     wherever it has matches. None (no verdict: the count and screening decide) when fewer than
     ``COVERAGE_MIN_CELLS`` cells hold enough matches, or the crop does not fit."""
@@ -271,8 +271,9 @@ def inlier_coverage(pre_xy: np.ndarray, inliers: np.ndarray, slice_side: int,
     in_cell = np.bincount(flat, weights=np.asarray(inliers, bool)[inside].astype(float),
                           minlength=k)
     p = chance_inliers(1, cfg, slice_side)[0]              # per match
-    need = np.maximum(3.0, cfg.fit_chance_factor * n_cell * p +
-                      cfg.fit_chance_sigma * np.sqrt(n_cell * p * (1 - p)))
+    # Per cell, a looser bar than the slice's (a cell is a small sample, and the slice's count
+    # already beat chance): more than the chance mean plus two standard deviations.
+    need = np.maximum(2.0, n_cell * p + 2.0 * np.sqrt(n_cell * p * (1 - p)))
     counted = n_cell >= COVERAGE_MATCHES
     if counted.sum() < COVERAGE_MIN_CELLS:
         return None
