@@ -267,10 +267,7 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
 
     The standard error of a corner's prediction is sigma * sqrt(x0' (X'X)^-1 x0) (sigma: the
     windows' scatter about the field, at least ``noise_px``): windows bunched near the centre
-    extrapolate far to the corners and say little there, which the bound value + k SE shows.
-    The bilinear field counts only when its x*y coefficient exceeds k of its standard errors
-    (the windows show the term); otherwise its corner is the noise of a needless term (on NAIP
-    2016/2020 one good crop's bilinear corner reached 8 px where the affine field gave 2 px)."""
+    extrapolate far to the corners and say little there, which the bound value + k SE shows."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
     best: Optional[CornerEstimate] = None
     for bilinear in (False, True):
@@ -279,8 +276,6 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
             continue
         A, inv, sigma = got
         sig = max(sigma, noise_px)
-        if bilinear and not np.any(np.abs(A[3]) > k * sig * np.sqrt(inv[3, 3])):
-            continue    # the windows do not show an x*y term: its extrapolation is noise
         T = _field_terms(xy, w, h, bilinear)
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
