@@ -21,7 +21,8 @@ from operators.io.tables import envelope
 from operators.pairs.catalogue.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.imagery.radiometry import to_uint8
 from operators.pairs.imagery.raster_io import common_grid, grid_bbox, read_at, read_window_anywhere
-from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, crop_offset,
+from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, confidence_inliers,
+                                                       crop_match_support, crop_offset,
                                                        crop_positions_on_grid, feature_grey, homography_problem,
                                                        nodata_fraction, remap_bands)
 from operators.pairs.registration.config import SchedulingConfig, without_later_defaults
@@ -370,8 +371,11 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
         size = int(row["window"][2])
         H2 = None if field is None else rescued_homography(fit.homography, field[0],
                                                             crop_offset(size, cfg.crop_size))
-        if H2 is not None and homography_problem(H2, size, cfg.crop_size, cfg) is None:
-            fit2 = HomographyFit(H2, fit.n_matches, fit.n_inliers)
+        if H2 is not None and homography_problem(H2, size, cfg.crop_size, cfg) is None and \
+                rescue_backed(fit, H2, size, cfg):
+            # The rescue's own evidence: the crop's matches and those within the threshold of H2.
+            fit2 = HomographyFit(H2, *crop_match_support(fit.matches, H2, size, cfg),
+                                 matches=fit.matches)
             post2, post_valid2 = read_registered_post(row0, H2, cfg)
             row2, dpre2, dpost2, reason2 = _crop_checks(row0, cfg, fit2, pre_valid, post_valid2)
             if reason2 is None:
@@ -390,6 +394,18 @@ def finish_crop(row: dict, cfg: RegistrationConfig, out_root: str, run_id: str, 
     write_png(store, rel_b, _rgb(to_uint8(post_crop, row["stretch_post"], data_post)))
     rec = slice_record(row, cfg, run_id, clock, fit, "accepted", None, screen, (rel_a, rel_b))
     return envelope("metadata", {**rec, **(rescue or {})})
+
+
+def rescue_backed(fit: HomographyFit, H2, slice_size: int, cfg: RegistrationConfig) -> bool:
+    """Whether the slice's own SIFT matches inside the crop back a rescued homography: more of
+    them within the RANSAC threshold of ``H2`` than chance gives (:func:`confidence_inliers`),
+    and at least ``rescue_min_agreement`` as many as under the first fit. A wrong-peak field
+    the screening windows agree on (periodic texture, roofs of an off-nadir view) moves the crop
+    away from where its matches put it, and is not taken; without matches, no rescue."""
+    n, under_rescue = crop_match_support(fit.matches, H2, slice_size, cfg)
+    _, under_fit = crop_match_support(fit.matches, fit.homography, slice_size, cfg)
+    return n > 0 and under_rescue > confidence_inliers(n, cfg, slice_size) and \
+        under_rescue >= cfg.rescue_min_agreement * under_fit
 
 
 def single_thread():

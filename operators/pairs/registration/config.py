@@ -20,10 +20,16 @@ ROBUST_METHODS = ("ransac", "usac_fast")
 RESAMPLING = ("nearest", "linear", "cubic")
 
 
-def _opt(default, help: str, choices: tuple | None = None, **checks):  # noqa: A002 - "help" is the CLI generator's key
-    # checks: operators.io.validation's keys (min, range, ...), applied before any work
-    return field(default=default, metadata={"help": help, **checks} if choices is None
-                 else {"help": help, "choices": choices, **checks})
+def _opt(default, help: str, choices: tuple | None = None, lo=None, hi=None, **checks):  # noqa: A002 - "help" is the CLI generator's key
+    # checks: operators.io.validation's keys (min, range, ...), applied before any work; lo/hi = min/max
+    meta: dict = {"help": help, **checks}
+    if choices is not None:
+        meta["choices"] = choices
+    if lo is not None:
+        meta["min"] = lo
+    if hi is not None:
+        meta["max"] = hi
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -94,9 +100,22 @@ class FitConfig:
     ransac_max_iters: int = _opt(5000, "RANSAC iteration cap")
     ransac_confidence: float = _opt(0.999, "RANSAC confidence")
     min_inliers: int = _opt(30, "reject a slice with fewer RANSAC inliers (good fits have hundreds)")
-    min_inlier_ratio: float = _opt(0.3, "fit confidence (Brown-Lowe, as OpenCV stitching): reject "
-                                        "a fit with at most 8 + this x matches inliers; wrong "
-                                        "matches near a prior still give dozens of inliers")
+    min_inlier_ratio: float = _opt(0.3, "fit confidence floor for small match sets (Brown-Lowe, as "
+                                        "OpenCV stitching): a fit needs more than 8 + this x "
+                                        "min(matches, fit_floor_matches) inliers")
+    fit_floor_matches: int = _opt(200, "match count up to which the Brown-Lowe share applies; "
+                                       "beyond it the floor stays at 8 + min_inlier_ratio x this",
+                                  lo=0, hi=1_000_000)
+    fit_chance_factor: float = _opt(2.0, "a fit needs more inliers than this x the inliers chance "
+                                         "gives (matches x (RANSAC threshold / match radius)^2) "
+                                         "plus fit_chance_sigma standard deviations", lo=1.0, hi=100.0)
+    fit_chance_sigma: float = _opt(4.0, "standard deviations of the chance inlier count a fit must "
+                                        "exceed (with fit_chance_factor)", lo=0.0, hi=100.0)
+    min_inlier_coverage: float = _opt(0.5, "share of the kept crop's 4 x 4 cells holding matches "
+                                           "(at least 8) in which the fit's inliers must exceed "
+                                           "chance; below: the fit is rejected (self-consistent "
+                                           "repeated texture in one part of the crop)",
+                                      lo=0.0, hi=1.0)
     min_inlier_spread: float = _opt(0.08, "inliers whose spread (std along their thinnest direction) "
                                           "is below this fraction of the slice side get a "
                                           "similarity instead of a homography (underdetermined)")
@@ -145,6 +164,27 @@ class ScreeningConfig:
                                       "evidence")
     screen_min_quadrants: int = _opt(3, "crop quadrants (of 4) the agreeing windows must reach; "
                                         "fewer: insufficient evidence (a far corner is unchecked)")
+    screen_min_coverage: float = _opt(0.3, "share of the crop the convex hull of the agreeing "
+                                           "windows' centres must cover (a full window grid "
+                                           "covers about (1 - 1/8)^2 = 0.77); below: "
+                                           "insufficient evidence", lo=0.0, hi=1.0)
+    screen_corner_k: float = _opt(2.0, "a crop corner is accepted only when its extrapolated "
+                                       "displacement plus this many standard errors of the "
+                                       "prediction stays within the limit", lo=0.0, hi=10.0)
+    screen_shift_noise_px: float = _opt(0.3, "least noise (px) assumed for a window's measured "
+                                             "shift when the corner's standard error is computed "
+                                             "(windows that agree perfectly are not exact)",
+                                        lo=0.0, hi=10.0)
+    screen_peak_box_px: int = _opt(6, "largest half-side (px) of the box about a window's "
+                                      "correlation peak that counts as the peak itself; the "
+                                      "rest of the surface must stay screen_peak_margin below "
+                                      "it (a second near-equal maximum: untrusted)", lo=1, hi=64)
+    screen_peak_sigma: float = _opt(2.0, "a window's peak must exceed the mean of its correlation "
+                                         "surface outside the peak box by this many standard "
+                                         "deviations (AROSICS: 2)", lo=0.0, hi=20.0)
+    screen_confirm_px: float = _opt(3.0, "the post window at the found offset, searched back in "
+                                         "the pre crop, must land within this many px of the "
+                                         "pre window (0 = no backward check)", lo=0.0, hi=16.0)
 
     def __post_init__(self):
         if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
@@ -206,7 +246,11 @@ class SchedulingConfig:
 
 # Settings added after outputs were written: at these values they are left out of every key, so an
 # output written before them keeps its keys (and resumes) as long as they stay at the default.
-LATER_DEFAULTS = {"tile_block": 1}
+LATER_DEFAULTS = {"tile_block": 1, "fit_floor_matches": 200, "fit_chance_factor": 2.0,
+                  "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
+                  "screen_min_coverage": 0.3, "screen_corner_k": 2.0,
+                  "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
+                  "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0}
 
 
 def without_later_defaults(settings: dict) -> dict:

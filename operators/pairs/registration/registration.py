@@ -30,7 +30,7 @@ Conventions used throughout:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import cv2
@@ -155,6 +155,9 @@ class HomographyFit:
     n_matches: int
     n_inliers: int
     reject_reason: Optional[str] = None
+    # The matches the fit came from, (post_xy, pre_xy) in slice px: what a rescue of the crop is
+    # checked against (never stored).
+    matches: Optional[tuple] = field(default=None, repr=False, compare=False)
 
 
 def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationConfig,
@@ -179,14 +182,24 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
     n_in = int(inliers.sum())
     if n_in < cfg.min_inliers:
         return HomographyFit(None, n, n_in, f"too few inliers ({n_in} < {cfg.min_inliers})")
-    need = confidence_inliers(n, cfg)
+    side = float(slice_side or max(np.ptp(pre_xy[:, 0]), np.ptp(pre_xy[:, 1]), 1.0))
+    need = confidence_inliers(n, cfg, side)
     if n_in <= need:
+        mu, _ = chance_inliers(n, cfg, side)
         return HomographyFit(None, n, n_in, f"low fit confidence: {n_in} inliers of {n} matches "
-                                            f"(<= 8 + {cfg.min_inlier_ratio:g} x matches = "
-                                            f"{need:.0f})")
+                                            f"(<= {need:.0f}: chance gives {mu:.0f} within "
+                                            f"{cfg.ransac_threshold_px:g} of {match_radius(cfg, side):g} "
+                                            f"px)")
+    keep0 = inliers.ravel().astype(bool)
+    if slice_side:
+        cover = inlier_coverage(pre_xy, keep0, int(slice_side), cfg)
+        if cover is not None and cover < cfg.min_inlier_coverage:
+            return HomographyFit(None, n, n_in, f"inliers back {cover:.0%} of the crop's cells "
+                                                f"with matches (< {cfg.min_inlier_coverage:.0%}: "
+                                                f"more inliers than chance)")
     if not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
         return HomographyFit(None, n, n_in, "degenerate homography (not finite)")
-    keep = inliers.ravel().astype(bool)
+    keep = keep0
     span = max(float(np.ptp(post_xy[:, 0])), float(np.ptp(post_xy[:, 1])), 1.0)
     if inlier_spread(post_xy[keep]) < cfg.min_inlier_spread * max(slice_side or span, 1.0):
         S = similarity_fit(post_xy[keep], pre_xy[keep], cfg)
@@ -196,11 +209,75 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
     return HomographyFit(H / H[2, 2], n, n_in)
 
 
-def confidence_inliers(n_matches: int, cfg: RegistrationConfig) -> float:
-    """Inliers a fit must exceed (Brown and Lowe 2007, OpenCV stitching's match confidence
-    ``inliers / (8 + 0.3 matches) > 1``): RANSAC's inlier count alone means little when the
-    matches were drawn near a prior, where wrong matches agree with it by chance."""
-    return 8.0 + float(cfg.min_inlier_ratio) * int(n_matches)
+def match_radius(cfg: RegistrationConfig, slice_side: float) -> float:
+    """How far from its true partner a wrong match can lie: guided matches within the guided
+    radius of the prior's prediction; otherwise anywhere in the slice (half its side)."""
+    if cfg.method == "regional" and cfg.guided_matching:
+        return float(cfg.guided_radius_px)
+    return max(float(slice_side) / 2.0, float(cfg.ransac_threshold_px))
+
+
+def chance_inliers(n_matches: int, cfg: RegistrationConfig, slice_side: float,
+                   radius: Optional[float] = None) -> tuple[float, float]:
+    """(mean, standard deviation) of the RANSAC inliers ``n_matches`` wrong matches give by
+    chance: each lies within the threshold of a model near the truth with probability
+    (threshold / radius)^2 (a disc of the threshold inside the disc the wrong partner is drawn
+    from, :func:`match_radius`)."""
+    r = match_radius(cfg, slice_side) if radius is None else float(radius)
+    p = min(1.0, (float(cfg.ransac_threshold_px) / max(r, 1e-9)) ** 2)
+    return n_matches * p, float(np.sqrt(n_matches * p * (1.0 - p)))
+
+
+def confidence_inliers(n_matches: int, cfg: RegistrationConfig,
+                       slice_side: Optional[float] = None) -> float:
+    """Inliers a fit must exceed: more than chance gives (``fit_chance_factor`` x its mean plus
+    ``fit_chance_sigma`` standard deviations, :func:`chance_inliers`), and for small match sets
+    the Brown-Lowe share (OpenCV stitching's ``inliers / (8 + 0.3 matches) > 1``) up to
+    ``fit_floor_matches`` matches. A fixed share of all matches rejected slices with thousands
+    of correct inliers whenever changed land or water added look-alike matches; chance is what
+    wrong matches drawn near a prior can give."""
+    n = int(n_matches)
+    floor = 8.0 + float(cfg.min_inlier_ratio) * min(n, int(cfg.fit_floor_matches))
+    if slice_side is None:
+        return floor
+    mu, sd = chance_inliers(n, cfg, slice_side)
+    return max(floor, cfg.fit_chance_factor * mu + cfg.fit_chance_sigma * sd)
+
+
+COVERAGE_CELLS = 4      # the kept crop's cells per side in which inliers are counted against chance
+COVERAGE_MATCHES = 8    # matches a cell needs to count (fewer: water, cloud, nodata; no evidence)
+COVERAGE_MIN_CELLS = 4  # cells that count before a share means anything (fewer: no verdict)
+
+
+def inlier_coverage(pre_xy: np.ndarray, inliers: np.ndarray, slice_side: int,
+                    cfg: RegistrationConfig) -> Optional[float]:
+    """How much of the kept crop backs the fit: the crop is cut into ``COVERAGE_CELLS`` x
+    ``COVERAGE_CELLS`` cells; of the cells holding at least ``COVERAGE_MATCHES`` matches, the
+    share whose inliers exceed what chance gives their matches (its mean plus two standard
+    deviations, and at least 2). Repeated texture agreeing with itself in one part of the crop, amid
+    look-alike matches everywhere, backs the fit in that part only; a cloud-free band backs it
+    wherever it has matches. None (no verdict: the count and screening decide) when fewer than
+    ``COVERAGE_MIN_CELLS`` cells hold enough matches, or the crop does not fit."""
+    if cfg.crop_size > slice_side:
+        return None
+    off = crop_offset(slice_side, cfg.crop_size)
+    cell = cfg.crop_size / COVERAGE_CELLS
+    rel = (np.asarray(pre_xy, np.float64) - off) / cell
+    inside = np.all((rel >= 0) & (rel < COVERAGE_CELLS), axis=1)
+    idx = np.floor(rel[inside]).astype(int)
+    flat = idx[:, 1] * COVERAGE_CELLS + idx[:, 0]
+    k = COVERAGE_CELLS * COVERAGE_CELLS
+    n_cell = np.bincount(flat, minlength=k)
+    in_cell = np.bincount(flat, weights=np.asarray(inliers, bool)[inside].astype(float),
+                          minlength=k)
+    p = chance_inliers(1, cfg, slice_side)[0]              # per match
+    # Per cell, a looser bar than the slice's (a cell is a small sample, and the slice's count
+    # already beat chance): more than the chance mean plus two standard deviations.
+    need = np.maximum(2.0, n_cell * p + 2.0 * np.sqrt(n_cell * p * (1 - p)))
+    counted = n_cell >= COVERAGE_MATCHES
+    if counted.sum() < COVERAGE_MIN_CELLS:
+        return None
+    return float(np.mean(in_cell[counted] > need[counted]))
 
 
 def inlier_spread(xy: np.ndarray) -> float:
@@ -338,7 +415,15 @@ def checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
                 cfg: RegistrationConfig) -> HomographyFit:
     """:func:`fit_homography` plus the plausibility checks. A homography that fails them (few or
     noisy inliers make its perspective terms wild) is replaced by a similarity fitted to the same
-    inliers when that passes; screening then judges the result on the pixels."""
+    inliers when that passes; screening then judges the result on the pixels. The fit carries
+    its matches (``matches``) for the rescue's check."""
+    matches = (np.asarray(post_xy, np.float64).reshape(-1, 2),
+               np.asarray(pre_xy, np.float64).reshape(-1, 2))
+    return replace(_checked_fit(post_xy, pre_xy, slice_size, cfg), matches=matches)
+
+
+def _checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
+                 cfg: RegistrationConfig) -> HomographyFit:
     fit = fit_homography(post_xy, pre_xy, cfg, slice_side=slice_size)
     if fit.homography is None:
         return fit
@@ -353,6 +438,21 @@ def checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
     if S is not None and homography_problem(S, slice_size, cfg.crop_size, cfg) is None:
         return HomographyFit(S, fit.n_matches, fit.n_inliers)
     return HomographyFit(None, fit.n_matches, fit.n_inliers, reason)
+
+
+def crop_match_support(matches: Optional[tuple], H: np.ndarray, slice_size: int,
+                       cfg: RegistrationConfig) -> tuple[int, int]:
+    """(matches whose pre point lies in the kept crop, those within the RANSAC threshold of
+    ``H``): the slice's own SIFT evidence about a homography over the crop."""
+    if matches is None or H is None:
+        return 0, 0
+    post_xy, pre_xy = matches
+    off = crop_offset(slice_size, cfg.crop_size)
+    inside = np.all((pre_xy >= off - 0.5) & (pre_xy < off + cfg.crop_size - 0.5), axis=1)
+    if not inside.any():
+        return 0, 0
+    err = np.hypot(*(apply_homography(H, post_xy[inside]) - pre_xy[inside]).T)
+    return int(inside.sum()), int(np.sum(err <= cfg.ransac_threshold_px))
 
 
 def nodata_fraction(*valids: np.ndarray) -> float:

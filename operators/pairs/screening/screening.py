@@ -63,6 +63,8 @@ class ScreeningResult:
     assessed_fraction: float = 0.0        # n_confident / n_windows
     shifts: list = field(default_factory=list)  # WindowShift per trusted window, for diagnostics
     measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
+    corner_se_px: Optional[float] = None  # standard error of the corner value
+    coverage: float = 0.0                 # share of the crop in the trusted windows' convex hull
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -89,20 +91,100 @@ def _subpixel(surface: np.ndarray, y: int, x: int) -> tuple[float, float]:
     return x + fx, y + fy
 
 def match_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
-                 min_ncc: float, peak_margin: float = 0.05) -> Optional[tuple[float, float, float]]:
+                 min_ncc: float, peak_margin: float = 0.05, pre: Optional[np.ndarray] = None,
+                 peak: Optional["PeakTest"] = None) -> Optional[tuple[float, float, float]]:
     """Find ``template`` (taken at (x0, y0) of the pre crop) in ``post`` within ``radius`` px.
 
     Returns (dx, dy, ncc) of a trusted peak, else None. A peak is trusted when its NCC reaches
-    ``min_ncc``, it is not on the edge of the search area (the true match may lie beyond), and the
-    best NCC farther than a quarter window from it is at least ``peak_margin`` lower.
+    ``min_ncc``, it is not on the edge of the search area (the true match may lie beyond), it is
+    the surface's only near-equal maximum outside a box about its own width, it stands
+    ``PeakTest.sigma`` standard deviations above the rest of the surface, and (with ``pre``) the
+    post window at the found offset, searched back in ``pre``, lands on the pre window.
     """
-    return search_window(template, post, x0, y0, radius, min_ncc, peak_margin)[0]
+    return search_window(template, post, x0, y0, radius, min_ncc, peak_margin, pre, peak)[0]
+
+
+@dataclass(frozen=True)
+class PeakTest:
+    """How a correlation peak is judged (the screening settings of the same names)."""
+    box_px: int = 6           # largest half-side of the box that counts as the peak itself
+    sigma: float = 2.0        # peak vs mean + sigma x std of the surface outside the box
+    confirm_px: float = 3.0   # backward check tolerance (0: none)
+
+    @classmethod
+    def of(cls, cfg: RegistrationConfig) -> "PeakTest":
+        return cls(int(cfg.screen_peak_box_px), float(cfg.screen_peak_sigma),
+                   float(cfg.screen_confirm_px))
+
+
+def peak_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
+    """Half-side of the box that holds the peak at (px, py) itself: along each axis, as far as
+    the surface stays above half way down from the peak to the surface's median (the peak's own
+    width, whatever the window size), at least 2 and at most ``cap``."""
+    top = float(surface[py, px])
+    half = 0.5 * (top + float(np.median(surface)))
+    h, w = surface.shape
+    width = 2
+    for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+        x, y, k = px, py, 0
+        while k < cap:
+            x, y = x + dx, y + dy
+            if not (0 <= x < w and 0 <= y < h) or float(surface[y, x]) < half:
+                break
+            k += 1
+        width = max(width, k + 1)
+    return min(width, max(2, cap))
+
+
+def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
+                  test: PeakTest) -> bool:
+    """Whether the maximum at (px, py) is the surface's only peak: every value outside a box
+    about the peak's own width (:func:`peak_half_width`) is at least ``peak_margin`` lower, and
+    the peak stands ``test.sigma`` standard deviations above their mean (AROSICS's test). A
+    periodic texture (several near-equal maxima) or a ridge (the aperture problem) fails."""
+    top = float(surface[py, px])
+    g = peak_half_width(surface, px, py, max(1, test.box_px))
+    outside = np.ones(surface.shape, bool)
+    outside[max(0, py - g):py + g + 1, max(0, px - g):px + g + 1] = False
+    rest = surface[outside]
+    if rest.size < 8:           # nothing left to compare with: no evidence the peak is unique
+        return False
+    if peak_margin > 0 and float(rest.max()) > top - peak_margin:
+        return False
+    return top >= float(rest.mean()) + test.sigma * float(rest.std())
+
+
+def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx: float,
+               dy: float, radius: int, min_ncc: float, peak_margin: float,
+               test: PeakTest) -> bool:
+    """The window shifted by the found offset: the post window there, searched back in ``pre``
+    within ``radius`` of the pre window, must give a trusted peak of its own (the same tests)
+    within ``test.confirm_px`` of where the offset says its content came from. NCC is symmetric,
+    so this adds what the other date holds: a post object that has a better (or an equal) twin
+    near the pre window, as when one of a row of look-alike roofs is matched, does not return."""
+    h, w = post.shape
+    bx, by = x0 + int(round(dx)), y0 + int(round(dy))
+    if bx < 0 or by < 0 or bx + win > w or by + win > h:
+        return True     # the shifted window leaves the crop: nothing to check it with
+    back = np.ascontiguousarray(post[by:by + win, bx:bx + win])
+    # Where the post window's best match lies is what counts here, not how unique it is (the
+    # forward search judged that): no margin, no sigma test.
+    lenient = PeakTest(test.box_px, 0.0, 0.0)
+    hit, _ = search_window(back, pre, x0, y0, radius, min_ncc, 0.0, None, lenient)
+    if hit is None:
+        return False
+    # The post content at bx sits in pre at bx - dx, i.e. at x0 + (round(dx) - dx).
+    return float(np.hypot(hit[0] - (bx - x0 - dx), hit[1] - (by - y0 - dy))) <= test.confirm_px
 
 
 def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
-                  min_ncc: float, peak_margin: float) -> tuple[Optional[tuple], bool]:
+                  min_ncc: float, peak_margin: float, pre: Optional[np.ndarray] = None,
+                  peak: Optional[PeakTest] = None,
+                  back_radius: int = 16) -> tuple[Optional[tuple], bool]:
     """:func:`match_window`, plus whether the best peak lay on the search area's edge (a hint
-    that the content sits farther away)."""
+    that the content sits farther away). The backward check searches ``back_radius`` px at
+    most (the near search's radius)."""
+    test = peak or PeakTest()
     win = template.shape[0]
     h, w = post.shape
     sx0, sy0 = max(0, x0 - radius), max(0, y0 - radius)
@@ -112,26 +194,21 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
         return None, False
     surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
     cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
-    _, peak, _, (px, py) = cv2.minMaxLoc(surface)
+    _, top, _, (px, py) = cv2.minMaxLoc(surface)
     sh, sw = surface.shape
     # On the search area's edge the peak may be cut off; unless that edge is the crop's edge.
     if (px == 0 and sx0 > 0) or (py == 0 and sy0 > 0) or \
             (px == sw - 1 and sx1 < w) or (py == sh - 1 and sy1 < h):
         return None, True
-    if peak < min_ncc:
-        return None, False
-    guard = max(2, win // 4)
-    # The best peak farther than ``guard`` from this one (the guard box blanked in place, then
-    # restored: the surface is ours).
-    box = (slice(max(0, py - guard), py + guard + 1), slice(max(0, px - guard), px + guard + 1))
-    kept = surface[box].copy()
-    surface[box] = -1.0
-    second = cv2.minMaxLoc(surface)[1]
-    surface[box] = kept
-    if second > peak - peak_margin:
+    if top < min_ncc or not distinct_peak(surface, px, py, peak_margin, test):
         return None, False
     fx, fy = _subpixel(surface, py, px)
-    return (sx0 + fx - x0, sy0 + fy - y0, float(peak)), False
+    dx, dy = sx0 + fx - x0, sy0 + fy - y0
+    if pre is not None and test.confirm_px > 0 and \
+            not round_trip(pre, post, x0, y0, win, dx, dy, min(radius, back_radius), min_ncc,
+                           peak_margin, test):
+        return None, False
+    return (dx, dy, float(top)), False
 
 
 def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
@@ -143,10 +220,13 @@ def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
 
 
 def field_fit(shifts: list[WindowShift], w: int, h: int,
-              bilinear: bool = False) -> Optional[np.ndarray]:
+              bilinear: bool = False) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
     """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
     bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
-    with fewer than twice as many agreeing windows as terms, or when they span no plane."""
+    with fewer than twice as many agreeing windows as terms, or when they span no plane.
+
+    Returns (A, (X'X)^-1 of the kept windows, residual standard deviation per component), what
+    the standard error of a prediction needs."""
     k = 4 if bilinear else 3
     if len(shifts) < 2 * k:
         return None
@@ -158,26 +238,62 @@ def field_fit(shifts: list[WindowShift], w: int, h: int,
             return None
         A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
         keep = np.hypot(*(X @ A - D).T) <= AGREE_PX
-    if keep.sum() < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
+    m = int(keep.sum())
+    if m < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
         return None
     A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
-    return A
+    rss = float(((X[keep] @ A - D[keep]) ** 2).sum())
+    sigma = float(np.sqrt(rss / (2 * (m - k))))
+    return A, np.linalg.inv(X[keep].T @ X[keep]), sigma
 
 
-def corner_residual(shifts: list[WindowShift], w: int, h: int) -> float:
-    """Largest displacement at the crop's outer corners extrapolated from the windows: the larger
-    of an affine and a bilinear field. A fit wrong by a homography moves one corner most, which an
-    affine field spreads over the crop and underestimates; the bilinear term (x*y) follows it. A
-    projective field fitted to the windows follows it too but extrapolates unstably: its
+@dataclass
+class CornerEstimate:
+    value: float    # largest displacement at the crop's outer corners (px), over the fields
+    se: float       # standard error of the corner prediction that bounds it (px)
+    bound: float    # largest value + k x se over the corners and fields
+
+
+def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
+                    noise_px: float = 0.3) -> Optional[CornerEstimate]:
+    """Displacement at the crop's outer corners extrapolated from the windows, with its
+    uncertainty; None when no field can be fitted (no evidence about the corners, never 0 px).
+
+    Two fields, affine and bilinear (the larger counts): a fit wrong by a homography moves one
+    corner most, which an affine field spreads over the crop and underestimates; the bilinear
+    term (x*y) follows it. A projective field follows it too but extrapolates unstably: its
     perspective terms, poorly constrained by windows 2 px noisy over one crop, put corners of
-    well registered crops tens of pixels off."""
+    well registered crops tens of pixels off.
+
+    The standard error of a corner's prediction is sigma * sqrt(x0' (X'X)^-1 x0) (sigma: the
+    windows' scatter about the field, at least ``noise_px``): windows bunched near the centre
+    extrapolate far to the corners and say little there, which the bound value + k SE shows."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
-    out = 0.0
+    best: Optional[CornerEstimate] = None
     for bilinear in (False, True):
-        A = field_fit(shifts, w, h, bilinear)
-        if A is not None:
-            out = max(out, float(np.hypot(*(_field_terms(xy, w, h, bilinear) @ A).T).max()))
-    return out
+        got = field_fit(shifts, w, h, bilinear)
+        if got is None:
+            continue
+        A, inv, sigma = got
+        sig = max(sigma, noise_px)
+        T = _field_terms(xy, w, h, bilinear)
+        value = np.hypot(*(T @ A).T)
+        se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
+        bound = value + k * se
+        i = int(np.argmax(bound))
+        if best is None or bound[i] > best.bound:
+            best = CornerEstimate(float(value.max()), float(se[i]), float(bound[i]))
+    return best
+
+
+def hull_share(shifts: list[WindowShift], w: int, h: int) -> float:
+    """Share of the crop inside the convex hull of the windows' centres: how far the evidence
+    spreads (a full grid of windows of 1/8 of the side: (7/8)^2 = 0.77). Centres in every
+    quadrant can still lie within a few windows of the centre; their hull shows it."""
+    if len(shifts) < 3:
+        return 0.0
+    pts = np.array([[s.x, s.y] for s in shifts], np.float32).reshape(-1, 1, 2)
+    return float(cv2.contourArea(cv2.convexHull(pts))) / float(w * h)
 
 
 def supported(shifts: list[WindowShift]) -> list[WindowShift]:
@@ -262,6 +378,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     pre = np.where(valid, pre_grey, 0).astype(np.float32)
     post = np.where(valid, post_grey, 0).astype(np.float32)
     near = int(np.ceil(2 * cfg.max_residual_px))
+    peak = PeakTest.of(cfg)
     # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
     # windows that match nowhere (insufficient evidence), not as a region to find.
     far = max(near, min(int(cfg.screen_search_px), min(h, w) // 4))
@@ -281,7 +398,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
             a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
         templates[(i, j)] = (a, x, y)
         hit, _ = search_window(a, post, x, y, near, cfg.screen_min_ncc,
-                               cfg.screen_peak_margin)
+                               cfg.screen_peak_margin, pre, peak, near)
         if hit is not None:
             found[(i, j)] = hit
         elif far > near and i % 2 == 0 and j % 2 == 0:
@@ -296,7 +413,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
             continue
         searched.add(key)
         a, x, y = templates[key]
-        hit, _ = search_window(a, post, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin)
+        hit, _ = search_window(a, post, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
+                               pre, peak, near)
         if hit is None:
             continue
         found[key] = hit
@@ -317,25 +435,37 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
                                f"{n_textured} windows)", fraction, trusted, shifts)
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
-    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants:
+    coverage = hull_share(trusted, w, h)
+    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants or \
+            coverage < cfg.screen_min_coverage:
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {n} agreeing windows in {quadrants} "
-                               f"quadrant(s) of the crop (needs {cfg.screen_min_windows} in "
-                               f"{cfg.screen_min_quadrants})", fraction, trusted, shifts)
+                               f"quadrant(s) covering {coverage:.0%} of the crop (needs "
+                               f"{cfg.screen_min_windows} in {cfg.screen_min_quadrants}, "
+                               f"covering {cfg.screen_min_coverage:.0%})", fraction, trusted,
+                               shifts)
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
     # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
     # ones out, and near a corner a real error may show in too few windows to form a region.
-    corner = corner_residual(agreed, w, h)
+    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px)
     reason = None
     if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
                   f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
-    elif corner > cfg.max_residual_px:
-        reason = f"residual {corner:.1f} px at a crop corner > {cfg.max_residual_px:g} px"
-    return ScreeningResult(max(residual, corner), median, n_textured, n, reason, fraction,
-                           trusted, shifts)
+    elif corner is None:
+        reason = (f"insufficient evidence: no displacement field fits the {len(agreed)} "
+                  f"agreeing windows (the crop's corners are unknown)")
+    elif corner.bound > cfg.max_residual_px:
+        reason = (f"residual {corner.value:.1f} px at a crop corner (standard error "
+                  f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
+                  f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
+    if corner is None:
+        return ScreeningResult(None if reason.startswith("insufficient") else residual, median,
+                               n_textured, n, reason, fraction, trusted, shifts, None, coverage)
+    return ScreeningResult(max(residual, corner.value), median, n_textured, n, reason, fraction,
+                           trusted, shifts, corner.se, coverage)
 
 
 RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
@@ -358,7 +488,8 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
         return None
     trusted = result.shifts
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
-    if len(trusted) < max(cfg.rescue_min_windows, 8) or quadrants < cfg.screen_min_quadrants:
+    if len(trusted) < max(cfg.rescue_min_windows, 8) or quadrants < cfg.screen_min_quadrants or \
+            hull_share(trusted, w, h) < cfg.screen_min_coverage:
         return None
     src = np.array([[s.x, s.y] for s in trusted], np.float64)
     dst = src + np.array([[s.dx, s.dy] for s in trusted])

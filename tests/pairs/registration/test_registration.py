@@ -295,3 +295,55 @@ def test_features_do_not_depend_on_where_the_data_sits_in_nodata():
     assert np.allclose(out[0][0], out[1][0], atol=1e-3) and np.array_equal(out[0][1], out[1][1])
     inside = (out[0][0] >= -0.5).all() and (out[0][0][:, 0] < 239.5).all()
     assert inside and (out[0][0][:, 1] < 199.5).all()
+
+
+# ---- the chance-based fit test -----------------------------------------------------------------
+
+def look_alikes(rng, true: np.ndarray, n: int, radius: float, side: float):
+    """``n`` wrong matches drawn as guided matching returns them on changed land or water: each
+    within ``radius`` px of where the prior (the true mapping) puts its partner."""
+    post = rng.uniform(0, side, (n, 2))
+    ang, rad = rng.uniform(0, 2 * np.pi, n), radius * np.sqrt(rng.uniform(0, 1, n))
+    return post, apply_homography(true, post) + np.c_[rad * np.cos(ang), rad * np.sin(ang)]
+
+
+GUIDED = RegistrationConfig(crop_size=1024)        # regional, guided radius 16, RANSAC 3 px
+
+
+def test_thousands_of_correct_inliers_among_look_alikes_are_accepted():
+    """Paper geometry: a 3000 px slice with 5,000 correct matches and 25,000 look-alikes within
+    the guided radius (changed land, water). The fixed share (8 + 0.3 x 30,000 = 9,008) rejected
+    it; chance gives ~1,050 inliers, far below the 5,000 correct ones."""
+    rng = np.random.default_rng(0)
+    true = known_homography(dx=3.0, dy=-2.0, degrees=0.05, scale=1.0005, about=(1500, 1500))
+    good_post = rng.uniform(0, 3000, (5000, 2))
+    good_pre = apply_homography(true, good_post) + rng.normal(0, 0.5, (5000, 2))
+    bad_post, bad_pre = look_alikes(rng, true, 25000, 16.0, 3000)
+    fit = fit_homography(np.r_[good_post, bad_post], np.r_[good_pre, bad_pre], GUIDED, 3000)
+    assert fit.homography is not None, fit.reject_reason
+    assert np.max(corner_errors(fit.homography, true, 3000, 1024)) < 1.0
+
+
+def test_self_consistent_repeated_texture_is_not_accepted():
+    """Look-alike matches over the whole slice, and 1,500 matches on a repeated texture in one
+    part of the crop (field rows) that agree with each other on a wrong shift of one period
+    (8 px). Their count beats chance, but the crop's other cells hold only chance inliers."""
+    rng = np.random.default_rng(1)
+    true = known_homography(dx=3.0, dy=-2.0, degrees=0.0, scale=1.0, about=(1500, 1500))
+    bad_post, bad_pre = look_alikes(rng, true, 30000, 16.0, 3000)
+    rows_post = rng.uniform(1000, 1400, (1500, 2))
+    rows_pre = apply_homography(true, rows_post) + (8.0, 0.0) + rng.normal(0, 0.5, (1500, 2))
+    fit = fit_homography(np.r_[bad_post, rows_post], np.r_[bad_pre, rows_pre], GUIDED, 3000)
+    assert fit.homography is None
+    assert fit.reject_reason.startswith(("low fit confidence", "inliers back"))
+
+
+def test_a_small_match_set_keeps_the_floor():
+    """A handful of matches: the Brown-Lowe floor (8 + 0.3 x matches) still applies."""
+    rng = np.random.default_rng(2)
+    true = translation(2.0, 1.0)
+    post = rng.uniform(0, 512, (60, 2))
+    pre = apply_homography(true, post)
+    pre[25:] += rng.uniform(-40, 40, (35, 2))          # 25 right, 35 wrong: 25 <= 8 + 18
+    fit = fit_homography(post, pre, RegistrationConfig(crop_size=256, min_inliers=10), 512)
+    assert fit.homography is None and fit.reject_reason.startswith("low fit confidence")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening.screening import (WindowShift, confirmed, rescue_field, screen_alignment,
+from operators.pairs.screening.screening import (WindowShift, confirmed, corner_residual, match_window, rescue_field, screen_alignment,
                                                  supported, window_starts)
 from tests.pairs.registration.test_registration import known_homography, naip_rgb
 
@@ -189,3 +189,145 @@ def test_a_window_counts_when_a_non_overlapping_neighbour_agrees():
     kept = supported(far_pair + near_pair + disagree)
     assert kept == far_pair
     assert supported([]) == []
+
+
+# ---- the peak test at any window size ------------------------------------------------------------
+
+def periodic_texture(n: int, period: int, seed: int = 0) -> np.ndarray:
+    """A random, smoothed ``period`` x ``period`` tile repeated over an n x n image, plus faint
+    noise: every shift by a multiple of the period matches as well as the true one."""
+    rng = np.random.default_rng(seed)
+    tile = cv2.GaussianBlur(rng.random((period, period)).astype(np.float32), (0, 0), 1.0)
+    reps = n // period + 2
+    img = np.tile(tile, (reps, reps))[:n, :n]
+    return (img + 0.01 * rng.standard_normal((n, n))).astype(np.float32)
+
+
+@pytest.mark.parametrize("win", [128, 24, 16])
+def test_a_periodic_surface_is_never_trusted(win):
+    """Texture repeating every 12 px, the post date shifted by one period: the correlation
+    surface has a near-equal maximum every 12 px. At 128 px windows the old test blanked a
+    32 px box about the peak, all of the 33 x 33 near surface, and trusted the wrong peak."""
+    c = 8 * win
+    pre = periodic_texture(c + 24, 12)
+    post = np.ascontiguousarray(np.roll(pre, 12, axis=1)[:c, :c])
+    pre = np.ascontiguousarray(pre[:c, :c])
+    x0 = y0 = c // 2
+    t = pre[y0:y0 + win, x0:x0 + win]
+    assert match_window(t, post, x0, y0, 16, 0.3, 0.05, pre=pre) is None
+    assert match_window(t, post, x0, y0, 16, 0.3, 0.05) is None
+
+
+def test_a_striped_1024_crop_shifted_by_one_period_is_not_accepted():
+    """Stripes with a 10 px period, the post date shifted by exactly one period (true error
+    10 px everywhere): every window's surface has near-equal maxima, none is trusted."""
+    x = np.arange(C + 10, dtype=np.float32)
+    stripes = 0.5 + 0.4 * np.sin(2 * np.pi * x / 10.0)
+    rng = np.random.default_rng(3)
+    img = np.tile(stripes, (C, 1)) + 0.01 * rng.standard_normal((C, C + 10)).astype(np.float32)
+    pre, post = np.ascontiguousarray(img[:, :C]), np.ascontiguousarray(img[:, 10:])
+    r = screen(pre, post)
+    assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
+    assert r.n_confident == 0
+
+
+@pytest.mark.parametrize("crop", [C, 130, 192])
+def test_a_textured_crop_is_measured_at_any_window_size(scene, crop):
+    """Real texture (NAIP, 1.5x) with a 3, 4 px shift: at 128 px windows (1024 crop) and at the
+    benchmark's 16 and 24 px windows the peaks are trusted and measure the shift."""
+    pre = cv2.warpPerspective(scene, translation(X0, Y0), (crop, crop),
+                              flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+    post = cv2.warpPerspective(scene, translation(X0 + 3, Y0 + 4), (crop, crop),
+                               flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+    r = screen_alignment(pre, post, np.ones((crop, crop), bool), RegistrationConfig(crop_size=crop))
+    assert r.reject_reason is None, r.reject_reason
+    assert r.assessed_fraction > 0.6
+    assert abs(r.residual_median_px - 5.0) < 0.5
+
+
+def test_a_peak_that_does_not_return_is_not_trusted():
+    """The post window at the found offset holds 40 % of the pre window's content and 60 % of
+    the pre content 10 px to its right (one of two look-alike objects). Forward, the pre window
+    finds it (a clear, unique peak); searched back in the pre crop it lands on the other
+    object, 10 px off: the peak is not trusted."""
+    rng = np.random.default_rng(5)
+    win, c, d = 16, 128, 5
+    pre = rng.random((c, c)).astype(np.float32)
+    post = rng.random((c, c)).astype(np.float32)
+    x0 = y0 = 56
+    t = pre[y0:y0 + win, x0:x0 + win]
+    post[y0:y0 + win, x0 + d:x0 + d + win] = 0.4 * t + 0.6 * pre[y0:y0 + win, x0 + 10:x0 + 10 + win]
+    ahead = match_window(t, post, x0, y0, 16, 0.3, 0.05)
+    assert ahead is not None and abs(ahead[0] - d) < 0.5 and abs(ahead[1]) < 0.5
+    assert match_window(t, post, x0, y0, 16, 0.3, 0.05, pre=pre) is None
+    # The same window with the post content alone (no twin) returns and is trusted.
+    post[y0:y0 + win, x0 + d:x0 + d + win] = t
+    assert match_window(t, post, x0, y0, 16, 0.3, 0.05, pre=pre) is not None
+
+
+# ---- the corner check knows its uncertainty ------------------------------------------------------
+
+def bunched_scale_error(seed: int, corner_px: float = 8.8, noise_px: float = 1.0):
+    """8-12 windows within ~200 px of a 1024 crop's centre on a 128 px window grid (64 px steps),
+    measuring a scale error about the centre that reaches ``corner_px`` at the outer corners,
+    each with ``noise_px`` of measurement noise (real windows on pairs years apart)."""
+    rng = np.random.default_rng(seed)
+    cells = [(r, c) for r in range(5, 10) for c in range(5, 10)]
+    pick = rng.choice(len(cells), size=int(rng.integers(8, 13)), replace=False)
+    s = corner_px / np.hypot(C / 2, C / 2)
+    out = []
+    for i in pick:
+        r, c = cells[i]
+        x, y = c * 64 + 63.5, r * 64 + 63.5
+        dx, dy = s * (x - C / 2) + rng.normal(0, noise_px), s * (y - C / 2) + rng.normal(0, noise_px)
+        out.append(WindowShift(x, y, dx, dy, 0.6, r, c))
+    return out
+
+
+def test_windows_bunched_at_the_centre_do_not_vouch_for_a_corner_scale_error():
+    """The issue's simulation: windows bunched near the centre, a scale error of 8.8 px at the
+    true corner. The plain extrapolated corner value falls under the 8 px limit in some trials
+    (the old check accepted them); the value plus twice its standard error never does."""
+    plain = bounded = 0
+    for seed in range(200):
+        est = corner_residual(bunched_scale_error(seed), C, C)
+        if est is None:
+            continue
+        plain += est.value <= 8.0
+        bounded += est.bound <= 8.0
+    assert plain > 0           # the case the old check let through exists in these trials
+    assert bounded == 0
+
+
+def test_a_well_spread_grid_has_a_tight_corner_estimate():
+    """The full 15 x 15 grid of a clean 1024 crop, 0.3 px noise: the corner is known to a few
+    tenths of a pixel, so the bound does not reject good crops."""
+    rng = np.random.default_rng(0)
+    grid = [WindowShift(c * 64 + 63.5, r * 64 + 63.5, rng.normal(0, 0.3), rng.normal(0, 0.3),
+                        0.7, r, c) for r in range(15) for c in range(15)]
+    est = corner_residual(grid, C, C)
+    assert est is not None and est.se < 0.25 and est.bound < 1.5
+
+
+def test_no_field_is_no_evidence_not_zero():
+    """Too few windows for any field: the corner is unknown (None), never 0 px."""
+    few = [shift(0, 0, 0.1), shift(0, 4, 0.2), shift(4, 0, 0.1), shift(4, 4, 0.0)]
+    assert corner_residual(few, C, C) is None
+
+
+def test_textured_centre_only_is_insufficient_evidence(scene):
+    """Texture only in a central 420 px square (flat around it, a desert or water), the post
+    date scaled by 1.25 % about the centre (9 px at the outer corners): the windows reach
+    every quadrant but cover a few per cent of the crop: insufficient evidence."""
+    s = 9.0 / np.hypot(C / 2, C / 2)
+    c0 = C / 2 - 0.5
+    S = translation(c0, c0) @ np.diag([1 + s, 1 + s, 1.0]) @ translation(-c0, -c0)
+    pre, post = pre_of(scene), post_from(scene, translation(X0, Y0) @ S)
+    flat = np.full((C, C), 0.45, np.float32)
+    lo, hi = 302, 722
+    pre2, post2 = flat.copy(), flat.copy()
+    pre2[lo:hi, lo:hi], post2[lo:hi, lo:hi] = pre[lo:hi, lo:hi], post[lo:hi, lo:hi]
+    r = screen(pre2, post2)
+    assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
+    assert "covering" in r.reject_reason
+    assert r.n_confident >= 6      # enough windows and quadrants: the spread is what is missing

@@ -282,7 +282,7 @@ def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
     t = 11.0 / np.hypot(CROP / 2, CROP / 2)
     R = np.array([[np.cos(t), -np.sin(t), 0], [np.sin(t), np.cos(t), 0], [0, 0, 1.0]])
     P = translation(c, c) @ R @ translation(-c, -c) if spoil == "rotation" else translation(10, 0)
-    fit = HomographyFit(P @ W_slice, 500, 400)
+    fit = HomographyFit(P @ W_slice, 500, 400, matches=slice_matches(W_slice))
     assert corner_errors(fit.homography, W_slice, SLICE, CROP).max() > 9.0
     pre, pre_valid = read_pre(row, crop_window(row, RegistrationConfig(crop_size=CROP)))
     recs = {}
@@ -300,6 +300,43 @@ def test_smooth_residual_is_rescued_and_screened_again(scenes, tmp_path, spoil):
     H = np.asarray(rec["homography"]).reshape(3, 3)
     assert corner_errors(H, W_slice, SLICE, CROP).max() < 1.0
     assert rec["residual_px"] < 2.0      # the second screening's own measurement, corners included
+
+
+def slice_matches(W: np.ndarray, n: int = 600, seed: int = 0) -> tuple:
+    """``n`` SIFT-like matches (post_xy, pre_xy) of a slice that follow ``W`` (post -> pre)
+    with 0.5 px of noise."""
+    from operators.pairs.registration.registration import apply_homography
+    rng = np.random.default_rng(seed)
+    post = rng.uniform(0, SLICE, (n, 2))
+    return post, apply_homography(W, post) + rng.normal(0, 0.5, (n, 2))
+
+
+def test_a_rescue_the_crops_own_matches_do_not_back_is_refused(scenes, tmp_path):
+    """The same spoiled fit (a 10 px shift), but the slice's SIFT matches agree with the
+    spoiled homography, not with the field screening measured: the rescue is not independent
+    evidence, so the crop stays rejected. With matches that follow the truth it is rescued, and
+    its record carries the rescue's own evidence (the crop's matches and their inliers under
+    the rescued homography), not the first fit's counts."""
+    from operators.pairs.registration.registration import HomographyFit
+    from operators.pairs.crops.slice_io import Clock, crop_window, finish_crop, read_pre
+    paths, crs, transform = scenes
+    row = slice_row(paths, crs, transform, "good", "post", (256, 200, SLICE, SLICE))
+    W_slice = translation(-256, -200) @ W_TRUE @ translation(256, 200)
+    H = translation(10, 0) @ W_slice
+    cfg = RegistrationConfig(crop_size=CROP)
+    pre, pre_valid = read_pre(row, crop_window(row, cfg))
+    post, post_valid = read_registered_post(row, H, cfg)
+    recs = {}
+    for name, W in (("spoiled", H), ("true", W_slice)):
+        fit = HomographyFit(H, 500, 400, matches=slice_matches(W))
+        env = finish_crop(row, cfg, str(tmp_path / name), "r", Clock(), fit, pre, pre_valid,
+                          post, post_valid)
+        recs[name] = json.loads(env["_record"])
+    assert recs["spoiled"]["status"] == "rejected" and not recs["spoiled"]["rescued"]
+    good = recs["true"]
+    assert good["status"] == "accepted" and good["rescued"], good["reject_reason"]
+    assert (good["n_matches"], good["n_inliers"]) != (500, 400)
+    assert good["n_inliers"] > 0.9 * good["n_matches"] > 0
 
 
 def test_finer_post_scene_is_low_passed_before_point_sampling(tmp_path):
