@@ -52,8 +52,9 @@ def chain(tmp_path_factory, ray_session, openai_test_server_process, label_studi
     from operators.pairs.registration.registration import RegistrationConfig
 
     base = tmp_path_factory.mktemp("chain")
-    # The session's Label Studio (one per session) serves this folder of its document root.
-    archive, root = base / "archive", label_studio.document_root / base.name
+    # The session's Label Studio (one per session) serves the pairs output from its document root (the
+    # export's image URLs are relative to the pairs folder's parent: the folder sits right under it).
+    archive, root = base / "archive", label_studio.document_root
     archive.mkdir()
     for name in SCENES:
         shutil.copy(DATA / "naip" / name, archive / name)
