@@ -10,7 +10,7 @@ import json
 from operators.report.stats import Table
 
 SUMMARY_FILE = "annotation_summary.json"
-WITHOUT_SUMMARY = "as given with the input (no annotation_summary.json: how they were drawn is not recorded)"
+WITHOUT_SUMMARY = "as given with the input (it has no annotation_summary.json, so how they were drawn is unknown)"
 
 
 def read_summary(store) -> dict | None:
