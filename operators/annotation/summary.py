@@ -16,6 +16,18 @@ SUMMARY_FILE = "annotation_summary.json"
 SUMMARY_VERSION = 1
 
 
+def read_summary(store) -> dict | None:
+    """A dataset's annotation summary (contract version 1, with pair counts), or None when it has none
+    or an unreadable one (the chain, the report and the release read it through here)."""
+    try:
+        if not store.exists(SUMMARY_FILE):
+            return None
+        doc = json.loads(store.read_bytes(SUMMARY_FILE))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("pairs"), dict) else None
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return float(statistics.median(values)) if values else None

@@ -5,23 +5,10 @@ dicts in, text out (reading the two files aside).
 """
 from __future__ import annotations
 
-import json
-
+from operators.annotation.summary import SUMMARY_FILE, read_summary  # noqa: F401 - the file's one reader
 from operators.report.stats import Table
 
-SUMMARY_FILE = "annotation_summary.json"
 WITHOUT_SUMMARY = "as given with the input (it has no annotation_summary.json, so how they were drawn is unknown)"
-
-
-def read_summary(store) -> dict | None:
-    """The dataset's annotation summary (contract version 1, with pair counts), or None."""
-    try:
-        if not store.exists(SUMMARY_FILE):
-            return None
-        doc = json.loads(store.read_bytes(SUMMARY_FILE))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("pairs"), dict) else None
 
 
 def _share(v) -> str:
