@@ -126,7 +126,9 @@ def _option_tokens(parser: argparse.ArgumentParser, values: dict, origin: str) -
         if isinstance(action, argparse.BooleanOptionalAction):
             if not isinstance(value, bool):
                 parser.error(f"{origin}: {key} takes true or false, not {value!r}")
-            tokens.append(flag if value else "--no-" + flag[2:])
+            # the value means what the key says: "no-x: true" is --no-x, "no-x: false" is --x
+            negative = "--" + name.replace("_", "-") == "--no-" + flag[2:]
+            tokens.append(flag if value != negative else "--no-" + flag[2:])
         elif action.nargs == 0:   # store_true / store_const
             if not isinstance(value, bool):
                 parser.error(f"{origin}: {key} takes true or false, not {value!r}")

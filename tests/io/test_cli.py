@@ -54,6 +54,14 @@ def test_defaults_preset_run_file_and_command_line_in_that_order(tmp_path):
     assert (args.size, args.cache, args.output) == (9, True, "cli")
 
 
+@pytest.mark.parametrize("line, cache", [("no-cache: true", False), ("no-cache: false", True),
+                                          ("no_cache: true", False), ("cache: false", False)])
+def test_a_run_file_s_booleans_mean_what_their_key_says(tmp_path, line, cache):
+    run = tmp_path / "run.yaml"
+    run.write_text(f"{line}\noutput: o\n")
+    assert _parse(["--config", str(run)]).cache is cache
+
+
 def test_a_run_file_may_name_the_preset_and_the_command_line_s_preset_wins(tmp_path, capsys):
     run = tmp_path / "run.yaml"
     run.write_text("preset: small\noutput: o\nsize: 600\n")
