@@ -106,32 +106,21 @@ def _replace_deprecated(parser: argparse.ArgumentParser, tokens: list[str]) -> l
 def _option_tokens(parser: argparse.ArgumentParser, values: dict, origin: str) -> list[str]:
     """Command-line tokens for ``{option: value}`` (a run file's or a preset's), so that they pass the
     same type and choice checks as typed options. Keys are option names with ``-`` or ``_``."""
-    by_dest = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
-    by_flag = {s: a for a in parser._actions for s in a.option_strings}
-    by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items() if new in by_flag}
     tokens: list[str] = []
     for key, value in values.items():
         name = str(key).lstrip("-")
         if "--" + name.replace("_", "-") in getattr(parser, "deprecated_flags", {}):
             _replace_deprecated(parser, ["--" + name.replace("_", "-")])   # the same warning
-        action = by_flag.get("--" + name.replace("_", "-")) or by_dest.get(name.replace("-", "_"))
-        if action is None:
-            close = difflib.get_close_matches(name.replace("_", "-"), [f[2:] for f in by_flag if f.startswith("--")], n=1)
-            parser.error(f"{origin}: unknown option {key!r}" + (f" (did you mean {close[0]}?)" if close else ""))
-        converted, problem = validation.convert(action, value)
-        problem = problem or validation.value_problem(getattr(action, "checks", {}), converted)
-        if problem and not isinstance(value, bool):
-            parser.error(f"{origin}: {key}: {validation._shown(value)}: {problem}")
+        try:
+            action, _ = validation.file_option(parser, key, value)
+        except validation.OptionProblem as exc:
+            parser.error(f"{origin}: {exc}")
         flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
         if isinstance(action, argparse.BooleanOptionalAction):
-            if not isinstance(value, bool):
-                parser.error(f"{origin}: {key} takes true or false, not {value!r}")
             # the value means what the key says: "no-x: true" is --no-x, "no-x: false" is --x
             negative = "--" + name.replace("_", "-") == "--no-" + flag[2:]
             tokens.append(flag if value != negative else "--no-" + flag[2:])
         elif action.nargs == 0:   # store_true / store_const
-            if not isinstance(value, bool):
-                parser.error(f"{origin}: {key} takes true or false, not {value!r}")
             if value:
                 tokens.append(flag)
         elif value is None:

@@ -186,6 +186,44 @@ def convert(action: argparse.Action, value):
     return converted, None
 
 
+class OptionProblem(ValueError):
+    """A run or chain file's key or value that its job would refuse (the message names the key)."""
+
+
+def file_option(parser: argparse.ArgumentParser, key, value, paths: bool = False,
+                later: frozenset | set = frozenset()) -> tuple[argparse.Action, object]:
+    """The option a run or chain file's ``key: value`` names, and the value as it would parse, checked
+    as a typed option is (type, choices, the field's checks; the path with ``paths``, except for the
+    dests in ``later``, paths that arrive later). A key may be
+    ``--flag``, ``flag``, ``flag_name``, the option's dest or a deprecated alias. Raises
+    :class:`OptionProblem` with one line naming the key; a run file and a chain file share it."""
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items() if new in by_flag}
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
+    name = str(key).lstrip("-")
+    action = by_flag.get("--" + name.replace("_", "-")) or by_dest.get(name.replace("-", "_"))
+    if action is None or action.dest == "help":
+        close = difflib.get_close_matches(name.replace("_", "-"), [f[2:] for f in by_flag if f.startswith("--")], n=1)
+        raise OptionProblem(f"unknown option {key!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+        if not isinstance(value, bool):
+            raise OptionProblem(f"{key}: takes true or false, not {value!r}")
+        return action, value
+    values = value if action.nargs in ("+", "*") and isinstance(value, (list, tuple)) else [value]
+    out = []
+    for v in values:
+        converted, problem = convert(action, v)
+        checks = getattr(action, "checks", {})
+        problem = problem or value_problem(checks, converted)
+        if not problem and paths and checks.get("path") and action.dest not in later:
+            problem = path_problem(checks["path"], converted, checks)
+            problem = problem and problem.split(": ", 1)[1]
+        if problem:
+            raise OptionProblem(f"{key}: {_shown(v)}: {problem}")
+        out.append(converted)
+    return action, (out if values is value else out[0])
+
+
 def _type_name(tp) -> str:
     return {int: "not a whole number", float: "not a number"}.get(tp, "not a valid value")
 
@@ -310,6 +348,7 @@ def reason_lines(reasons: dict[str, int], examples: dict[str, list[str]] | None 
 # two runs of the chain (the chain stops at its ingest step until then; the step checks it when it starts).
 ARRIVES_LATER = {"export"}
 
+
 def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dict[str, dict] | None = None,
                 jobs: list[str] = (), prog: str = "changeforge chain", required: bool = True) -> None:
     """Every step of a chain file checked as its job would check it, before any step runs: the job
@@ -334,30 +373,13 @@ def check_chain(path: str, steps: list[tuple[str, dict]], parser_for, wired: dic
             fail(prog, f"{where}: name the command of {step} ({', '.join(sub.choices)}), e.g. '{step} "
                        f"{next(iter(sub.choices))}'")
         by_flag = {s: a for a in parser._actions for s in a.option_strings}
-        by_flag |= {old: by_flag[new] for old, new in getattr(parser, "deprecated_flags", {}).items()
-                    if new in by_flag}
         given = set()
         for key, value in options.items():
-            name = str(key).lstrip("-").replace("_", "-")
-            action = by_flag.get("--" + name)
-            if action is None or action.dest == "help":
-                close = difflib.get_close_matches(name, [f[2:] for f in by_flag if f.startswith("--")], n=1)
-                fail(prog, f"{where}: unknown option {key!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+            try:
+                action, _ = file_option(parser, key, value, paths=True, later=ARRIVES_LATER)
+            except OptionProblem as exc:
+                fail(prog, f"{where}: {exc}")
             given.add(action.dest)
-            if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
-                if not isinstance(value, bool):
-                    fail(prog, f"{where}: {key}: takes true or false, not {value!r}")
-                continue
-            values = value if action.nargs in ("+", "*") and isinstance(value, (list, tuple)) else [value]
-            for v in values:
-                converted, problem = convert(action, v)
-                checks = getattr(action, "checks", {})
-                problem = problem or value_problem(checks, converted)
-                if not problem and checks.get("path") and action.dest not in ARRIVES_LATER:
-                    problem = path_problem(checks["path"], converted, checks)
-                    problem = problem and problem.split(": ", 1)[1]
-                if problem:
-                    fail(prog, f"{where}: {key}: {_shown(v)}: {problem}")
         wired_here = {by_flag["--" + k.replace("_", "-")].dest for k in (wired or {}).get(step, {})
                       if "--" + k.replace("_", "-") in by_flag}
         for a in parser._actions if required else ():
