@@ -88,6 +88,33 @@ def test_run_file_values_are_checked_like_typed_options(tmp_path, capsys):
     assert "expected a mapping" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("split-seed", 7, None), ("seed", 7, None), ("split_seed", 7, None),    # flag, dest, underscores
+    ("registration", "per-slice", None), ("method", "per-slice", None), ("no-rescue", True, None),
+    ("split-seed", "x", "split-seed: x: not a whole number"),
+    ("registraton", "sift", "unknown option 'registraton' (did you mean registration?)"),
+    ("rescue", "maybe", "rescue: takes true or false, not 'maybe'"),
+    ("registration", "sift", "registration: sift: choose from regional, per-slice"),
+])
+def test_a_run_file_and_a_chain_step_take_and_refuse_the_same_keys(key, value, message, capsys):
+    """One checker (validation.file_option) for both files: a key the pairs job takes in a run file is
+    taken in a chain step, and a refused one is refused with the same words."""
+    from jobs import chain
+    from operators.io import validation
+
+    _, _, parser = chain._parser_for("pairs")
+    if message is None:
+        cli._option_tokens(parser, {key: value}, "run.yaml")
+        validation.check_chain("c.yaml", [("pairs", {key: value})], chain._parser_for, required=False)
+        return
+    with pytest.raises(SystemExit):
+        cli._option_tokens(parser, {key: value}, "run.yaml")
+    assert f"run.yaml: {message}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        validation.check_chain("c.yaml", [("pairs", {key: value})], chain._parser_for, required=False)
+    assert f"c.yaml: step 1 'pairs': {message}" in capsys.readouterr().err
+
+
 def test_help_hides_tuning_options_and_help_all_shows_them(capsys):
     with pytest.raises(SystemExit):
         _parse(["--help"])
