@@ -52,6 +52,7 @@ class Module:
     path: str
     tests: list[str]
     timeout_s: float = 60.0
+    only: list[str] = field(default_factory=list)   # mutate only these definitions (``f``, ``Class``, ``Class.m``)
 
 
 @dataclass
@@ -73,8 +74,8 @@ class Outcome:
 
 def load_modules(path: Path = CONFIG) -> list[Module]:
     doc = tomllib.loads(path.read_text())
-    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 60)))
-            for m in doc["module"]]
+    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 60)),
+                   only=list(m.get("only", ()))) for m in doc["module"]]
 
 
 def equivalents(tests: list[str], root: Path = REPO) -> dict[tuple[str, str], str]:
@@ -144,17 +145,42 @@ def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]
     return spans
 
 
-def sample_jobs(session: Path, source: str, n: int | None, seed: int) -> tuple[int, int]:
-    """Mark mutants inside never-evaluated annotations skipped, then keep ``n`` of the rest (a seeded
-    draw; all if None) and mark the others skipped. Returns (kept, in annotations)."""
+def definition_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (start, end) positions of the named top-level functions and classes (``Class.method`` for a
+    method): the part of a module a ``only = [...]`` entry of the config puts under test."""
+    tree = ast.parse(source)
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = node
+            if isinstance(node, ast.ClassDef):
+                for sub in node.body:
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found[f"{node.name}.{sub.name}"] = sub
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise SystemExit(f"only = {unknown}: no such definition")
+    return [((found[n].lineno, 0), (found[n].end_lineno + 1, 0)) for n in names]
+
+
+def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = ()) -> tuple[int, int]:
+    """Mark mutants inside never-evaluated annotations (and outside the ``only`` definitions, if any)
+    skipped, then keep ``n`` of the rest (a seeded draw; all if None) and mark the others skipped.
+    Returns (kept, left out)."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
     spans = annotation_spans(source)
+    wanted = definition_spans(source, list(only)) if only else None
     skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
+
+    def left_out(pos: tuple) -> bool:
+        if any(a <= pos < b for a, b in spans):
+            return True
+        return wanted is not None and not any(a <= pos < b for a, b in wanted)
+
     with use_db(str(session), WorkDB.Mode.open) as db:
         items = sorted(db.work_items, key=lambda i: i.job_id)
-        inside = [i.job_id for i in items
-                  if any(a <= tuple(i.mutations[0].start_pos) < b for a, b in spans)]
+        inside = [i.job_id for i in items if left_out(tuple(i.mutations[0].start_pos))]
         jobs = [i.job_id for i in items if i.job_id not in set(inside)]
         keep = set(jobs if n is None or n >= len(jobs) else random.Random(seed).sample(jobs, n))
         db.set_multiple_results(inside + [j for j in jobs if j not in keep], skipped)
@@ -206,9 +232,10 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     init = run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], work, env)
     if init.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed for {module.path}:\n{init.stderr[-3000:]}")
-    kept, in_annotations = sample_jobs(session, (work / module.path).read_text(), sample, seed)
-    log(f"[mutation] {module.path}: {kept} mutants ({in_annotations} more in never-evaluated annotations, "
-        f"not run), tests {baseline_s:.1f} s unmutated", flush=True)
+    kept, left = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only)
+    where = f" of {', '.join(module.only)}" if module.only else ""
+    log(f"[mutation] {module.path}: {kept} mutants{where} ({left} more outside those or in never-evaluated "
+        f"annotations, not run), tests {baseline_s:.1f} s unmutated", flush=True)
     ex = run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(session)], work, env)
     if ex.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed for {module.path}:\n{ex.stderr[-3000:]}")
