@@ -51,7 +51,7 @@ EQUIVALENT = re.compile(r"#\s*equivalent mutant:\s*(\S+)\s+on\s+`(.+?)`\s*:\s*(.
 class Module:
     path: str
     tests: list[str]
-    timeout_s: float = 60.0
+    timeout_s: float = 240.0   # per test (pytest-timeout): generous, a loaded machine imports slowly
     only: list[str] = field(default_factory=list)   # mutate only these definitions (``f``, ``Class``, ``Class.m``)
 
 
@@ -74,7 +74,7 @@ class Outcome:
 
 def load_modules(path: Path = CONFIG) -> list[Module]:
     doc = tomllib.loads(path.read_text())
-    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 60)),
+    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 240)),
                    only=list(m.get("only", ()))) for m in doc["module"]]
 
 
@@ -102,9 +102,10 @@ def copy_checkout(dest: Path) -> None:
 
 
 def test_command(module: Module) -> str:
-    # -x: the first failure kills the mutant; -p no:randomly/cacheprovider: nothing kept between runs.
+    # -x: the first failure kills the mutant; no cache kept between runs; no plugins a mutant run never uses.
     return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", "quick", "-p", "no:cacheprovider",
-                     "--timeout", str(int(module.timeout_s)), *module.tests])
+                     "-p", "no:xdist", "-p", "no:random_order", "--timeout", str(int(module.timeout_s)),
+                     *module.tests])
 
 
 def write_config(work: Path, module: Module, timeout_s: float) -> Path:
@@ -179,10 +180,15 @@ def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list
         return wanted is not None and not any(a <= pos < b for a, b in wanted)
 
     with use_db(str(session), WorkDB.Mode.open) as db:
-        items = sorted(db.work_items, key=lambda i: i.job_id)
+        # Ordered by what a mutant is (its job ids are random per init): the same seed, the same sample.
+        items = sorted(db.work_items, key=lambda i: (tuple(i.mutations[0].start_pos), i.mutations[0].operator_name,
+                                                     i.mutations[0].occurrence))
         inside = [i.job_id for i in items if left_out(tuple(i.mutations[0].start_pos))]
         jobs = [i.job_id for i in items if i.job_id not in set(inside)]
-        keep = set(jobs if n is None or n >= len(jobs) else random.Random(seed).sample(jobs, n))
+        # A seeded shuffle, then the first n: a smaller sample is a prefix of a larger one with the same
+        # seed, so the mutants of CI's sample are among those of any longer run.
+        random.Random(seed).shuffle(jobs)
+        keep = set(jobs if n is None else jobs[:n])
         db.set_multiple_results(inside + [j for j in jobs if j not in keep], skipped)
         return len(keep), len(inside)
 
