@@ -254,3 +254,20 @@ def test_a_429_during_a_pause_belongs_to_the_storm_even_when_the_recent_share_is
     core.paused_until = clock.t + 30.0
     assert core.throttle(2.0) == 0.0 and core.need_probe
     assert core.factor == 1.0 and core.paused_until == clock.t + 30.0 and "scattered_429" not in core.totals
+
+
+def test_the_wait_in_a_pause_is_the_time_left_whatever_the_clock_reads():
+    clock = Clock()
+    clock.t = 1.0                                                      # a monotonic clock soon after boot
+    core = RateLimiterCore(RateLimits(pause_s=5.0), clock)
+    core.throttle()
+    clock.t = 2.0
+    assert core.lease([0.0])[:2] == (0, 4.0)
+
+
+def test_the_quota_stop_is_logged_once(caplog):
+    core, _ = core_of()
+    with caplog.at_level("ERROR", logger="operators.llm.ratelimit"):
+        core.stop("insufficient_quota")
+        core.stop("billing_hard_limit_reached")                        # a later reply: not logged again
+    assert [r.getMessage() for r in caplog.records] == ["LLM account stopped: insufficient_quota"]
