@@ -187,3 +187,13 @@ def test_decide_all_holds_unreadable_pairs_named_and_rejects_a_batch_only_below_
     out = decide_all(rows + good, unreadable, DecisionConfig(tolerance_px=0, min_agreement=0.9))
     assert out["g"].reason == ("batch (project 1) rejected: mean agreement 0.833 < 0.9; held for the expert")
     assert (out["g"].status, out["g"].masks, out["g"].merged_from) == ("disagreement", None, None)
+
+
+def test_the_tolerance_disk_is_round_at_every_radius():
+    for r, pixels in ((1, 5), (2, 13), (3, 29), (4, 49)):               # lattice points with x^2 + y^2 <= r^2
+        assert np.count_nonzero(dc._disk(r)) == pixels, r
+        assert dc._disk(r).shape == (2 * r + 1, 2 * r + 1)
+
+
+# equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
+# equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used

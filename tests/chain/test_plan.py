@@ -24,6 +24,13 @@ def test_a_finished_step_is_skipped_only_with_the_same_command_line_input_and_no
     assert must_run(DONE, ARGV, "missing", False) == (True, "its input changed (new work from people)")
 
 
+def test_the_fingerprint_is_compared_by_value_not_identity():
+    # The state file's fingerprint is read back from JSON: equal to the fresh one, never the same object.
+    fresh = "".join(["sha256:", "a" * 2])
+    assert fresh == DONE["fingerprint"] and fresh is not DONE["fingerprint"]
+    assert must_run(DONE, list(ARGV), fresh, False) == (False, "finished earlier")
+
+
 def test_the_reasons_are_checked_in_order_stale_before_argv_before_input():
     changed_all = (DONE, ARGV + ["--x"], "sha256:bb")
     assert must_run(*changed_all, True) == (True, "an earlier step ran again")

@@ -271,3 +271,26 @@ def test_the_quota_stop_is_logged_once(caplog):
         core.stop("insufficient_quota")
         core.stop("billing_hard_limit_reached")                        # a later reply: not logged again
     assert [r.getMessage() for r in caplog.records] == ["LLM account stopped: insufficient_quota"]
+
+
+def test_when_the_window_is_full_the_wait_counts_only_grants_inside_the_burst():
+    # rpm 2: the window's cap, not the burst, refuses the third; the grant exactly burst_s old is out of
+    # the burst, so no room opens within it: ask again at the 0.25 s ceiling, not at once.
+    core, clock = core_of(rpm=2, safety=0.0, max_in_flight=0)
+    assert core.lease([0.0])[0] == 1
+    clock.t += 1.0
+    assert core.lease([0.0])[0] == 1
+    clock.t += 1.0
+    assert core.lease([0.0])[:2] == (0, 0.25)
+
+
+def test_grant_ids_stay_sequential_while_the_window_trims():
+    core, clock = core_of(max_in_flight=0)
+    ids = []
+    for _ in range(12):
+        ids.append(core.lease([0.0])[2])
+        clock.t += 20.0                                                # every third grant leaves the window
+    assert ids == list(range(12)) and core.first_id == 8
+
+
+# equivalent mutant: core/ReplaceBreakWithContinue on `break`: in _since and _next_change the log is in time order (each grant appended at the clock's now), so every entry after the first one at or before the start is also before it: continuing the scan changes nothing (in lease's loop the mutant never ends: a timeout, not a survivor)
