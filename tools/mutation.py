@@ -164,10 +164,10 @@ def definition_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int
     return [((found[n].lineno, 0), (found[n].end_lineno + 1, 0)) for n in names]
 
 
-def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = ()) -> tuple[int, int]:
+def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = ()) -> tuple[int, int, int]:
     """Mark mutants inside never-evaluated annotations (and outside the ``only`` definitions, if any)
     skipped, then keep ``n`` of the rest (a seeded draw; all if None) and mark the others skipped.
-    Returns (kept, left out)."""
+    Returns (kept, left out, eligible)."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
     spans = annotation_spans(source)
@@ -190,7 +190,7 @@ def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list
         random.Random(seed).shuffle(jobs)
         keep = set(jobs if n is None else jobs[:n])
         db.set_multiple_results(inside + [j for j in jobs if j not in keep], skipped)
-        return len(keep), len(inside)
+        return len(keep), len(inside), len(jobs)
 
 
 def collect(session: Path, module: Module, root: Path) -> Outcome:
@@ -230,7 +230,8 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     t0 = time.time()
     base = run(test_command(module).split(), work, env)       # the oracle passes unmutated
     if base.returncode != 0:
-        raise SystemExit(f"{module.path}: its tests fail without a mutation:\n{base.stdout[-3000:]}")
+        raise SystemExit(f"{module.path}: its tests fail without a mutation (exit {base.returncode}):\n"
+                         f"{base.stdout[-3000:]}\n{base.stderr[-2000:]}")
     baseline_s = time.time() - t0
     timeout = max(module.timeout_s, 4 * baseline_s + 10)
     cfg = write_config(work, module, timeout)
@@ -238,10 +239,10 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     init = run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], work, env)
     if init.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed for {module.path}:\n{init.stderr[-3000:]}")
-    kept, left = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only)
+    kept, left, eligible = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only)
     where = f" of {', '.join(module.only)}" if module.only else ""
-    log(f"[mutation] {module.path}: {kept} mutants{where} ({left} more outside those or in never-evaluated "
-        f"annotations, not run), tests {baseline_s:.1f} s unmutated", flush=True)
+    log(f"[mutation] {module.path}: {kept} of {eligible} mutants{where} (seed {seed}; {left} more outside "
+        f"those or in never-evaluated annotations), tests {baseline_s:.1f} s unmutated", flush=True)
     ex = run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(session)], work, env)
     if ex.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed for {module.path}:\n{ex.stderr[-3000:]}")

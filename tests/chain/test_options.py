@@ -80,3 +80,6 @@ def test_missing_required_names_each_required_option_neither_spelling_gives():
     assert missing_required(ap, ["--refs=r.json", "--name=x", "--out", "o"]) == []
     assert missing_required(ap, ["--refs", "r", "--name", "x"]) == []
     assert missing_required(ap, ["refs", "name"]) == ["--refs", "--name"]       # values, not options
+
+
+# equivalent mutant: core/NumberReplacer on `given = {t.split("=", 1)[0] for t in tokens if t.startswith("--")}`: [0] is the part before the first "=" whatever the maxsplit (1 or 2)
