@@ -21,7 +21,7 @@ reads:
 and it is then counted apart, not as a survivor. Exit 1 with ``--fail-on-survivor`` if any survived,
 or when a module's score is under ``--min-score``; exit 2 if a module's tests fail unmutated.
 
-The checkout is copied (``operators``, ``jobs``, ``prompts``, ``tests``, ``pyproject.toml``; ``data``
+The checkout is copied (``operators``, ``jobs``, ``prompts``, ``tests``, ``benchmarks``, ``pyproject.toml``; ``data``
 linked): cosmic-ray edits the files it mutates, and the working tree is never touched.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "tools" / "mutation.toml"
-COPIED = ("operators", "jobs", "prompts", "tests", "pyproject.toml")
+COPIED = ("operators", "jobs", "prompts", "tests", "benchmarks", "pyproject.toml")   # benchmarks: test cases import its data
 LINKED = ("data",)
 EQUIVALENT = re.compile(r"#\s*equivalent mutant:\s*(\S+)\s+on\s+`(.+?)`\s*:\s*(.+)")
 
