@@ -51,6 +51,10 @@ def label_studio_python() -> Path:
 
 
 OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}   # pytest's own, set per test phase
+# Libraries whose first import sets environment variables, and those variables (names or prefixes).
+_IMPORT_SETS_VARIABLES = {"cv2", "rasterio", "ray", "sklearn"}
+IMPORT_VARIABLES = ("RAY_CLIENT_MODE", "GDAL_", "PROJ_CURL_CA_BUNDLE", "LD_LIBRARY_PATH", "KMP_DUPLICATE_LIB_OK",
+                    "KMP_INIT_AT_FORK")
 
 
 @pytest.fixture(autouse=True)
@@ -61,21 +65,26 @@ def _environment_restored():
     before any function's monkeypatch (the quick-test guard asks for it first), so its check runs after
     monkeypatch has undone its changes."""
     # Their first import sets variables (RAY_CLIENT_MODE; GDAL_/PROJ_CURL_CA_BUNDLE; LD_LIBRARY_PATH;
-    # KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK): not a test's doing, so imported before the snapshot.
-    import cv2  # noqa: F401
-    import rasterio  # noqa: F401
-    import ray  # noqa: F401
-    try:
-        import sklearn  # noqa: F401 - the prelabels extra, optional
-    except ImportError:
-        pass
+    # KMP_DUPLICATE_LIB_OK, KMP_INIT_AT_FORK): not a test's doing. Importing them all here cost every test
+    # run (each mutant of tools/mutation.py, a one-file quick run) seconds of sklearn, pandas and pyarrow;
+    # instead those variables are let through only when one of those libraries was first imported during
+    # the test. A test that changes them without such an import still fails.
+    first = _IMPORT_SETS_VARIABLES - set(sys.modules)
     before = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
     yield
     after = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
     if after != before:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        if first & set(sys.modules):
+            changed = [k for k in changed if not k.startswith(IMPORT_VARIABLES)]
+            restore = {k: v for k, v in after.items() if k.startswith(IMPORT_VARIABLES)}
+        else:
+            restore = {}
+        own = {k: v for k, v in os.environ.items() if k in OWN_VARIABLES}   # pytest's, of this run (or an outer one)
         os.environ.clear()
-        os.environ.update(before)   # the next test starts clean either way
+        os.environ.update({**before, **restore, **own})   # the next test starts clean either way
+        if not changed:
+            return
         pytest.fail(f"the test left os.environ changed: {changed}", pytrace=False)
 
 

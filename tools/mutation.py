@@ -21,7 +21,7 @@ reads:
 and it is then counted apart, not as a survivor. Exit 1 with ``--fail-on-survivor`` if any survived,
 or when a module's score is under ``--min-score``; exit 2 if a module's tests fail unmutated.
 
-The checkout is copied (``operators``, ``jobs``, ``prompts``, ``tests``, ``pyproject.toml``; ``data``
+The checkout is copied (``operators``, ``jobs``, ``prompts``, ``tests``, ``benchmarks``, ``pyproject.toml``; ``data``
 linked): cosmic-ray edits the files it mutates, and the working tree is never touched.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "tools" / "mutation.toml"
-COPIED = ("operators", "jobs", "prompts", "tests", "pyproject.toml")
+COPIED = ("operators", "jobs", "prompts", "tests", "benchmarks", "pyproject.toml")   # benchmarks: test cases import its data
 LINKED = ("data",)
 EQUIVALENT = re.compile(r"#\s*equivalent mutant:\s*(\S+)\s+on\s+`(.+?)`\s*:\s*(.+)")
 
@@ -51,7 +51,8 @@ EQUIVALENT = re.compile(r"#\s*equivalent mutant:\s*(\S+)\s+on\s+`(.+?)`\s*:\s*(.
 class Module:
     path: str
     tests: list[str]
-    timeout_s: float = 60.0
+    timeout_s: float = 240.0   # per test (pytest-timeout): generous, a loaded machine imports slowly
+    only: list[str] = field(default_factory=list)   # mutate only these definitions (``f``, ``Class``, ``Class.m``)
 
 
 @dataclass
@@ -73,8 +74,8 @@ class Outcome:
 
 def load_modules(path: Path = CONFIG) -> list[Module]:
     doc = tomllib.loads(path.read_text())
-    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 60)))
-            for m in doc["module"]]
+    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 240)),
+                   only=list(m.get("only", ()))) for m in doc["module"]]
 
 
 def equivalents(tests: list[str], root: Path = REPO) -> dict[tuple[str, str], str]:
@@ -101,9 +102,10 @@ def copy_checkout(dest: Path) -> None:
 
 
 def test_command(module: Module) -> str:
-    # -x: the first failure kills the mutant; -p no:randomly/cacheprovider: nothing kept between runs.
+    # -x: the first failure kills the mutant; no cache kept between runs; no plugins a mutant run never uses.
     return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", "quick", "-p", "no:cacheprovider",
-                     "--timeout", str(int(module.timeout_s)), *module.tests])
+                     "-p", "no:xdist", "-p", "no:random_order", "--timeout", str(int(module.timeout_s)),
+                     *module.tests])
 
 
 def write_config(work: Path, module: Module, timeout_s: float) -> Path:
@@ -144,21 +146,51 @@ def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]
     return spans
 
 
-def sample_jobs(session: Path, source: str, n: int | None, seed: int) -> tuple[int, int]:
-    """Mark mutants inside never-evaluated annotations skipped, then keep ``n`` of the rest (a seeded
-    draw; all if None) and mark the others skipped. Returns (kept, in annotations)."""
+def definition_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (start, end) positions of the named top-level functions and classes (``Class.method`` for a
+    method): the part of a module a ``only = [...]`` entry of the config puts under test."""
+    tree = ast.parse(source)
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = node
+            if isinstance(node, ast.ClassDef):
+                for sub in node.body:
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found[f"{node.name}.{sub.name}"] = sub
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise SystemExit(f"only = {unknown}: no such definition")
+    return [((found[n].lineno, 0), (found[n].end_lineno + 1, 0)) for n in names]
+
+
+def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = ()) -> tuple[int, int, int]:
+    """Mark mutants inside never-evaluated annotations (and outside the ``only`` definitions, if any)
+    skipped, then keep ``n`` of the rest (a seeded draw; all if None) and mark the others skipped.
+    Returns (kept, left out, eligible)."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
     spans = annotation_spans(source)
+    wanted = definition_spans(source, list(only)) if only else None
     skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
+
+    def left_out(pos: tuple) -> bool:
+        if any(a <= pos < b for a, b in spans):
+            return True
+        return wanted is not None and not any(a <= pos < b for a, b in wanted)
+
     with use_db(str(session), WorkDB.Mode.open) as db:
-        items = sorted(db.work_items, key=lambda i: i.job_id)
-        inside = [i.job_id for i in items
-                  if any(a <= tuple(i.mutations[0].start_pos) < b for a, b in spans)]
+        # Ordered by what a mutant is (its job ids are random per init): the same seed, the same sample.
+        items = sorted(db.work_items, key=lambda i: (tuple(i.mutations[0].start_pos), i.mutations[0].operator_name,
+                                                     i.mutations[0].occurrence))
+        inside = [i.job_id for i in items if left_out(tuple(i.mutations[0].start_pos))]
         jobs = [i.job_id for i in items if i.job_id not in set(inside)]
-        keep = set(jobs if n is None or n >= len(jobs) else random.Random(seed).sample(jobs, n))
+        # A seeded shuffle, then the first n: a smaller sample is a prefix of a larger one with the same
+        # seed, so the mutants of CI's sample are among those of any longer run.
+        random.Random(seed).shuffle(jobs)
+        keep = set(jobs if n is None else jobs[:n])
         db.set_multiple_results(inside + [j for j in jobs if j not in keep], skipped)
-        return len(keep), len(inside)
+        return len(keep), len(inside), len(jobs)
 
 
 def collect(session: Path, module: Module, root: Path) -> Outcome:
@@ -198,7 +230,8 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     t0 = time.time()
     base = run(test_command(module).split(), work, env)       # the oracle passes unmutated
     if base.returncode != 0:
-        raise SystemExit(f"{module.path}: its tests fail without a mutation:\n{base.stdout[-3000:]}")
+        raise SystemExit(f"{module.path}: its tests fail without a mutation (exit {base.returncode}):\n"
+                         f"{base.stdout[-3000:]}\n{base.stderr[-2000:]}")
     baseline_s = time.time() - t0
     timeout = max(module.timeout_s, 4 * baseline_s + 10)
     cfg = write_config(work, module, timeout)
@@ -206,9 +239,10 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     init = run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], work, env)
     if init.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed for {module.path}:\n{init.stderr[-3000:]}")
-    kept, in_annotations = sample_jobs(session, (work / module.path).read_text(), sample, seed)
-    log(f"[mutation] {module.path}: {kept} mutants ({in_annotations} more in never-evaluated annotations, "
-        f"not run), tests {baseline_s:.1f} s unmutated", flush=True)
+    kept, left, eligible = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only)
+    where = f" of {', '.join(module.only)}" if module.only else ""
+    log(f"[mutation] {module.path}: {kept} of {eligible} mutants{where} (seed {seed}; {left} more outside "
+        f"those or in never-evaluated annotations), tests {baseline_s:.1f} s unmutated", flush=True)
     ex = run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(session)], work, env)
     if ex.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed for {module.path}:\n{ex.stderr[-3000:]}")

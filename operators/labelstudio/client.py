@@ -4,19 +4,24 @@ project, register the images folder as local import storage, import tasks, fetch
 label-studio-sdk 2.1 pins numpy and OpenCV below what the pipeline uses, so it usually lives in its own
 virtual environment (default ``~/.cache/changeforge/venv-labelstudio``, under ``$XDG_CACHE_HOME`` when
 set). :func:`call` runs an operation in-process when the SDK imports here, else in that environment's
-Python (``LABEL_STUDIO_PYTHON`` overrides) by running this file with JSON on stdin and stdout. This
-module imports nothing but the standard library and the SDK so that it runs there.
+Python (``LABEL_STUDIO_PYTHON`` overrides): this file runs there once per process (``--serve``), one JSON
+request per line on its stdin and one JSON reply per line on its stdout, so a review or a chain that
+makes many calls starts the SDK's Python (seconds of imports) once, not per call. This module imports
+nothing but the standard library and the SDK so that it runs there.
 
 The API key comes from ``LABEL_STUDIO_API_KEY`` only (inherited by the subprocess, never on a command
 line), and is never logged or written.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -121,27 +126,97 @@ def call(op: str, **kwargs):
         venv = os.path.dirname(os.path.dirname(python))
         raise StudioError(f"label-studio-sdk is neither importable here nor at {python}: python -m venv {venv} && "
                           f"{venv}/bin/pip install {SDK_VERSION} (or set {PYTHON_ENV})")
-    # This file run by path: the SDK's environment must not see this one's packages (numpy, OpenCV).
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return _worker(python).ask(op, kwargs)
+
+
+class _Worker:
+    """This file serving in the SDK's Python (``--serve``): one per (python, key) and process."""
+
+    def __init__(self, python: str, key: str):
+        self.python, self.key, self.pid = python, key, os.getpid()
+        # This file run by path: the SDK's environment must not see this one's packages (numpy, OpenCV).
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.lock = threading.Lock()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.replies.put(line)
+        self.replies.put(None)   # it exited
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, op: str, kwargs: dict):
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+                self.proc.stdin.flush()
+                line = self.replies.get(timeout=CALL_TIMEOUT_S)
+            except queue.Empty:
+                self.close()
+                raise StudioError(f"Label Studio {op} did not answer within {CALL_TIMEOUT_S} s") from None
+            except (BrokenPipeError, OSError):
+                line = None
+            if line is None:
+                self.close()
+                raise StudioError(f"Label Studio {op} failed: the SDK's Python ({self.python}) exited "
+                                  f"(code {self.proc.poll()})")
+            reply = json.loads(line)
+            if "error" in reply:
+                raise StudioError(f"Label Studio {op} failed: {reply['error']}")
+            return reply["ok"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+_WORKERS: dict[tuple[str, str], _Worker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _worker(python: str) -> _Worker:
+    """The live worker for this Python and key (a new key, a dead worker or a forked process: a new one)."""
+    key = (python, os.environ.get(API_KEY_ENV, ""))
+    with _WORKERS_LOCK:
+        w = _WORKERS.get(key)
+        if w is None or not w.alive() or w.pid != os.getpid():
+            w = _WORKERS[key] = _Worker(*key)
+        return w
+
+
+@atexit.register
+def close_workers() -> None:
+    """Stop this process's SDK workers (at exit; tests call it to start afresh)."""
+    with _WORKERS_LOCK:
+        for w in [w for w in _WORKERS.values() if w.pid == os.getpid()]:
+            w.close()
+        _WORKERS.clear()
+
+
+def _run(request: dict) -> dict:
+    op = request.pop("op")
     try:
-        proc = subprocess.run([python, os.path.abspath(__file__)], input=json.dumps({"op": op, **kwargs}),
-                              capture_output=True, text=True, env=env, timeout=CALL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise StudioError(f"Label Studio {op} did not answer within {CALL_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        raise StudioError(f"Label Studio {op} failed: {proc.stderr.strip()[-800:]}")
-    return json.loads(proc.stdout)
+        return {"ok": OPERATIONS[op](**request)}
+    except Exception as exc:  # noqa: BLE001 - report without request details
+        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
 
 def main() -> int:
-    request = json.load(sys.stdin)
-    op = request.pop("op")
-    try:
-        result = OPERATIONS[op](**request)
-    except Exception as exc:  # noqa: BLE001
-        print(f"{type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr)
-        return 1
-    json.dump(result, sys.stdout)
+    """``--serve``: one JSON request per stdin line, one JSON reply (``{"ok": ...}`` or ``{"error": ...}``)
+    per stdout line, until stdin closes. What the SDK prints goes to stderr, never into a reply."""
+    if sys.argv[1:] != ["--serve"]:
+        print("usage: client.py --serve (run by operators.labelstudio.client.call)", file=sys.stderr)
+        return 2
+    replies, sys.stdout = sys.stdout, sys.stderr
+    for line in sys.stdin:
+        if line.strip():
+            print(json.dumps(_run(json.loads(line))), file=replies, flush=True)
     return 0
 
 

@@ -56,3 +56,42 @@ def test_progress_and_the_waiting_line(tmp_path):
     p = people.progress(store)
     assert people.waiting_line(p) == "waiting for annotators: 12 of 43 pairs decided (disagreement 2, unannotated 29)"
     assert people.waiting_line({"total": 4, "decided": 4, "by_status": {}}) is None
+
+
+def test_the_export_fingerprint_counts_tasks_and_annotations_and_takes_the_latest_stamp():
+    from operators.chain.people import export_fingerprint
+    import hashlib
+    ids = hashlib.sha256(b"5,6").hexdigest()[:12]
+    tasks = [{"id": 1, "created_at": "2026-01-05T00:00:00Z",
+              "annotations": [{"id": 6, "created_at": "2026-01-04T00:00:00Z"},
+                              {"id": 5, "updated_at": "2026-01-02T00:00:00Z", "created_at": "2026-01-09T00:00:00Z"}]},
+             {"id": 2, "annotations": None}]
+    # updated_at before created_at; the task's own stamp counts too; ids sorted, so the order is not work
+    assert export_fingerprint(tasks) == f"labelstudio:2/2/2026-01-05T00:00:00Z/{ids}"
+    tasks[0]["annotations"].reverse()
+    assert export_fingerprint(tasks) == f"labelstudio:2/2/2026-01-05T00:00:00Z/{ids}"
+    empty = hashlib.sha256(b"").hexdigest()[:12]
+    assert export_fingerprint([]) == f"labelstudio:0/0/-/{empty}"
+    assert export_fingerprint([{"id": 1}]) == f"labelstudio:1/0/-/{empty}"
+
+
+def test_only_http_and_https_exports_are_servers(tmp_path):
+    assert people.is_server("http://127.0.0.1:8080") and people.is_server("https://studio.example/x")
+    assert not people.is_server("s3://bucket/export.json") and not people.is_server(str(tmp_path / "http:x"))
+    calls = []
+    fp = people.fingerprint("https://studio.example", None, studio_call=lambda op, **kw: calls.append(kw) or [])
+    assert fp.startswith("labelstudio:0/0/-/") and calls == [{"url": "https://studio.example", "project_id": 0}]
+
+
+def test_progress_needs_integer_totals_and_the_waiting_line_lists_only_open_statuses(tmp_path):
+    store = Store(str(tmp_path))
+    for pairs in ({"total": 4}, {"decided": 4}, {"total": "4", "decided": 1}, {"total": 4, "decided": 1.0}):
+        (tmp_path / "annotation_summary.json").write_text(json.dumps({"pairs": pairs}))
+        assert people.progress(store) is None, pairs
+    (tmp_path / "annotation_summary.json").write_text(json.dumps({"pairs": {"total": 5, "decided": 0}}))
+    assert people.progress(store) == {"total": 5, "decided": 0, "by_status": {}}
+    assert people.waiting_line(people.progress(store), "experts") == "waiting for experts: 0 of 5 pairs decided"
+    assert people.waiting_line({"total": 3, "decided": 4, "by_status": {}}) is None
+    assert people.waiting_line({"total": 3, "decided": 2, "by_status": {
+        "merged": 1, "expert": 0, "unusable": 1, "awaiting_check": 1, "not_exported": 0}}) == \
+        "waiting for annotators: 2 of 3 pairs decided (awaiting check 1)"

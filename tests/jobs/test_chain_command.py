@@ -58,9 +58,15 @@ steps:
     assert fourth.returncode == 0 and "ran 0 step(s)" in fourth.stdout
 
 
-def test_unknown_options_are_refused_before_anything_runs(tmp_path):
+def test_unknown_options_are_refused_before_anything_runs(tmp_path, capsys):
+    # In-process (main as the command runs it): a traceback would be an exception here, not exit 2.
+    # The chain as a process of its own is the slow test above and test_chain_runs' SDK test.
+    from jobs import chain as chain_job
     config = tmp_path / "chain.yaml"
     config.write_text(f"output: {tmp_path / 'run'}\nsteps:\n  - caption: {{modle: x}}\n")
-    out = chain(config)
-    assert out.returncode == 2 and "unknown option 'modle'" in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(SystemExit) as exc:          # argparse's error: exit 2, its line on stderr
+        chain_job.main(["--config", str(config)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown option 'modle'" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "chain_state.json").exists()

@@ -7,6 +7,7 @@ module level or inside a function), so a cycle hidden in a lazy import counts to
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ def import_graph(root: Path, top: str = "operators") -> tuple[dict[str, set[str]
         graph[mod] = {n for n in names if n in files and n != mod}
         outside.update(names)
     return graph, outside
+
+
+@functools.cache
+def repo_graph() -> tuple[dict[str, set[str]], set[str]]:
+    """This repository's graph, parsed once for the tests below (none of them changes it)."""
+    return import_graph(ROOT)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -112,7 +119,7 @@ def test_imported_names_resolve_relative_and_lazy_imports(tmp_path):
 
 
 def test_operators_modules_import_no_cycle():
-    graph, _ = import_graph(ROOT)
+    graph, _ = repo_graph()
     assert len(graph) > 50          # the whole tree was read
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -120,7 +127,7 @@ def test_operators_modules_import_no_cycle():
 
 def test_pairs_steps_import_no_cycle():
     """The steps of operators/pairs/ depend on each other in one direction only."""
-    graph, _ = import_graph(ROOT)
+    graph, _ = repo_graph()
     steps = package_graph(graph, "operators.pairs")
     assert len(steps) >= 6
     cycle = find_cycle(steps)
@@ -129,6 +136,6 @@ def test_pairs_steps_import_no_cycle():
 
 @pytest.mark.parametrize("forbidden", ["jobs", "benchmarks", "tests"])
 def test_operators_import_nothing_from_jobs(forbidden):
-    _, names = import_graph(ROOT)
+    _, names = repo_graph()
     bad = sorted(n for n in names if n == forbidden or n.startswith(forbidden + "."))
     assert not bad, f"operators/ imports {forbidden}: {bad}"

@@ -1,0 +1,199 @@
+"""The decision core's edges that mutation testing (tools/mutation.py) showed untested: ties, fallbacks,
+exact reasons, the expert's path with the annotators' agreement, unreadable drawings and the batch
+threshold at its boundary. Pure and quick, beside tests/annotation/test_decisions.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from operators.annotation import decisions as dc
+from operators.annotation.decisions import DecisionConfig, decide_all, decide_pair
+from tests.annotation.test_decisions import SHAPE, masks_of, rect, row
+
+CFG = DecisionConfig()
+
+
+def test_a_tie_in_updated_at_keeps_the_later_row_and_task_rows_are_dropped():
+    a, b = row(1, "a", rect(0, 4, 0, 4), 1), row(1, "a", rect(8, 12, 8, 12), 1)
+    assert dc.latest_versions([a, b]) == [b] and dc.latest_versions([b, a]) == [a]
+    task = dict(a, annotation_id=-1)          # the task row as history tables on disk hold it (a format)
+    assert dc.TASK_ROW == -1 and dc.latest_versions([task]) == []
+    # rows without updated_at still group by (project, task, annotation)
+    c = dict(a, updated_at=None, project=None)
+    assert dc.version_key(c) == (0, 1, 1) and dc.latest_versions([c, dict(c, task_id=2)]) == [c, dict(c, task_id=2)]
+    assert dc.history_key(c) == (0, 1, 1, "")
+
+
+def test_quality_roles_and_order_read_every_shape_ingest_writes():
+    assert dc.quality_of({"quality": ""}) == [] and dc.quality_of({}) == []
+    assert dc.quality_of({"quality": ["cloud", 3]}) == ["cloud", "3"]
+    assert dc.unusable_reasons({"quality": '["needs expert", "no data", "cloud"]'}) == ["no data", "cloud"]
+    assert dc.is_expert({"ground_truth": 1}) and dc.is_expert({"queue": "review"})
+    assert not dc.is_expert({"ground_truth": 0, "queue": "annotate"}) and not dc.is_expert({})
+    assert dc.made_order({"updated_at": "u", "annotation_id": "4"}) == ("u", 4)
+    assert dc.made_order({"created_at": "c", "updated_at": "u", "annotation_id": 4}) == ("c", 4)
+    assert dc.made_order({"annotation_id": 4}) == ("", 4)
+
+
+def test_dilate_grows_by_the_disk_and_not_at_all_at_radius_zero():
+    m = np.zeros((9, 9), bool)
+    m[4, 4] = True
+    assert dc.dilate(m, 0) is m and dc.dilate(m, -1) is m
+    assert np.count_nonzero(dc.dilate(m, 1)) == 5 and np.count_nonzero(dc.dilate(m, 2)) == 13
+    assert dc._disk(1).tolist() == [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
+    empty = np.zeros((9, 9), bool)
+    assert dc.dilate(empty, 3) is empty
+
+
+def test_overlap_and_tolerant_f1_values():
+    a, b = rect(0, 10, 0, 10), rect(0, 10, 5, 15)
+    assert dc.overlap(a, b) == pytest.approx((50 / 150, 100 / 200))
+    z = np.zeros(SHAPE, bool)
+    assert dc.overlap(z, z) == (1.0, 1.0) and dc.overlap(a, z) == (0.0, 0.0)
+    assert dc.tolerant_f1(z, a, 2) == 0.0
+    # precision over a, recall over b: a strip of a 3 px outside b is unmatched at 2 px, matched at 3
+    p = rect(0, 10, 0, 13)
+    assert dc.tolerant_f1(p, a, 2) == pytest.approx(2 * (120 / 130) * 1.0 / (120 / 130 + 1.0))
+    assert dc.tolerant_f1(p, a, 3) == 1.0 and dc.tolerant_f1(a, p, 2) == dc.tolerant_f1(p, a, 2)
+    far = rect(20, 30, 30, 40)
+    assert dc.tolerant_f1(a, far, 2) == 0.0
+
+
+def test_compare_takes_the_lowest_class_and_is_one_without_classes():
+    two = {"new": rect(0, 10, 0, 10), "gone": rect(20, 30, 0, 10)}
+    other = {"new": rect(0, 10, 0, 10), "gone": rect(20, 30, 30, 40)}
+    agreement, per = dc.compare(two, other, 2)
+    assert agreement == 0.0 and per["new"] == {"iou": 1.0, "f1": 1.0, "f1_tolerant": 1.0}
+    assert per["gone"]["f1_tolerant"] == 0.0 and per["gone"]["iou"] == 0.0
+    assert dc.compare({}, {}, 2) == (1.0, {})
+
+
+def test_the_expert_path_keeps_the_annotators_roles_batch_and_agreement():
+    a, b, e = rect(0, 10, 0, 10), rect(0, 10, 0, 10), rect(2, 12, 2, 12)
+    expert = row(9, "e", e, 9, project=7, task=3, queue="review")
+    one = decide_pair("p", [row(1, "a", a, 1, project=4), expert], masks_of, CFG)
+    assert (one.status, one.reason, one.annotator, one.checker, one.batch, one.agreement) == \
+        ("expert", "decided by the expert", "a", None, 4, None)
+    assert one.merged_from == (7, 3, 9, "2026-01-01T00:09:00Z") and one.annotations == 2
+    both = decide_pair("p", [row(1, "a", a, 1, project=4), row(2, "b", b, 2, project=5), expert], masks_of, CFG)
+    assert (both.annotator, both.checker, both.batch, both.agreement) == ("a", "b", 5, 1.0)
+    assert both.per_class["new"]["iou"] == 1.0
+    alone = decide_pair("p", [expert], masks_of, CFG)
+    assert (alone.annotator, alone.checker, alone.batch) == (None, None, None)
+
+
+def test_the_latest_expert_decides_and_an_unreadable_annotator_drawing_does_not_stop_the_expert():
+    e1, e2 = rect(0, 4, 0, 4), rect(6, 10, 6, 10)
+    rows = [row(5, "e1", e1, 1, gt=True), row(3, "e2", e2, 2, gt=True)]
+    d = decide_pair("p", rows, masks_of, CFG)
+    assert d.expert == "e2" and np.array_equal(d.masks["new"], e2)
+    # same updated_at: who made it later wins
+    d = decide_pair("p", [row(5, "e1", e1, 2, gt=True), row(3, "e2", e2, 1, gt=True, edited="2026-01-01T00:02:00Z")],
+                    masks_of, CFG)
+    assert d.expert == "e1"
+
+    def unreadable(r):
+        if r["annotator"] == "bad":
+            raise ValueError("wrong size")
+        return masks_of(r)
+
+    d = decide_pair("p", [row(1, "a", e1, 1), row(2, "bad", e1, 2), row(3, "e", e2, 3, gt=True)], unreadable, CFG)
+    assert (d.status, d.agreement, d.per_class, d.checker) == ("expert", None, {}, "bad")
+    d = decide_pair("p", [row(1, "a", e1, 1), row(3, "e", None, 3, gt=True, quality=("cloud", "no data"))],
+                    masks_of, CFG)
+    assert (d.status, d.reason, d.masks, d.merged_from) == ("unusable", "cloud, no data (expert)", None, None)
+
+
+def test_unusable_without_an_expert_names_every_reason_once_and_the_first_marker():
+    rows = [row(1, "a", rect(0, 4, 0, 4), 1, project=3, quality=("cloud",)),
+            row(2, "b", None, 2, project=3, quality=("no data", "cloud", "needs expert")),
+            row(3, "c", None, 3, project=3, cancelled=True, quality=("misregistered",))]
+    d = decide_pair("p", rows, masks_of, CFG)
+    assert (d.status, d.reason, d.annotator, d.batch, d.annotations, d.skipped) == \
+        ("unusable", "cloud, no data", "a", 3, 2, 1)
+    assert d.masks is None and d.merged_from is None
+
+
+def test_nothing_submitted_says_whether_it_was_skipped():
+    assert decide_pair("p", [], masks_of, CFG).reason == "no submitted annotation yet"
+    d = decide_pair("p", [row(1, "a", None, 1, cancelled=True), row(2, "b", None, 2, cancelled=True)], masks_of, CFG)
+    assert (d.status, d.reason, d.skipped, d.annotations) == ("unannotated", "2 skipped, none submitted", 2, 0)
+
+
+def test_one_annotation_flagged_waiting_or_merged_with_its_exact_reason():
+    m = rect(0, 10, 0, 10)
+    d = decide_pair("p", [row(1, "a", m, 1, project=6, quality=("needs expert",))], masks_of,
+                    DecisionConfig(require_check=True))
+    assert (d.status, d.reason, d.masks) == ("disagreement", "flagged 'needs expert' by the annotator", None)
+    d = decide_pair("p", [row(1, "a", m, 1, project=6)], masks_of, DecisionConfig(require_check=True))
+    assert (d.status, d.reason, d.masks, d.batch) == \
+        ("awaiting_check", "one annotation; --require-check waits for the checker's", None, 6)
+    d = decide_pair("p", [row(1, "a", m, 1, project=6)], masks_of, CFG)
+    assert (d.status, d.reason, d.annotator, d.batch, d.agreement) == \
+        ("merged", "one annotation, merged unchecked", "a", 6, None)
+    assert d.merged_from == (6, 1, 1, "2026-01-01T00:01:00Z") and np.array_equal(d.masks["new"], m)
+
+
+def test_two_annotations_flagged_by_either_disagreeing_or_checked():
+    m = rect(0, 10, 0, 10)
+    d = decide_pair("p", [row(1, "a", m, 1, quality=("needs expert",)), row(2, "b", m, 2)], masks_of, CFG)
+    assert (d.status, d.reason, d.masks) == ("disagreement", "flagged 'needs expert' by the annotator", None)
+    # a third annotator's flag does not count: only the two who vote
+    d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", m, 2, project=8), row(3, "c", m, 3, quality=("needs expert",))],
+                    masks_of, CFG)
+    assert (d.status, d.reason, d.batch) == ("merged", "checked: agreement 1.000; the checker's drawing is merged", 8)
+    assert d.merged_from == (8, 1, 2, "2026-01-01T00:02:00Z")
+    half = rect(0, 10, 0, 5)
+    d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", half, 2)], masks_of, DecisionConfig(tolerance_px=0))
+    assert d.status == "disagreement" and d.masks is None and d.agreement == pytest.approx(2 / 3)
+    assert d.reason == ("annotator and checker agree at 0.667 < 0.8 (F1 with a 0 px boundary tolerance (lowest "
+                        "class)); for the expert")
+    # exactly at min_agreement is enough
+    d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", half, 2)], masks_of,
+                    DecisionConfig(tolerance_px=0, min_agreement=2 / 3))
+    assert d.status == "merged" and np.array_equal(d.masks["new"], half)
+
+
+def test_batch_agreements_count_only_checked_pairs_with_a_batch():
+    P = dc.PairDecision
+    ds = [P("a", "merged", agreement=0.5, checker="c", batch=1), P("b", "expert", agreement=1.0, checker="c", batch=1),
+          P("c", "merged", agreement=0.1, checker=None, batch=1), P("d", "merged", agreement=0.2, checker="c", batch=None),
+          P("e", "merged", agreement=None, checker="c", batch=2), P("f", "merged", agreement=0.9, checker="c", batch=0)]
+    assert dc.batch_agreements(ds) == {0: 0.9, 1: 0.75}
+
+
+def test_decide_all_holds_unreadable_pairs_named_and_rejects_a_batch_only_below_the_threshold():
+    def unreadable(r):
+        if r["pair_id"] == "bad":
+            raise ValueError("mask 3x3, expected 32x48")
+        return masks_of(r)
+
+    m, half = rect(0, 10, 0, 10), rect(0, 10, 0, 5)
+    rows = [row(1, "a", m, 1, pair="bad", task=5), row(2, "b", m, 2, pair="bad", task=5),
+            row(3, "c", None, 3, pair="bad", task=5, cancelled=True),
+            row(1, "a", m, 1, pair="ok", task=1), row(2, "b", half, 2, pair="ok", task=1)]
+    cfg = DecisionConfig(tolerance_px=0, min_agreement=2 / 3)
+    out = decide_all(rows, unreadable, cfg)
+    assert list(out) == ["bad", "ok"]
+    assert (out["bad"].status, out["bad"].reason, out["bad"].annotations, out["bad"].skipped) == \
+        ("unreadable", "ValueError: mask 3x3, expected 32x48", 2, 1)
+    assert out["ok"].status == "merged"                         # batch mean == min_agreement: accepted
+    out = decide_all(rows, unreadable, DecisionConfig(tolerance_px=0, min_agreement=0.7))
+    assert out["ok"].status == "disagreement" and out["ok"].masks is None and out["ok"].merged_from is None
+    assert out["ok"].reason == ("annotator and checker agree at 0.667 < 0.7 (F1 with a 0 px "
+                                "boundary tolerance (lowest class)); for the expert")
+    # a merged pair of a bad batch: held, with the batch's reason
+    good = [row(1, "a", m, 1, pair="g", task=2), row(2, "b", m, 2, pair="g", task=2)]
+    out = decide_all(rows + good, unreadable, DecisionConfig(tolerance_px=0, min_agreement=0.9))
+    assert out["g"].reason == ("batch (project 1) rejected: mean agreement 0.833 < 0.9; held for the expert")
+    assert (out["g"].status, out["g"].masks, out["g"].merged_from) == ("disagreement", None, None)
+
+
+def test_the_tolerance_disk_is_round_at_every_radius():
+    for r, pixels in ((1, 5), (2, 13), (3, 29), (4, 49)):               # lattice points with x^2 + y^2 <= r^2
+        assert np.count_nonzero(dc._disk(r)) == pixels, r
+        assert dc._disk(r).shape == (2 * r + 1, 2 * r + 1)
+
+
+# equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
+# equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used

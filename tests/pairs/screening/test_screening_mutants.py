@@ -1,0 +1,34 @@
+"""Screening's accept rule at the two points CI's mutation sample (tools/mutation.py, seed 35) showed
+untested: the quadrants are the crop's halves, and a window's support is any window two grid steps
+away, in every direction. A file of its own beside test_screening.py (which other work edits)."""
+from __future__ import annotations
+
+import numpy as np
+
+from operators.pairs.screening.screening import AGREE_PX, WindowShift, supported
+from tests.pairs.screening.test_screening import C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
+
+
+def w(row, col, dx=0.5, dy=0.0):
+    return WindowShift(64.0 * col, 64.0 * row, dx, dy, 0.9, row, col)
+
+
+def test_support_comes_from_two_steps_away_in_every_direction():
+    for dr, dc in ((-2, -2), (-2, -1), (-2, 0), (-1, 2), (0, 2), (1, 2), (2, 2), (2, -1), (-1, -2), (1, -2)):
+        a, b = w(3, 3), w(3 + dr, 3 + dc)
+        assert supported([a, b]) == [a, b], (dr, dc)
+    a = w(3, 3)
+    assert supported([a, w(4, 4)]) == [] and supported([a, w(3, 4)]) == []     # overlapping: no support
+    assert supported([a, w(3, 5, dx=0.5 + AGREE_PX + 0.01)]) == []               # disagreeing
+    assert supported([a, w(3, 5, dx=0.5 + AGREE_PX)]) == [a, w(3, 5, dx=0.5 + AGREE_PX)]
+    assert supported([]) == []
+
+
+def test_the_quadrants_are_the_crops_halves(scene):  # noqa: F811
+    # Clouds over the right half (x >= 480): the windows seen lie left of the centre, in two quadrants,
+    # whatever their spread across the left half.
+    pre = pre_of(scene)
+    valid = np.ones((C, C), bool)
+    valid[:, 480:] = False
+    r = screen(pre, pre, valid)
+    assert r.reject_reason.startswith("insufficient evidence") and " in 2 quadrant(s) " in r.reject_reason

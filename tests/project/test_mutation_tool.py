@@ -1,0 +1,81 @@
+"""tools/mutation.py's own logic: the definitions ``only`` selects, the equivalent-mutant comments it
+reads, and a seeded sample that is the same over two cosmic-ray inits (whose job ids are random) and a
+prefix of a larger one (CI's sample is the start of any longer run)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# tools/ is not a package: the tool loaded from its file, as `python tools/mutation.py` runs it.
+_spec = importlib.util.spec_from_file_location("mutation_tool", REPO / "tools" / "mutation.py")
+mutation = importlib.util.module_from_spec(_spec)
+sys.modules["mutation_tool"] = mutation      # its dataclasses look their module up
+_spec.loader.exec_module(mutation)
+
+SOURCE = '''from __future__ import annotations
+
+
+def f(x: int) -> int:
+    return x + 1 if x > 0 else x - 1
+
+
+class C:
+    def m(self, a: int) -> bool:
+        return a * 2 >= 3
+
+    def n(self):
+        return 5 - 4
+'''
+
+
+def test_only_selects_the_named_definitions_and_refuses_unknown_names():
+    spans = mutation.definition_spans(SOURCE, ["f", "C.m"])
+    assert spans == [((4, 0), (6, 0)), ((9, 0), (11, 0))]
+    with pytest.raises(SystemExit, match=r"no such definition"):
+        mutation.definition_spans(SOURCE, ["g"])
+    assert len(mutation.annotation_spans(SOURCE)) == 4          # x: int, -> int, a: int, -> bool
+
+
+def test_equivalent_comments_are_read_per_operator_and_line(tmp_path):
+    t = tmp_path / "test_x.py"
+    t.write_text("# equivalent mutant: core/NumberReplacer on `return 5 - 4`: why not\nx = 1\n")
+    assert mutation.equivalents(["test_x.py"], tmp_path) == {("core/NumberReplacer", "return 5 - 4"): "why not"}
+
+
+def test_every_listed_module_and_oracle_exists_and_only_names_real_definitions():
+    for m in mutation.load_modules():
+        assert (REPO / m.path).is_file(), m.path
+        assert all((REPO / t).is_file() for t in m.tests), m.tests
+        if m.only:
+            mutation.definition_spans((REPO / m.path).read_text(), m.only)
+
+
+def _sample(tmp_path: Path, name: str, n: int | None) -> list[tuple]:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+    work = tmp_path / name
+    work.mkdir()
+    (work / "mod.py").write_text(SOURCE)
+    module = mutation.Module(path="mod.py", tests=["t.py"])
+    cfg = mutation.write_config(work, module, 10)
+    session = work / "s.sqlite"
+    subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], cwd=work,
+                   check=True, capture_output=True, timeout=240)
+    mutation.sample_jobs(session, SOURCE, n, 35)
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        skipped = {i.job_id for i, r in db.completed_work_items if r.worker_outcome == WorkerOutcome.SKIPPED}
+        return sorted((tuple(i.mutations[0].start_pos), i.mutations[0].operator_name, i.mutations[0].occurrence)
+                      for i in db.work_items if i.job_id not in skipped)
+
+
+@pytest.mark.slow   # three cosmic-ray inits
+def test_a_seeded_sample_is_the_same_over_two_inits_and_a_prefix_of_a_larger_one(tmp_path):
+    a, b = _sample(tmp_path, "a", 3), _sample(tmp_path, "b", 3)
+    assert len(a) == 3 and a == b
+    larger = _sample(tmp_path, "c", 6)
+    assert len(larger) == 6 and set(a) < set(larger)
