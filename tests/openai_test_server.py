@@ -255,6 +255,11 @@ class ReplyMaker:
         self.seed, self.region, self.words, self.short_arrays = seed, region, words, short_arrays
 
     def make(self, schema: dict, path: str = "$"):
+        if path == "$":
+            self.defs = schema.get("$defs") or {}
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):   # a schema stated compactly in a prompt
+            schema = self.defs.get(ref.rsplit("/", 1)[-1]) or {}
         kind = schema.get("type")
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "string")
@@ -371,7 +376,8 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
             state.by_status[400] += 1
             return _error(400, f"Invalid schema for response_format '{js.get('name')}': {problem}.")
     texts = _texts(messages)
-    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + \
+    # A structured-output schema is billed as prompt, as OpenAI bills it (it leads the prompt: see _prefix_chunks).
+    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + _schema_tokens(body) + \
         _image_tokens(messages, int(cfg.get("image_base", 85)), int(cfg.get("image_per_tile", 170)))
     cap = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.get("default_max_tokens", 4096))
     wait = state.admit(time.time(), prompt_tokens + cap)
@@ -470,7 +476,7 @@ def _prefix_chunks(body: dict, base: int, per_tile: int) -> list[tuple[str, int]
     """The request as a sequence of (content, tokens) chunks in the order a provider reads it: the
     response schema (part of the system prompt), then each message's text in 128-token chunks and its
     images (by the tile rule)."""
-    chunks: list[tuple[str, int]] = [(json.dumps(body.get("response_format") or {}, sort_keys=True), 0)]
+    chunks: list[tuple[str, int]] = [(json.dumps(body.get("response_format") or {}, sort_keys=True), _schema_tokens(body))]
     for m in body.get("messages") or []:
         chunks.append((f"<{m.get('role')}>", 4))
         content = m.get("content")
@@ -488,6 +494,14 @@ def _prefix_chunks(body: dict, base: int, per_tile: int) -> list[tuple[str, int]
                     piece = text[i:i + 512]
                     chunks.append((piece, len(piece) // 4))
     return chunks
+
+
+def _schema_tokens(body: dict) -> int:
+    """The tokens of a json_schema response format's schema (4 characters a token); JSON mode has none."""
+    rf = body.get("response_format") or {}
+    if rf.get("type") != "json_schema":
+        return 0
+    return len(json.dumps((rf.get("json_schema") or {}).get("schema") or {})) // 4
 
 
 def _prefix_cached_tokens(state: ServerState, body: dict, base: int, per_tile: int, minimum: int) -> int:

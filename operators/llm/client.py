@@ -273,15 +273,60 @@ def keyed_messages(messages: list[dict]) -> list:
 
 
 def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
-    """JSON mode has no schema slot: state it in the system message (JSON mode also requires the word
-    JSON to appear in the prompt)."""
-    note = f"Reply with one JSON object only. It must conform to this {SCHEMA_MARKER} {json.dumps(schema)}"
+    """JSON mode has no schema slot: state it at the end of the request's user message (JSON mode also
+    requires the word JSON in the prompt). At the end, not in the system message: what a provider caches
+    is the prompt's beginning, and the system text and a pair's images are the same in every stage while
+    the schemas differ (a schema in ``response_format`` sits ahead of the messages in OpenAI's cache, so
+    json_schema mode shares no prefix between stages)."""
+    note = f"Reply with one JSON object only. It must conform to this {SCHEMA_MARKER} {prompt_schema(schema)}"
     out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
-        out[0]["content"] = out[0]["content"] + "\n\n" + note
+    at = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
+    if at is None:
+        out.append({"role": "user", "content": note})
+        return out
+    content = out[at].get("content")
+    if isinstance(content, list):
+        out[at]["content"] = list(content) + [{"type": "text", "text": note}]
     else:
-        out.insert(0, {"role": "system", "content": note})
+        out[at]["content"] = f"{content or ''}\n\n{note}"
     return out
+
+
+def prompt_schema(schema: dict) -> str:
+    """``schema`` as the prompt states it: compact, and each object sub-schema that occurs more than once
+    (a judge's review entry, once per candidate) stated once under ``$defs`` and referred to by ``$ref``.
+    For the model's reading only: replies are checked against the full ``schema``."""
+    counts: dict[str, int] = {}
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and node is not schema:
+                text = json.dumps(node, sort_keys=True)
+                counts[text] = counts.get(text, 0) + 1
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    names = {text: f"d{i}" for i, text in enumerate(t for t, n in counts.items() if n > 1)}
+    if not names:
+        return json.dumps(schema, separators=(",", ":"))
+
+    def swap(node):
+        if isinstance(node, dict):
+            text = json.dumps(node, sort_keys=True) if node.get("type") == "object" else None
+            if text in names:
+                return {"$ref": f"#/$defs/{names[text]}"}
+            return {k: swap(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [swap(v) for v in node]
+        return node
+
+    out = {k: swap(v) for k, v in schema.items()}
+    out["$defs"] = {name: json.loads(text) for text, name in names.items()}
+    return json.dumps(out, separators=(",", ":"))
 
 
 def _count(value) -> int | None:

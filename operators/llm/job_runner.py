@@ -75,13 +75,13 @@ class LLMJobConfig:
     max_rate_limit_retries: int = 30
     max_reasks: int = 2
     backoff_base_s: float = 1.0
-    response_format: str = "json_schema"
+    response_format: str = "json_object"
     strict_schema: bool = True
     image_token_rule: str = ""
     max_request_bytes: int = 20_000_000
     api_key_source: str = "env:OPENAI_API_KEY"
-    generate_template: str = "caption_generate.v2"
-    judge_template: str = "caption_judge.v2"
+    generate_template: str = "caption_generate.v3"
+    judge_template: str = "caption_judge.v3"
     prompts_dir: str = ""
     actors: int = 2
     concurrent_batches: int = 8
@@ -143,7 +143,10 @@ HELP = {
                               "recovers while no storm comes)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
-    "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
+    "response_format": "json_object (JSON mode, the reply schema at the end of the prompt, so that a pair's stages "
+                       "share their cached prefix; every reply is checked against the schema here and re-asked) or "
+                       "json_schema (the provider's structured outputs; its schema leads the cached prefix, so stages "
+                       "with different schemas share none; falls back to json_object by itself if rejected)",
     "strict_schema": "send json_schema in strict mode (dropped by itself where the endpoint rejects it)",
     "image_token_rule": "how the endpoint counts an image's tokens, if the model name does not tell: "
                         "tile:<base>:<per_tile> (e.g. tile:2833:5667 for gpt-4o-mini), "
