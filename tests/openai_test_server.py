@@ -47,7 +47,8 @@ matches an earlier request's (by a stable token estimate: text at 4 characters a
 chunks, images by the tile rule, at least ``prefix_cache_min`` tokens, in steps of 128, as OpenAI's
 cache); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET /v1/files/{id}/content``,
 ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``; a batch completes
-``batch_delay_s`` after creation (its lines answered as real-time requests would be), a share
+``batch_delay_s`` after creation (and not while ``batch_hold`` is true: batches held in flight), its
+lines answered as real-time requests would be; a share
 ``batch_fail_rate`` of its lines (drawn per custom_id and submission) goes to the error file, and the
 output lines come back in an order of their own. ``batch_submissions`` in the stats counts how often
 each custom_id was submitted.
@@ -96,7 +97,7 @@ DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s
                   "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent",
                   # provider money (see the module doc)
                   "slow_s": 5.0, "prefix_cache": False, "prefix_cache_min": 1024, "batch_delay_s": 0.0,
-                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error"}
+                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error", "batch_hold": False}
 
 
 class ServerState:
@@ -610,7 +611,8 @@ async def get_batch(request: web.Request) -> web.Response:
     b = state.batches.get(request.match_info["batch_id"])
     if b is None:
         return _error(404, "no such batch")
-    if b["status"] == "in_progress" and time.time() >= b["_due"]:
+    # "batch_hold": every batch stays in progress until the switch is off (a kill lands while one is open).
+    if b["status"] == "in_progress" and time.time() >= b["_due"] and not state.config.get("batch_hold"):
         b["status"] = "finalizing"
         await _finish_batch(state, b)
     return web.json_response(_batch_object(b))
