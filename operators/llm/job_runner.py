@@ -553,3 +553,38 @@ def validator_tally(rows, validators: str) -> dict:
             "validator_rejected": rejected}
 
 
+
+
+# -- the prompt templates an output was made with ----------------------------------------------------
+PROMPTS_FILE = "prompts.json"   # {job: {"generate": stem, "judge": stem}}
+
+
+def output_templates(out: Store, job: str, chosen: tuple[str, str], defaults: tuple[str, str],
+                     pairs_schema=None) -> tuple[str, str]:
+    """The (generate, judge) templates of this run. Left at the defaults, a run on an existing output goes
+    on with the templates that output was made with (``prompts.json``, or for an output made before it was
+    written, the versions its ``pairs`` table records): a new release's templates would change every
+    request's cache key, so the answers of the old version (a pair generated but not judged yet) would be
+    paid for again. A choice of the user's is used as given. Recorded for the next run either way."""
+    try:
+        recorded = json.loads(out.read_bytes(PROMPTS_FILE))
+    except (FileNotFoundError, ValueError):
+        recorded = {}
+    mine = recorded.get(job) or {}
+    templates = (mine.get("generate"), mine.get("judge")) if mine.get("generate") and mine.get("judge") else None
+    if templates is None and pairs_schema is not None:
+        table = read_table(out, "pairs", pairs_schema, columns=["generate_prompt_version", "judge_prompt_version"])
+        if table is not None and table.num_rows:
+            seen = collections.Counter(zip(table["generate_prompt_version"].to_pylist(),
+                                           table["judge_prompt_version"].to_pylist()))
+            (gen, judge), _ = seen.most_common(1)[0]
+            templates = (gen, judge) if gen and judge else None
+    if tuple(chosen) != tuple(defaults) or templates is None:
+        templates = tuple(chosen)
+    elif templates != tuple(defaults):
+        log.info("this output was made with the templates %s and %s: the run goes on with them (its answers are "
+                 "cached under them; --generate-template/--judge-template choose others)", *templates)
+    if mine != {"generate": templates[0], "judge": templates[1]}:
+        recorded[job] = {"generate": templates[0], "judge": templates[1]}
+        out.write_bytes(PROMPTS_FILE, json.dumps(recorded, indent=1, sort_keys=True).encode())
+    return templates[0], templates[1]
