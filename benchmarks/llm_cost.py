@@ -21,7 +21,9 @@ the same for every shape (the first three of each pair's generated captions). Se
 own (``overall_score`` with ``--overall criteria``; ``select_captions``, ``select_qa``), so acceptance
 is what the judge's scores give in each shape; it is printed, and dollars are per selected item. Ends
 with one line:
-``dollars_per_selected captions a=.. b=.. c=.. d=.. d_over_b=.. billed_input_b_to_c=..% qa a=.. ...``.
+``dollars_per_selected captions a=.. b=.. c=.. d=.. d_over_b=.. d_over_b_equal_acceptance=..
+billed_input_b_to_c=..% acceptance=.. per_candidate=.. qa a=.. ...`` (``per_candidate``: dollars per
+candidate for a, b, c, d; at equal acceptance the shapes compare as these do).
 
     python benchmarks/llm_cost.py --pairs 10 --prices in=2.5,out=10,cached=0.5,batch=0.5
 """
@@ -250,9 +252,15 @@ def summary(job: str, tallies: dict, prices: dict) -> str:
     b, c = tallies["v0.1"], tallies["cached"]
     input_drop = 1 - c.billed_input(prices) / max(1, b.billed_input(prices))
     acceptance = ",".join(f"{t.selected / max(1, t.candidates):.2f}" for t in tallies.values())
+    # The test server's scores are hashes of the request, not judgements: acceptance moves with any byte of
+    # the prompt. At equal acceptance the dollars per selected item compare as the dollars per candidate.
+    per_candidate = {shape: t.dollars(prices, batch=shape == "batch") / max(1, t.candidates)
+                     for shape, t in tallies.items()}
     return (f"{job} a={per['first']:.5f} b={per['v0.1']:.5f} c={per['cached']:.5f} d={per['batch']:.5f} "
-            f"d_over_b={per['batch'] / per['v0.1']:.2f} billed_input_b_to_c={-100 * input_drop:+.0f}% "
-            f"acceptance={acceptance}")
+            f"d_over_b={per['batch'] / per['v0.1']:.2f} "
+            f"d_over_b_equal_acceptance={per_candidate['batch'] / per_candidate['v0.1']:.2f} "
+            f"billed_input_b_to_c={-100 * input_drop:+.0f}% acceptance={acceptance} per_candidate="
+            + ",".join(f"{per_candidate[k]:.5f}" for k in ("first", "v0.1", "cached", "batch")))
 
 
 def main(argv=None) -> int:
