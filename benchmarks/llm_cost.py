@@ -133,67 +133,65 @@ def prompts_for(job: str, shape: str) -> CaptionPrompts:
                           judge_model="gpt-4o", run_id="bench", validators="off")
 
 
-async def caption_pair(caller, prompts, shape, record, tally, context) -> str:
-    gen = build_generate_request(prompts, record)
+async def generate(caller, shape, build, record, tally):
+    request = build(record)
     if shape == "first":
-        gen = full_detail(gen, record, mask=True)
-    g = await caller.call(gen)
+        request = full_detail(request, record, mask=True)
+    result = await caller.call(request)
+    if result.ok:
+        tally.add(result)
+    return result
+
+
+async def judge(caller, shape, build, rec, record, keys, tally):
+    """The judge's reply for ``keys``: one call, or in (a) one full-detail call per candidate (their
+    entries merged into the last reply). A failed call's result as it is."""
+    calls = [one_key(full_detail(build(rec), record, mask=True), k) for k in keys] if shape == "first" \
+        else [build(rec)]
+    value = {}
+    for request in calls:
+        result = await caller.call(request)
+        if not result.ok:
+            return result
+        tally.add(result)
+        value.update(result.value)
+    result.value = value
+    return result
+
+
+async def caption_pair(caller, prompts, shape, record, tally, context) -> str:
+    g = await generate(caller, shape, lambda r: build_generate_request(prompts, r), record, tally)
     if not g.ok:
         return g.error_type
-    tally.add(g)
     captions = [g.value[p] for p in PERSPECTIVES]
     context[record["pair_id"]] = captions[:3]
-    rec = dict(record, captions=captions)
-    if shape == "first":
-        scores = {}
-        for p in PERSPECTIVES:
-            j = await caller.call(one_key(full_detail(build_judge_request(prompts, rec), record, mask=True), p))
-            if not j.ok:
-                return j.error_type
-            tally.add(j)
-            scores[p] = j.value[p]
-    else:
-        j = await caller.call(build_judge_request(prompts, rec))
-        if not j.ok:
-            return j.error_type
-        tally.add(j)
-        scores = j.value
-    overall = [overall_score(scores[p], "criteria") for p in PERSPECTIVES]
+    j = await judge(caller, shape, lambda r: build_judge_request(prompts, r), dict(record, captions=captions), record,
+                    PERSPECTIVES, tally)
+    if not j.ok:
+        return j.error_type
+    overall = [overall_score(j.value[p], "criteria") for p in PERSPECTIVES]
     tally.candidates += len(overall)
     tally.selected += sum(s.selected for s in select_captions(overall))
     return ""
 
 
+def _records(rows, table):
+    return [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"] for e in rows
+            if e["_table"] == table]
+
+
 async def qa_pair(caller, prompts, shape, record, tally, context) -> str:
-    gen = qa_ops.build_generate_request(prompts, record)
-    if shape == "first":
-        gen = full_detail(gen, record, mask=True)
-    g = await caller.call(gen)
+    g = await generate(caller, shape, lambda r: qa_ops.build_generate_request(prompts, r), record, tally)
     if not g.ok:
         return g.error_type
-    tally.add(g)
     rows = qa_ops.handle_generate_result(prompts, record, g)
-    judged = [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"]
-              for e in rows if e["_table"] == "_qa_judge"]
-    if judged:
-        rec = judged[0]
+    for rec in _records(rows, "_qa_judge"):
         keys = [TYPE_KEYS[rec["qa"][i]["type"]] for i in qa_ops.judged_indices(prompts, rec["qa"])]
-        if shape == "first":
-            value = {}
-            for k in keys:
-                j = await caller.call(one_key(full_detail(qa_ops.build_judge_request(prompts, rec), record, mask=True), k))
-                if not j.ok:
-                    return j.error_type
-                tally.add(j)
-                value[k] = j.value[k]
-            j.value = value
-        else:
-            j = await caller.call(qa_ops.build_judge_request(prompts, rec))
-            if not j.ok:
-                return j.error_type
-            tally.add(j)
+        j = await judge(caller, shape, lambda r: qa_ops.build_judge_request(prompts, r), rec, record, keys, tally)
+        if not j.ok:
+            return j.error_type
         rows = qa_ops.handle_judge_result(prompts, rec, j)
-    qa = [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"] for e in rows if e["_table"] == "qa"]
+    qa = _records(rows, "qa")
     tally.candidates += len(qa)
     tally.selected += sum(bool(q["selected"]) for q in qa)
     return ""
@@ -278,15 +276,13 @@ def main(argv=None) -> int:
             prep = PrepareConfig(max_image_side=args.side, image_format="png", detail="high")
             records = []
             for p in pairs:
-                records += [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"]
-                            for e in prepare_pair(p, prep) if e["_table"] == "_generate"]
+                records += _records(prepare_pair(p, prep), "_generate")
             context: dict = {}
             captions = measure(server, "caption", records, Path(tmp), context)
             qa_records = []
             for p in pairs:
                 item = dict(p, context_captions=context.get(p["pair_id"], []))
-                qa_records += [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"]
-                               for e in qa_ops.prepare_qa_pair(item, prep) if e["_table"] == "_qa_generate"]
+                qa_records += _records(qa_ops.prepare_qa_pair(item, prep), "_qa_generate")
             qa = measure(server, "qa", qa_records, Path(tmp), {})
     finally:
         server.close()
