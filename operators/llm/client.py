@@ -518,9 +518,10 @@ class LLMCaller:
         if kind == "result":
             return await self._from_batch(request, result, record, max_tokens, cut_off)
         if kind == "failed":
-            if cut_off is not None:
-                self._book_batch_reply(result, cut_off)
             result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
+            if cut_off is None:
+                return result
+            self._book_batch_reply(result, cut_off)    # the cut-off reply before it was billed
             return self._priced_batch(result)
         if kind == "realtime":
             if cut_off is not None:    # the re-ask goes in real time, with its room; the cut-off reply is billed

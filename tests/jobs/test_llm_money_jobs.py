@@ -128,16 +128,21 @@ def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import
     key = lambda c: (c["pair_id"], c["candidate_index"])       # noqa: E731
     assert [tuple(c[k] for k in CANDIDATE) for c in sorted(t["captions"], key=key)] == \
         [tuple(c[k] for k in CANDIDATE) for c in sorted(realtime["captions"], key=key)]
-    assert len(t["usage"]) == 22 and {u["batch_id"] for u in t["usage"]} == {"import:out1.jsonl", "import:out2.jsonl"}
+    # Each request paid once, at the batch price, naming its file; a later run's cache hits are booked free.
+    paid = [u for u in t["usage"] if not u["cached"]]
+    assert len(paid) == 22 and {u["batch_id"] for u in paid} == {"import:out1.jsonl", "import:out2.jsonl"}
+    assert sorted(u["cache_key"] for u in paid) == sorted(u["cache_key"] for u in realtime["usage"])
     rt_cost = {u["cache_key"]: u["cost_usd"] for u in realtime["usage"]}
-    assert [u["cost_usd"] for u in t["usage"]] == pytest.approx([rt_cost[u["cache_key"]] / 2 for u in t["usage"]])
+    assert [u["cost_usd"] for u in paid] == pytest.approx([rt_cost[u["cache_key"]] / 2 for u in paid])
+    assert all(u["cost_usd"] is None for u in t["usage"] if u["cached"])
+    rows = len(t["usage"])
     # 4. The same replies imported again: nothing sent, exported or booked.
     again = run(config(openai_server, LEVIR, out, batch_import=str(files / "out2.jsonl"),
                        batch_export=str(files / "in4.jsonl"), **batch))
     assert again["stopped"] == "" and again["usage"]["logical_requests"] == 0
     assert openai_server.stats()["total"] == sent
     assert not (files / "in4.jsonl").exists() or not (files / "in4.jsonl").read_text().strip()
-    assert len(tables(out)["usage"]) == 22
+    assert len(tables(out)["usage"]) == rows
 
 
 def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line_twice(
