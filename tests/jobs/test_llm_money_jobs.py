@@ -159,17 +159,20 @@ def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line
     openai_server.configure(batch_hold=True)                  # every batch stays in progress until released
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(OPENAI_API_KEY="sk-test", RAY_TMPDIR=str(tmp_path / "ray"), PYTHONPATH=str(REPO))
+    import tempfile
+    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")      # short: Ray's socket paths are bounded (107 bytes)
+    env.update(OPENAI_API_KEY="sk-test", RAY_TMPDIR=ray_tmp, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "jobs.caption", *argv(openai_server, out), "--batch-api", "--batch-poll-s", "0.2",
            "--num-cpus", "2"]
     # A session of its own, so that the Ray it starts can be ended with it (by its process group).
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = open(tmp_path / "job.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
     batches = out / "_batch" / "caption" / "batches"
     try:
         deadline = time.monotonic() + 300
         while not (batches.is_dir() and any(batches.glob("*.json"))):
-            assert proc.poll() is None, "the job ended before it submitted a batch"
+            assert proc.poll() is None, "the job ended before it submitted a batch: " + \
+                (tmp_path / "job.log").read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "no batch id stored within 300 s"
             time.sleep(0.2)
         time.sleep(1.0)                                        # the driver is polling the held batch now
@@ -180,6 +183,9 @@ def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line
             os.killpg(proc.pid, signal.SIGKILL)                # the Ray the killed driver started
         except ProcessLookupError:
             pass
+        log.close()
+        import shutil
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == -signal.SIGKILL
     stored = [json.loads(p.read_text()) for p in batches.glob("*.json")]
     assert len(stored) == 1 and not stored[0]["done"] and len(stored[0]["custom_ids"]) == 11
