@@ -203,6 +203,7 @@ def test_cli_without_endpoint_stops_at_once_and_help_lists_options(tmp_path):
         assert option not in short and option in full
 
 
+@pytest.mark.timeout(600)   # three runs of the job
 def test_a_rerun_after_an_upgrade_goes_on_with_the_outputs_templates_and_pays_nothing_twice(
         ray_session, openai_server, tmp_path):
     """An output made with the v2 templates (before prompts.json existed) and one pair left unjudged: the

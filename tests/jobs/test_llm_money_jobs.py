@@ -101,6 +101,7 @@ def answer_offline(server, lines_file, replies_file):
     return len(out)
 
 
+@pytest.mark.timeout(900)   # five runs of the job on a loaded 2-core machine
 def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import_pays_nothing(
         ray_session, openai_server, tmp_path):
     run(config(openai_server, LEVIR, tmp_path / "realtime"))
@@ -145,6 +146,7 @@ def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import
     assert len(tables(out)["usage"]) == rows
 
 
+@pytest.mark.timeout(900)   # three runs of the job, one in a process (and a Ray) of its own
 def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line_twice(
         ray_session, openai_server, tmp_path):
     import json
