@@ -1,22 +1,29 @@
-"""Tokens and dollars per SELECTED caption, four ways of sending the captions recipe, against the
-OpenAI-compatible test server (test equipment: its replies are hash-made, its token counts follow the
-gpt-4o tile rule, its prefix cache follows OpenAI's: a leading match of at least 1,024 tokens, in steps
+"""Tokens and dollars per SELECTED caption and per selected QA pair, four ways of sending the captions and QA
+recipes, against the OpenAI-compatible test server (test equipment: its replies are hash-made, its token
+counts follow the gpt-4o tile rule, a structured-output schema is billed as prompt, its prefix cache follows
+OpenAI's: the response schema first, then the messages, a leading match of at least 1,024 tokens, in steps
 of 128). The LEVIR-CD sample pairs are upscaled to the paper's 1024 px crops.
 
 (a) ``first``: the recipe as a first implementation sends it: the three images (mask too) at full
-    detail, one generation call, then one judge call per candidate (five).
-(b) ``v0.1``: the request layout of changeforge 0.1 (copied here, since the real builders are being
-    reordered for prefix caching): per-stage system text and pair text before the images, the mask at
-    ``low`` for generation, one judge call for all candidates. Real time, no prefix cache.
-(c) ``cached``: the real builders (``operators.language.caption_ops``) with the server's prefix cache on;
-    cached input tokens are billed at ``cached`` times the input price.
+    detail, one generation call, then one judge call per candidate (five), json_schema.
+(b) ``v0.1``: the request layout of changeforge 0.1 (the v1 templates: per-stage system text and task text
+    before the images, the mask at ``low`` for generation, one judge call for all candidates, without
+    the mask), json_schema. Real time, no prefix cache.
+(c) ``cached``: the job's defaults (the v3 templates, ``--response-format json_object``: one system text,
+    then A and B, then the generation's mask and metadata, the stage text, the reply schema last) with
+    the server's prefix cache on; cached input tokens are billed at ``cached`` times the input price.
 (d) ``batch``: (c)'s requests through the Batch API (``operators.llm.batch``), at ``batch`` times the
     prices (cached tokens at the cached share of that).
 
-Selection is the job's own (``overall_score`` with ``--overall criteria``, ``select_captions``) on the
-judge's scores, so acceptance is what the scores give in each shape; it is printed, and dollars are
-per selected caption. Ends with one line:
-``dollars_per_caption a=.. b=.. c=.. d=.. d_over_b=.. billed_input_b_to_c=-..% acceptance=..``.
+The captions are measured first, then the QA job on a fresh server (its prefix cache empty: the QA job
+runs apart from the captions job, later than a provider keeps a prefix). The QA context captions are
+the same for every shape (the first three of each pair's generated captions). Selection is the jobs'
+own (``overall_score`` with ``--overall criteria``; ``select_captions``, ``select_qa``), so acceptance
+is what the judge's scores give in each shape; it is printed, and dollars are per selected item. Ends
+with one line:
+``dollars_per_selected captions a=.. b=.. c=.. d=.. d_over_b=.. d_over_b_equal_acceptance=..
+billed_input_b_to_c=..% acceptance=.. per_candidate=.. qa a=.. ...`` (``per_candidate``: dollars per
+candidate for a, b, c, d; at equal acceptance the shapes compare as these do).
 
     python benchmarks/llm_cost.py --pairs 10 --prices in=2.5,out=10,cached=0.5,batch=0.5
 """
@@ -36,20 +43,23 @@ from pathlib import Path
 
 import cv2
 
-from operators.language.caption_ops import (CaptionPrompts, PrepareConfig, build_generate_request,
+from operators.language import qa_ops
+from operators.language.caption_ops import (PERSPECTIVES, CaptionPrompts, PrepareConfig, build_generate_request,
                                             build_judge_request, find_dataset_pairs, prepare_pair)
 from operators.language.captions import load_template, overall_score, select_captions
-from operators.llm.job_runner import LLMJobConfig
-
-# The templates the captions job sends by default (the cache-shaped ones).
-CURRENT = {"generate": LLMJobConfig.generate_template, "judge": LLMJobConfig.judge_template}
+from operators.language.qa import TYPE_KEYS
 from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret
 from operators.llm.images import image_part
+from operators.llm.job_runner import LLMJobConfig
 from tests.openai_test_server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-PERSPECTIVES = None   # set from the builders' schema at run time
+KEY = "sk-benchmark-0000000000"
+# What the jobs send by default (the cache-shaped templates and response format).
+CURRENT = {"caption": (LLMJobConfig.generate_template, LLMJobConfig.judge_template),
+           "qa": ("qa_generate.v3", "qa_judge.v3")}
+V01 = {"caption": ("caption_generate.v1", "caption_judge.v1"), "qa": ("qa_generate.v1", "qa_judge.v1")}
 
 
 def parse_prices(text: str) -> dict:
@@ -75,35 +85,22 @@ def upscaled_dataset(n: int, side: int, root: Path) -> str:
     return str(root)
 
 
-# -- (a) and (b): request shapes built here --------------------------------------------------------
-def v01_generate(prompts: CaptionPrompts, record: dict, mask_detail: str = "low") -> LLMRequest:
-    """changeforge 0.1's generation layout: [system] [user: pair text, A, B, mask]."""
-    request = build_generate_request(prompts, record)
-    system, user = prompts.generate.render(car_percent=f"{100 * record['car']:.1f}",
-                                           region=record["change_region"], components=record["components"])
-    content = [{"type": "text", "text": user}, image_part(record["a_url"], prompts.detail),
-               image_part(record["b_url"], prompts.detail), image_part(record["mask_url"], mask_detail)]
-    request.messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
+# -- (a): the first implementation, built from the v1 requests -----------------------------------------
+def full_detail(request: LLMRequest, record: dict, mask: bool) -> LLMRequest:
+    """Every image at ``high`` (the mask too, appended when the request lacks it)."""
+    content = [dict(p, image_url=dict(p["image_url"], detail="high")) if p.get("type") == "image_url" else p
+               for p in request.messages[1]["content"]]
+    if mask and not any(p.get("type") == "image_url" and p["image_url"]["url"] == record["mask_url"] for p in content):
+        content.append(image_part(record["mask_url"], "high"))
+    request.messages = [request.messages[0], {"role": "user", "content": content}]
     return request
 
 
-def v01_judge(prompts: CaptionPrompts, record: dict, captions: list[str], only: str | None = None,
-              mask: bool = False) -> LLMRequest:
-    """0.1's judge layout: [system] [user: text with the candidates, A, B]; ``only``: one candidate
-    (the first implementation's one call per candidate, which also sent the mask)."""
-    rec = dict(record, captions=captions)
-    request = build_judge_request(prompts, rec)
-    keys = [only] if only else list(PERSPECTIVES)
-    listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, captions) if p in keys)
-    system, user = prompts.judge.render(region=record["change_region"], captions=listing, keys=", ".join(keys))
-    content = [{"type": "text", "text": user}] + [image_part(record[k], prompts.detail) for k in ("a_url", "b_url")]
-    if mask:
-        content.append(image_part(record["mask_url"], prompts.detail))
-    request.messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
-    if only:
-        props = request.schema["properties"]
-        request.schema = dict(request.schema, properties={only: props[only]}, required=[only])
-        request.cache_parts = dict(request.cache_parts, only=only)
+def one_key(request: LLMRequest, key: str) -> LLMRequest:
+    """A judge request narrowed to one candidate's entry (one call per candidate)."""
+    props = request.schema["properties"]
+    request.schema = dict(request.schema, properties={key: props[key]}, required=[key])
+    request.cache_parts = dict(request.cache_parts, only=key)
     return request
 
 
@@ -129,54 +126,97 @@ class Tally:
         return self.prompt - self.cached + self.cached * prices["cached"]
 
 
-def select(tally: Tally, scores: dict) -> None:
-    overall = [overall_score(scores[p], "criteria") for p in PERSPECTIVES]
+def prompts_for(job: str, shape: str) -> CaptionPrompts:
+    generate, judge = CURRENT[job] if shape in ("cached", "batch") else V01[job]
+    return CaptionPrompts(generate=load_template(generate), judge=load_template(judge), detail="high",
+                          max_image_side=1024, image_format="png", overall_mode="criteria", model="gpt-4o",
+                          judge_model="gpt-4o", run_id="bench", validators="off")
+
+
+async def generate(caller, shape, build, record, tally):
+    request = build(record)
+    if shape == "first":
+        request = full_detail(request, record, mask=True)
+    result = await caller.call(request)
+    if result.ok:
+        tally.add(result)
+    return result
+
+
+async def judge(caller, shape, build, rec, record, keys, tally):
+    """The judge's reply for ``keys``: one call, or in (a) one full-detail call per candidate (their
+    entries merged into the last reply). A failed call's result as it is."""
+    calls = [one_key(full_detail(build(rec), record, mask=True), k) for k in keys] if shape == "first" \
+        else [build(rec)]
+    value = {}
+    for request in calls:
+        result = await caller.call(request)
+        if not result.ok:
+            return result
+        tally.add(result)
+        value.update(result.value)
+    result.value = value
+    return result
+
+
+async def caption_pair(caller, prompts, shape, record, tally, context) -> str:
+    g = await generate(caller, shape, lambda r: build_generate_request(prompts, r), record, tally)
+    if not g.ok:
+        return g.error_type
+    captions = [g.value[p] for p in PERSPECTIVES]
+    context[record["pair_id"]] = captions[:3]
+    j = await judge(caller, shape, lambda r: build_judge_request(prompts, r), dict(record, captions=captions), record,
+                    PERSPECTIVES, tally)
+    if not j.ok:
+        return j.error_type
+    overall = [overall_score(j.value[p], "criteria") for p in PERSPECTIVES]
     tally.candidates += len(overall)
     tally.selected += sum(s.selected for s in select_captions(overall))
+    return ""
 
 
-async def run_shape(server, records, prompts, shape: str, state: BatchState | None = None,
-                    tally: Tally | None = None) -> Tally:
-    tally = tally or Tally()
-    caller = LLMCaller(LLMConfig(model="gpt-4o", base_url=server.base_url, timeout_s=120, use_cache=False),
-                       Secret("sk-benchmark-0000000000"), batch=state)
+def _records(rows, table):
+    return [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"] for e in rows
+            if e["_table"] == table]
+
+
+async def qa_pair(caller, prompts, shape, record, tally, context) -> str:
+    g = await generate(caller, shape, lambda r: qa_ops.build_generate_request(prompts, r), record, tally)
+    if not g.ok:
+        return g.error_type
+    rows = qa_ops.handle_generate_result(prompts, record, g)
+    for rec in _records(rows, "_qa_judge"):
+        keys = [TYPE_KEYS[rec["qa"][i]["type"]] for i in qa_ops.judged_indices(prompts, rec["qa"])]
+        j = await judge(caller, shape, lambda r: qa_ops.build_judge_request(prompts, r), rec, record, keys, tally)
+        if not j.ok:
+            return j.error_type
+        rows = qa_ops.handle_judge_result(prompts, rec, j)
+    qa = _records(rows, "qa")
+    tally.candidates += len(qa)
+    tally.selected += sum(bool(q["selected"]) for q in qa)
+    return ""
+
+
+async def run_shape(server, job, records, shape: str, context: dict, state: BatchState | None = None) -> tuple:
+    tally = Tally()
+    prompts = prompts_for(job, shape)
+    fmt = LLMJobConfig.response_format if shape in ("cached", "batch") else "json_schema"
+    caller = LLMCaller(LLMConfig(model="gpt-4o", base_url=server.base_url, timeout_s=120, use_cache=False,
+                                 response_format=fmt), Secret(KEY), batch=state)
+    pair = caption_pair if job == "caption" else qa_pair
     try:
-        async def pair(record):
-            gen = v01_generate(prompts, record, "high" if shape == "first" else "low") \
-                if shape in ("first", "v0.1") else build_generate_request(prompts, record)
-            g = await caller.call(gen)
-            if not g.ok:
-                return g.error_type
-            tally.add(g)
-            captions = [g.value[p] for p in PERSPECTIVES]
-            if shape == "first":
-                scores = {}
-                for p in PERSPECTIVES:
-                    j = await caller.call(v01_judge(prompts, record, captions, only=p, mask=True))
-                    tally.add(j)
-                    scores[p] = j.value[p]
-            else:
-                judge = v01_judge(prompts, record, captions) if shape == "v0.1" else \
-                    build_judge_request(prompts, dict(record, captions=captions))
-                j = await caller.call(judge)
-                if not j.ok:
-                    return j.error_type
-                tally.add(j)
-                scores = j.value
-            select(tally, scores)
-            return ""
-        return tally, await asyncio.gather(*(pair(r) for r in records))
+        return tally, await asyncio.gather(*(pair(caller, prompts, shape, r, tally, context) for r in records))
     finally:
         await caller.aclose()
 
 
-def run_batch(server, records, prompts, work: Path) -> Tally:
+def run_batch(server, job, records, work: Path, context: dict) -> Tally:
     """(c)'s requests through the Batch API: pass 1 defers the generations, pass 2 takes them and
     defers the judgements, pass 3 takes those."""
-    state = BatchState(str(work), "bench")
-    driver = BatchDriver(state, BatchAPI(server.base_url, "sk-benchmark-0000000000"), BatchSettings(poll_s=0.2))
+    state = BatchState(str(work), job)
+    driver = BatchDriver(state, BatchAPI(server.base_url, KEY), BatchSettings(poll_s=0.2))
     for _ in range(3):
-        tally, outcome = asyncio.run(run_shape(server, records, prompts, "batch", state))
+        tally, outcome = asyncio.run(run_shape(server, job, records, "batch", context, state))
         if all(o == "" for o in outcome):
             return tally
         driver.submit()
@@ -184,16 +224,50 @@ def run_batch(server, records, prompts, work: Path) -> Tally:
     raise RuntimeError("batch passes did not finish")
 
 
+def measure(server, job, records, work: Path, context: dict) -> dict:
+    tallies = {}
+    server.configure(prefix_cache=False)
+    for shape in ("first", "v0.1"):
+        server.reset()
+        tallies[shape] = asyncio.run(run_shape(server, job, records, shape, context))[0]
+    server.configure(prefix_cache=True)
+    server.reset()
+    tallies["cached"] = asyncio.run(run_shape(server, job, records, "cached", context))[0]
+    server.reset()
+    tallies["batch"] = run_batch(server, job, records, work / f"batch-{job}", context)
+    return tallies
+
+
+def summary(job: str, tallies: dict, prices: dict) -> str:
+    per = {}
+    unit = "caption" if job == "captions" else "QA pair"
+    for shape, t in tallies.items():
+        dollars = t.dollars(prices, batch=shape == "batch")
+        per[shape] = dollars / max(1, t.selected)
+        print(f"{job:7s} {shape:7s} prompt {t.prompt:>9,d} (cached {t.cached:>8,d}) completion {t.completion:>7,d} "
+              f"tokens; ${dollars:.4f}; {t.selected}/{t.candidates} selected; ${per[shape]:.5f} and "
+              f"{t.billed_input(prices) / max(1, t.selected):,.0f} billed input tokens per selected {unit}")
+    b, c = tallies["v0.1"], tallies["cached"]
+    input_drop = 1 - c.billed_input(prices) / max(1, b.billed_input(prices))
+    acceptance = ",".join(f"{t.selected / max(1, t.candidates):.2f}" for t in tallies.values())
+    # The test server's scores are hashes of the request, not judgements: acceptance moves with any byte of
+    # the prompt. At equal acceptance the dollars per selected item compare as the dollars per candidate.
+    per_candidate = {shape: t.dollars(prices, batch=shape == "batch") / max(1, t.candidates)
+                     for shape, t in tallies.items()}
+    return (f"{job} a={per['first']:.5f} b={per['v0.1']:.5f} c={per['cached']:.5f} d={per['batch']:.5f} "
+            f"d_over_b={per['batch'] / per['v0.1']:.2f} "
+            f"d_over_b_equal_acceptance={per_candidate['batch'] / per_candidate['v0.1']:.2f} "
+            f"billed_input_b_to_c={-100 * input_drop:+.0f}% acceptance={acceptance} per_candidate="
+            + ",".join(f"{per_candidate[k]:.5f}" for k in ("first", "v0.1", "cached", "batch")))
+
+
 def main(argv=None) -> int:
-    global PERSPECTIVES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--side", type=int, default=1024)
     ap.add_argument("--prices", default="", help="in=2.5,out=10,cached=0.5,batch=0.5 ($/Mtok; shares)")
     args = ap.parse_args(argv)
     prices = parse_prices(args.prices)
-    from operators.language.caption_ops import PERSPECTIVES as P
-    PERSPECTIVES = tuple(P)
     server = ServerProcess()
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -202,42 +276,18 @@ def main(argv=None) -> int:
             prep = PrepareConfig(max_image_side=args.side, image_format="png", detail="high")
             records = []
             for p in pairs:
-                env = prepare_pair(p, prep)
-                records += [json.loads(e["_record"]) if isinstance(e["_record"], str) else e["_record"]
-                            for e in env if e["_table"] == "_generate"]
-            prompts = CaptionPrompts(generate=load_template("caption_generate.v1"),
-                                     judge=load_template("caption_judge.v1"), detail="high",
-                                     max_image_side=args.side, image_format="png", overall_mode="criteria",
-                                     model="gpt-4o", judge_model="gpt-4o", run_id="bench", validators="off")
-            tallies = {}
-            server.configure(prefix_cache=False)
-            for shape in ("first", "v0.1"):
-                server.reset()
-                tallies[shape] = asyncio.run(run_shape(server, records, prompts, shape))[0]
-            server.configure(prefix_cache=True)
-            server.reset()
-            # (c) and (d): the real builders with the current (cache-shaped) templates.
-            shaped = dataclasses.replace(prompts, generate=load_template(CURRENT["generate"]),
-                                         judge=load_template(CURRENT["judge"]))
-            tallies["cached"] = asyncio.run(run_shape(server, records, shaped, "cached"))[0]
-            server.reset()
-            tallies["batch"] = run_batch(server, records, shaped, Path(tmp) / "batch")
+                records += _records(prepare_pair(p, prep), "_generate")
+            context: dict = {}
+            captions = measure(server, "caption", records, Path(tmp), context)
+            qa_records = []
+            for p in pairs:
+                item = dict(p, context_captions=context.get(p["pair_id"], []))
+                qa_records += _records(qa_ops.prepare_qa_pair(item, prep), "_qa_generate")
+            qa = measure(server, "qa", qa_records, Path(tmp), {})
     finally:
         server.close()
-    per = {}
-    for shape, t in tallies.items():
-        dollars = t.dollars(prices, batch=shape == "batch")
-        per[shape] = dollars / max(1, t.selected)
-        print(f"{shape:7s} prompt {t.prompt:>9,d} (cached {t.cached:>8,d}) completion {t.completion:>7,d} tokens; "
-              f"${dollars:.4f}; {t.selected}/{t.candidates} captions selected; "
-              f"${per[shape]:.5f} and {t.billed_input(prices) / max(1, t.selected):,.0f} billed input tokens "
-              "per selected caption")
-    b, c = tallies["v0.1"], tallies["cached"]
-    input_drop = 1 - c.billed_input(prices) / max(1, b.billed_input(prices))
-    acceptance = ",".join(f"{t.selected / max(1, t.candidates):.2f}" for t in tallies.values())
-    print(f"dollars_per_caption a={per['first']:.5f} b={per['v0.1']:.5f} c={per['cached']:.5f} d={per['batch']:.5f} "
-          f"d_over_b={per['batch'] / per['v0.1']:.2f} billed_input_b_to_c={-100 * input_drop:+.0f}% "
-          f"acceptance={acceptance} side={args.side} pairs={len(records)}")
+    print(f"dollars_per_selected {summary('captions', captions, prices)} {summary('qa', qa, prices)} "
+          f"side={args.side} pairs={len(records)} prices={','.join(f'{k}={v:g}' for k, v in prices.items())}")
     return 0
 
 

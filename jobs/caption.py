@@ -49,7 +49,8 @@ from operators.language.captions import OVERALL_MODES, load_template, write_levi
 from operators.llm.job_runner import (HELP, BatchesOpen, LLMJobConfig, QuotaStop, account_limiter,  # noqa: F401
                                       build_parser as _build_parser, configure_pipeline, ensure_ray,
                                       generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      require_endpoint, row_batches, run_llm_job, run_on_worker, run_stages,
+                                      output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
+                                      run_stages,
                                       run_usage, skipped_line, stop_line, summary_rows, summary_table,
                                       validator_tally)
 from operators.llm.usage import format_summary
@@ -101,8 +102,11 @@ def run(cfg: CaptionJobConfig) -> dict:
     log.info("%d pairs found, %d already finished, %d to do (run %s)", n_found, n_found - n_todo, n_todo, run_id)
 
     judge_model = cfg.judge_model or cfg.model
-    prompts = CaptionPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
-                             judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
+    gen_template, judge_template = output_templates(
+        out, JOB, (cfg.generate_template, cfg.judge_template),
+        (CaptionJobConfig.generate_template, CaptionJobConfig.judge_template), TABLE_SCHEMAS["pairs"])
+    prompts = CaptionPrompts(generate=load_template(gen_template, cfg.prompts_dir),
+                             judge=load_template(judge_template, cfg.prompts_dir), detail=cfg.detail,
                              max_image_side=cfg.max_image_side, image_format=cfg.image_format,
                              overall_mode=cfg.overall, model=cfg.model,
                              judge_model=judge_model, run_id=run_id, validators=cfg.validators)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from operators.llm.job_runner import HELP as LLM_HELP
 from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, account_limiter, build_parser as _build_parser,
                                       ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      require_endpoint, row_batches, run_llm_job, run_on_worker, run_usage,
+                                      output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
+                                      run_usage,
                                       skipped_line, stop_line, summary_table, validator_tally)
 from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
@@ -53,8 +54,8 @@ VQA_FILE = "VQA.json"
 class QAJobConfig(LLMJobConfig):
     """The LLM jobs' options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
     max_tokens: int = 2000                # five QA pairs are longer than five captions
-    generate_template: str = "qa_generate.v2"
-    judge_template: str = "qa_judge.v2"
+    generate_template: str = "qa_generate.v3"
+    judge_template: str = "qa_judge.v3"
     dataset: str = ""
     captions: str = ""
     qa_per_pair: int = 5
@@ -138,8 +139,11 @@ def run(cfg: QAJobConfig) -> dict:
              n_context, n_found - n_todo, n_todo, run_id)
 
     judge_model = cfg.judge_model or cfg.model
-    prompts = QAPrompts(generate=load_template(cfg.generate_template, cfg.prompts_dir),
-                        judge=load_template(cfg.judge_template, cfg.prompts_dir), detail=cfg.detail,
+    gen_template, judge_template = output_templates(
+        out, JOB, (cfg.generate_template, cfg.judge_template),
+        (QAJobConfig.generate_template, QAJobConfig.judge_template), TABLE_SCHEMAS["pairs"])
+    prompts = QAPrompts(generate=load_template(gen_template, cfg.prompts_dir),
+                        judge=load_template(judge_template, cfg.prompts_dir), detail=cfg.detail,
                         max_image_side=cfg.max_image_side, image_format=cfg.image_format,
                         overall_mode=cfg.overall, model=cfg.model, judge_model=judge_model, run_id=run_id,
                         validators=cfg.validators)

@@ -47,7 +47,8 @@ matches an earlier request's (by a stable token estimate: text at 4 characters a
 chunks, images by the tile rule, at least ``prefix_cache_min`` tokens, in steps of 128, as OpenAI's
 cache); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET /v1/files/{id}/content``,
 ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``; a batch completes
-``batch_delay_s`` after creation (its lines answered as real-time requests would be), a share
+``batch_delay_s`` after creation (and not while ``batch_hold`` is true: batches held in flight), its
+lines answered as real-time requests would be; a share
 ``batch_fail_rate`` of its lines (drawn per custom_id and submission) goes to the error file, and the
 output lines come back in an order of their own. ``batch_submissions`` in the stats counts how often
 each custom_id was submitted.
@@ -96,7 +97,7 @@ DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s
                   "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent",
                   # provider money (see the module doc)
                   "slow_s": 5.0, "prefix_cache": False, "prefix_cache_min": 1024, "batch_delay_s": 0.0,
-                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error"}
+                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error", "batch_hold": False}
 
 
 class ServerState:
@@ -255,6 +256,11 @@ class ReplyMaker:
         self.seed, self.region, self.words, self.short_arrays = seed, region, words, short_arrays
 
     def make(self, schema: dict, path: str = "$"):
+        if path == "$":
+            self.defs = schema.get("$defs") or {}
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):   # a schema stated compactly in a prompt
+            schema = self.defs.get(ref.rsplit("/", 1)[-1]) or {}
         kind = schema.get("type")
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "string")
@@ -371,7 +377,8 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
             state.by_status[400] += 1
             return _error(400, f"Invalid schema for response_format '{js.get('name')}': {problem}.")
     texts = _texts(messages)
-    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + \
+    # A structured-output schema is billed as prompt, as OpenAI bills it (it leads the prompt: see _prefix_chunks).
+    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + _schema_tokens(body) + \
         _image_tokens(messages, int(cfg.get("image_base", 85)), int(cfg.get("image_per_tile", 170)))
     cap = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.get("default_max_tokens", 4096))
     wait = state.admit(time.time(), prompt_tokens + cap)
@@ -470,7 +477,7 @@ def _prefix_chunks(body: dict, base: int, per_tile: int) -> list[tuple[str, int]
     """The request as a sequence of (content, tokens) chunks in the order a provider reads it: the
     response schema (part of the system prompt), then each message's text in 128-token chunks and its
     images (by the tile rule)."""
-    chunks: list[tuple[str, int]] = [(json.dumps(body.get("response_format") or {}, sort_keys=True), 0)]
+    chunks: list[tuple[str, int]] = [(json.dumps(body.get("response_format") or {}, sort_keys=True), _schema_tokens(body))]
     for m in body.get("messages") or []:
         chunks.append((f"<{m.get('role')}>", 4))
         content = m.get("content")
@@ -488,6 +495,14 @@ def _prefix_chunks(body: dict, base: int, per_tile: int) -> list[tuple[str, int]
                     piece = text[i:i + 512]
                     chunks.append((piece, len(piece) // 4))
     return chunks
+
+
+def _schema_tokens(body: dict) -> int:
+    """The tokens of a json_schema response format's schema (4 characters a token); JSON mode has none."""
+    rf = body.get("response_format") or {}
+    if rf.get("type") != "json_schema":
+        return 0
+    return len(json.dumps((rf.get("json_schema") or {}).get("schema") or {})) // 4
 
 
 def _prefix_cached_tokens(state: ServerState, body: dict, base: int, per_tile: int, minimum: int) -> int:
@@ -596,7 +611,8 @@ async def get_batch(request: web.Request) -> web.Response:
     b = state.batches.get(request.match_info["batch_id"])
     if b is None:
         return _error(404, "no such batch")
-    if b["status"] == "in_progress" and time.time() >= b["_due"]:
+    # "batch_hold": every batch stays in progress until the switch is off (a kill lands while one is open).
+    if b["status"] == "in_progress" and time.time() >= b["_due"] and not state.config.get("batch_hold"):
         b["status"] = "finalizing"
         await _finish_batch(state, b)
     return web.json_response(_batch_object(b))

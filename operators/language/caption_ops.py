@@ -143,17 +143,30 @@ def pair_messages(template: PromptTemplate, record: dict, detail: str, stage_tex
                   mask: bool = True) -> list[dict]:
     """A stage's messages, laid out for providers' prefix caches: what every request shares first (the
     system text), then what the pair's requests share (its images, always in the order A, B, mask and at
-    the same detail, then its metadata), the stage's own text last. A v1 template (no pair section) keeps
-    its old layout: its text before the images, and the judge without the mask."""
-    images = [image_part(record["a_url"], detail), image_part(record["b_url"], detail)]
-    if mask or template.pair:
-        images.append(image_part(record["mask_url"], MASK_DETAIL))
-    if template.pair:
-        content = images + [{"type": "text", "text": template.render_pair(**pair_values(record))},
-                            {"type": "text", "text": stage_text}]
+    the same detail), the stage's own text last (and, in JSON mode, the reply schema after it: see
+    ``with_schema_in_prompt``).
+
+    v3 (a template with ``## images``): the images it lists, then its pair text (if any), then the stage
+    text. The judges list A and B only, so A and B end the prefix all of a pair's requests share, in both
+    jobs. v2 (a pair section, no images section): A, B and the mask in every stage, then the pair text.
+    v1 (neither): its text before the images, and the judge without the mask (``mask``)."""
+    urls = {"A": (record["a_url"], detail), "B": (record["b_url"], detail), "mask": (record["mask_url"], MASK_DETAIL)}
+    if template.images:
+        names = template.images
+    else:
+        names = ("A", "B", "mask") if mask or template.pair else ("A", "B")
+    images = [image_part(*urls[n]) for n in names]
+    if template.images or template.pair:
+        pair = [{"type": "text", "text": template.render_pair(**pair_values(record))}] if template.pair else []
+        content = images + pair + [{"type": "text", "text": stage_text}]
     else:
         content = [{"type": "text", "text": stage_text}] + images
     return [{"role": "system", "content": system}, {"role": "user", "content": content}]
+
+
+def sends_mask(template: PromptTemplate, mask: bool = True) -> bool:
+    """Whether :func:`pair_messages` sends the mask for ``template``."""
+    return "mask" in template.images if template.images else bool(mask or template.pair)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ HALLUCINATION_CRITERIA = ("accuracy",)   # criteria whose low band means "halluc
 HALLUCINATION_MAX = 4                    # the judge prompt: a hallucinated change or object scores 1-4
 # The templates ship as package data of the top-level ``prompts`` package, so an installed wheel finds them
 # without a checkout.
+IMAGE_NAMES = ("A", "B", "mask")       # what a template's '## images' section may list
 PROMPTS_DIR = Path(str(importlib.resources.files("prompts")))
 
 
@@ -45,6 +46,10 @@ class PromptTemplate:
     # section is laid out for prefix caching: system, images, pair text, then the stage's text (``user``);
     # one without (v1) keeps its text before the images.
     pair: str = ""
+    # The images a v3 template sends, in order, right after the system text ("A B mask" or "A B"): the
+    # judges see the pair only, as the paper's do, so that A and B end the prefix every stage of a pair
+    # shares. Empty: the v1/v2 layouts.
+    images: tuple[str, ...] = ()
 
     def render(self, **values) -> tuple[str, str]:
         return (string.Template(self.system).substitute(values),
@@ -56,7 +61,7 @@ class PromptTemplate:
 
 def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTemplate:
     """Read ``<prompts_dir>/<name>.txt`` (default: the packaged templates) with ``## system``, ``## pair``
-    (optional) and ``## user`` sections. A section that is one line ``@<name>`` is the text of
+    (optional), ``## images`` (optional: the images sent, in order) and ``## user`` sections. A section that is one line ``@<name>`` is the text of
     ``<prompts_dir>/<name>.txt``: the system text and the pair text every stage shares, versioned like the
     templates (an included file is never edited either, so a template's stem still names its text)."""
     folder = Path(prompts_dir or PROMPTS_DIR)
@@ -65,7 +70,7 @@ def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTem
     sections: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
-        m = re.match(r"^## (system|pair|user)\s*$", line)
+        m = re.match(r"^## (system|pair|images|user)\s*$", line)
         if m:
             current = m.group(1)
             sections[current] = []
@@ -79,7 +84,12 @@ def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTem
         if re.fullmatch(r"@[\w.-]+", body):
             return (folder / f"{body[1:]}.txt").read_text(encoding="utf-8").strip()
         return body
-    return PromptTemplate(version=path.stem, system=section("system"), user=section("user"), pair=section("pair"))
+    images = tuple(section("images").split())
+    unknown = sorted(set(images) - set(IMAGE_NAMES))
+    if unknown:
+        raise ValueError(f"{path}: unknown image(s) {unknown} in '## images' (one of {', '.join(IMAGE_NAMES)})")
+    return PromptTemplate(version=path.stem, system=section("system"), user=section("user"), pair=section("pair"),
+                          images=images)
 
 
 def generation_schema() -> dict:

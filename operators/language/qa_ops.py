@@ -18,7 +18,7 @@ import pyarrow as pa
 from operators.io.storage import Store
 from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
 from operators.language.caption_ops import (CAPTIONS_SCHEMA, CaptionPrompts, PrepareConfig, pair_messages, pair_values,
-                                            prepare_pair)
+                                            prepare_pair, sends_mask)
 from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
                                    overall_score, select_qa)
 from operators.language.validators import RULES, qa_validator_config, validate_text, violations_json
@@ -123,7 +123,7 @@ QAPrompts = CaptionPrompts  # the same settings (templates, image encoding, over
 def _captions_block(captions: list[str], template=None) -> str:
     if not captions:
         return ""
-    if template is not None and template.pair:  # after the pair's metadata, before the task
+    if template is not None and (template.pair or template.images):  # after the pair's metadata, before the task
         return "Change captions of this pair (verified):\n" + "\n".join(f"- {c}" for c in captions)
     return "- change captions (verified):\n" + "\n".join(f"  - {c}" for c in captions)
 
@@ -206,7 +206,7 @@ def build_judge_request(prompts: QAPrompts, record: dict) -> LLMRequest:
                      "images": {k: record["hashes"][k] for k in ("a_rel", "b_rel", "label_rel")},
                      "max_image_side": prompts.max_image_side, "image_format": prompts.image_format,
                      "candidates": [[qa[i]["type"], qa[i]["question"], qa[i]["answer"]] for i in idx]},
-        image_tokens=_image_tokens(record) if prompts.judge.pair else 2 * int(record["image_tokens"]))
+        image_tokens=_image_tokens(record) if sends_mask(prompts.judge, mask=False) else 2 * int(record["image_tokens"]))
 
 
 def handle_judge_result(prompts: QAPrompts, record: dict, result: LLMResult) -> list[dict]:

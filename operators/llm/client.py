@@ -273,15 +273,60 @@ def keyed_messages(messages: list[dict]) -> list:
 
 
 def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
-    """JSON mode has no schema slot: state it in the system message (JSON mode also requires the word
-    JSON to appear in the prompt)."""
-    note = f"Reply with one JSON object only. It must conform to this {SCHEMA_MARKER} {json.dumps(schema)}"
+    """JSON mode has no schema slot: state it at the end of the request's user message (JSON mode also
+    requires the word JSON in the prompt). At the end, not in the system message: what a provider caches
+    is the prompt's beginning, and the system text and a pair's images are the same in every stage while
+    the schemas differ (a schema in ``response_format`` sits ahead of the messages in OpenAI's cache, so
+    json_schema mode shares no prefix between stages)."""
+    note = f"Reply with one JSON object only. It must conform to this {SCHEMA_MARKER} {prompt_schema(schema)}"
     out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
-        out[0]["content"] = out[0]["content"] + "\n\n" + note
+    at = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
+    if at is None:
+        out.append({"role": "user", "content": note})
+        return out
+    content = out[at].get("content")
+    if isinstance(content, list):
+        out[at]["content"] = list(content) + [{"type": "text", "text": note}]
     else:
-        out.insert(0, {"role": "system", "content": note})
+        out[at]["content"] = f"{content or ''}\n\n{note}"
     return out
+
+
+def prompt_schema(schema: dict) -> str:
+    """``schema`` as the prompt states it: compact, and each object sub-schema that occurs more than once
+    (a judge's review entry, once per candidate) stated once under ``$defs`` and referred to by ``$ref``.
+    For the model's reading only: replies are checked against the full ``schema``."""
+    counts: dict[str, int] = {}
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and node is not schema:
+                text = json.dumps(node, sort_keys=True)
+                counts[text] = counts.get(text, 0) + 1
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    names = {text: f"d{i}" for i, text in enumerate(t for t, n in counts.items() if n > 1)}
+    if not names:
+        return json.dumps(schema, separators=(",", ":"))
+
+    def swap(node):
+        if isinstance(node, dict):
+            text = json.dumps(node, sort_keys=True) if node.get("type") == "object" else None
+            if text in names:
+                return {"$ref": f"#/$defs/{names[text]}"}
+            return {k: swap(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [swap(v) for v in node]
+        return node
+
+    out = {k: swap(v) for k, v in schema.items()}
+    out["$defs"] = {name: json.loads(text) for text, name in names.items()}
+    return json.dumps(out, separators=(",", ":"))
 
 
 def _count(value) -> int | None:
@@ -432,17 +477,9 @@ class LLMCaller:
             self.lease.add_usage({"cached": 1})
             return result
         if self.batch is not None:
-            kind, record = await asyncio.to_thread(self.batch.lookup, key)
-            if kind == "result":
-                return await self._from_batch(request, result, record)
-            if kind == "failed":
-                result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
-                return result
-            if kind != "realtime":
-                _, body, _ = self._body(request, self.attempts_for(request), frozenset(self.quirks))
-                await asyncio.to_thread(self.batch.defer, key, request.item, body)
-                result.error_type = DEFERRED
-                return result
+            answered = await self._batch_line(request, result, key, self.config.max_tokens)
+            if answered is not None:
+                return answered
         if self.lease.stopped:
             result.error_type, result.error = "QuotaExhausted", self.lease.stopped
             return result
@@ -460,30 +497,87 @@ class LLMCaller:
         if not known:
             result.prompt_tokens = result.completion_tokens = None
         result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        if known and "batch_cost" in result.extras:
+            # A batch line cut off, re-asked in real time: that line at the batch price, the rest at real time's.
+            before = result.extras["batch_tokens"]
+            result.cost_usd = (result.extras["batch_cost"] or 0.0) + self.config.prices.cost(
+                result.prompt_tokens - before[0], result.completion_tokens - before[1])
         usage = {"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                  "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1, "usage_unknown": 0 if known else 1}
         self.lease.add_usage(usage)
         await self._store(request, result, max_tokens=result.extras.get("max_tokens", self.config.max_tokens))
         return result
 
-    async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict) -> LLMResult:
-        """A batch's reply to this request, taken as a real-time reply would be (checked against the
-        schema and the stage's check), booked at the batch price with its batch id, and cached."""
+    async def _batch_line(self, request: LLMRequest, result: LLMResult, key: str, max_tokens: int,
+                          cut_off: dict | None = None) -> LLMResult | None:
+        """The batch's side of a request whose line is ``key`` (asked with ``max_tokens``): its reply, its
+        failure, or its line deferred (``DEFERRED``); None: send it in real time (its line failed once,
+        ``--batch-fallback realtime``). ``cut_off``: the reply of the line before, cut off at its cap,
+        whose re-ask this line is (billed: booked with this one)."""
+        kind, record = await asyncio.to_thread(self.batch.lookup, key)
+        if kind == "result":
+            return await self._from_batch(request, result, record, max_tokens, cut_off)
+        if kind == "failed":
+            result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
+            if cut_off is None:
+                return result
+            self._book_batch_reply(result, cut_off)    # the cut-off reply before it was billed
+            return self._priced_batch(result)
+        if kind == "realtime":
+            if cut_off is not None:    # the re-ask goes in real time, with its room; the cut-off reply is billed
+                self._book_batch_reply(result, cut_off)
+                if result.prompt_tokens is not None and result.completion_tokens is not None:
+                    result.extras["batch_cost"] = self.config.batch_prices.cost(result.prompt_tokens,
+                                                                               result.completion_tokens)
+                    result.extras["batch_tokens"] = (result.prompt_tokens, result.completion_tokens)
+                result.extras["start_max_tokens"] = max_tokens
+            return None
+        st = self.attempts_for(request)
+        st.max_tokens = max_tokens
+        _, body, _ = self._body(request, st, frozenset(self.quirks))
+        await asyncio.to_thread(self.batch.defer, key, request.item, body)
+        result.error_type = DEFERRED
+        return result
+
+    def _book_batch_reply(self, result: LLMResult, record: dict) -> None:
         reply = record.get("body") or {}
-        result.attempts, result.batch_id = 1, str(record.get("batch_id", ""))
-        result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
+        result.attempts += 1
+        result.batch_id = str(record.get("batch_id", ""))
         book_usage(result, reply.get("usage") if isinstance(reply, dict) else None)
-        choice, content = first_choice(reply)
-        problem = self._problem(content, request)
-        if problem is None:
-            result.ok, result.value = True, parse_json_reply(content)
-        else:
-            cut = " (cut off at the cap: raise --max-tokens)" if choice and choice.get("finish_reason") == "length" else ""
-            result.error_type, result.error = "InvalidReply", f"invalid reply from batch {result.batch_id}: {problem}{cut}"
+
+    def _priced_batch(self, result: LLMResult) -> LLMResult:
         known = result.prompt_tokens is not None and result.completion_tokens is not None
         result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        if not known:
+            result.prompt_tokens = result.completion_tokens = None
         self.lease.add_usage({"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                               "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1})
+        return result
+
+    async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict, max_tokens: int,
+                          cut_off: dict | None = None) -> LLMResult:
+        """A batch's reply to this request, taken as a real-time reply would be (checked against the
+        schema and the stage's check), booked at the batch price with its batch id, and cached. A reply
+        cut off at its cap is asked once more with twice the room (up to the ceiling), as real time does:
+        a line of its own (its key names the cap), whose reply is booked together with this one."""
+        result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
+        if cut_off is not None:
+            self._book_batch_reply(result, cut_off)
+        choice, content = first_choice(record.get("body") or {})
+        problem = self._problem(content, request)
+        if problem is not None and cut_off is None and choice and choice.get("finish_reason") == "length":
+            room = min(self.config.max_tokens_ceiling or 4 * self.config.max_tokens, 2 * max_tokens)
+            if room > max_tokens:
+                return await self._batch_line(request, result, self.key_for(request, max_tokens=room), room, record)
+        self._book_batch_reply(result, record)
+        if problem is None:
+            result.ok, result.value = True, parse_json_reply(content)
+            result.extras["max_tokens"] = max_tokens
+        else:
+            cut = f" (cut off at {max_tokens} tokens{' after a re-ask with more room' if cut_off else ''}: " \
+                  "raise --max-tokens)" if choice and choice.get("finish_reason") == "length" else ""
+            result.error_type, result.error = "InvalidReply", f"invalid reply from batch {result.batch_id}: {problem}{cut}"
+        self._priced_batch(result)
         await self._store(request, result, batch_id=result.batch_id, batch_run_id=self.batch_run_id)
         return result
 
@@ -598,6 +692,7 @@ class LLMCaller:
         a connection never made), re-send once (a timeout or a connection lost: maybe billed), re-ask
         (an unusable reply)."""
         st = self.attempts_for(request)
+        st.max_tokens = result.extras.get("start_max_tokens", st.max_tokens)   # a batch line's re-ask: its room
         while True:
             probing = await self._probe_turn()
             sent = frozenset(self.quirks)            # what this attempt sends: its 400 is judged against it

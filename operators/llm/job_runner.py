@@ -75,13 +75,13 @@ class LLMJobConfig:
     max_rate_limit_retries: int = 30
     max_reasks: int = 2
     backoff_base_s: float = 1.0
-    response_format: str = "json_schema"
+    response_format: str = "json_object"
     strict_schema: bool = True
     image_token_rule: str = ""
     max_request_bytes: int = 20_000_000
     api_key_source: str = "env:OPENAI_API_KEY"
-    generate_template: str = "caption_generate.v2"
-    judge_template: str = "caption_judge.v2"
+    generate_template: str = "caption_generate.v3"
+    judge_template: str = "caption_judge.v3"
     prompts_dir: str = ""
     actors: int = 2
     concurrent_batches: int = 8
@@ -143,7 +143,10 @@ HELP = {
                               "recovers while no storm comes)",
     "max_reasks": "re-asks after a malformed or schema-invalid reply before the pair becomes an error row",
     "backoff_base_s": "first backoff delay in seconds (doubles per retry, capped at 60 s)",
-    "response_format": "json_schema (falls back to json_object by itself if the endpoint rejects it) or json_object",
+    "response_format": "json_object (JSON mode, the reply schema at the end of the prompt, so that a pair's stages "
+                       "share their cached prefix; every reply is checked against the schema here and re-asked) or "
+                       "json_schema (the provider's structured outputs; its schema leads the cached prefix, so stages "
+                       "with different schemas share none; falls back to json_object by itself if rejected)",
     "strict_schema": "send json_schema in strict mode (dropped by itself where the endpoint rejects it)",
     "image_token_rule": "how the endpoint counts an image's tokens, if the model name does not tell: "
                         "tile:<base>:<per_tile> (e.g. tile:2833:5667 for gpt-4o-mini), "
@@ -550,3 +553,38 @@ def validator_tally(rows, validators: str) -> dict:
             "validator_rejected": rejected}
 
 
+
+
+# -- the prompt templates an output was made with ----------------------------------------------------
+PROMPTS_FILE = "prompts.json"   # {job: {"generate": stem, "judge": stem}}
+
+
+def output_templates(out: Store, job: str, chosen: tuple[str, str], defaults: tuple[str, str],
+                     pairs_schema=None) -> tuple[str, str]:
+    """The (generate, judge) templates of this run. Left at the defaults, a run on an existing output goes
+    on with the templates that output was made with (``prompts.json``, or for an output made before it was
+    written, the versions its ``pairs`` table records): a new release's templates would change every
+    request's cache key, so the answers of the old version (a pair generated but not judged yet) would be
+    paid for again. A choice of the user's is used as given. Recorded for the next run either way."""
+    try:
+        recorded = json.loads(out.read_bytes(PROMPTS_FILE))
+    except (FileNotFoundError, ValueError):
+        recorded = {}
+    mine = recorded.get(job) or {}
+    templates = (mine.get("generate"), mine.get("judge")) if mine.get("generate") and mine.get("judge") else None
+    if templates is None and pairs_schema is not None:
+        table = read_table(out, "pairs", pairs_schema, columns=["generate_prompt_version", "judge_prompt_version"])
+        if table is not None and table.num_rows:
+            seen = collections.Counter(zip(table["generate_prompt_version"].to_pylist(),
+                                           table["judge_prompt_version"].to_pylist()))
+            (gen, judge), _ = seen.most_common(1)[0]
+            templates = (gen, judge) if gen and judge else None
+    if tuple(chosen) != tuple(defaults) or templates is None:
+        templates = tuple(chosen)
+    elif templates != tuple(defaults):
+        log.info("this output was made with the templates %s and %s: the run goes on with them (its answers are "
+                 "cached under them; --generate-template/--judge-template choose others)", *templates)
+    if mine != {"generate": templates[0], "judge": templates[1]}:
+        recorded[job] = {"generate": templates[0], "judge": templates[1]}
+        out.write_bytes(PROMPTS_FILE, json.dumps(recorded, indent=1, sort_keys=True).encode())
+    return templates[0], templates[1]

@@ -87,8 +87,8 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
         assert [c["overall"] for c in cands] == [_paper_overall(c) for c in cands]   # --overall criteria
         assert [c["selected"] for c in cands] == _paper_selection([c["overall"] for c in cands])
         assert pairs[pid]["selected_captions"] == [c["caption"] for c in cands if c["selected"]]
-        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v2"}
-        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v2"}
+        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v3"}
+        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v3"}
     assert any(not c["selected"] for c in t["captions"])     # the judge does reject some
 
     # Mask stats travel with the pair, and the region description reached the prompt.
@@ -201,3 +201,32 @@ def test_cli_without_endpoint_stops_at_once_and_help_lists_options(tmp_path):
         assert option in short and option in full
     for option in ("--max-in-flight", "--price-per-mtok-in", "--price-per-mtok-out", "--actors"):   # tuning
         assert option not in short and option in full
+
+
+@pytest.mark.timeout(600)   # three runs of the job
+def test_a_rerun_after_an_upgrade_goes_on_with_the_outputs_templates_and_pays_nothing_twice(
+        ray_session, openai_server, tmp_path):
+    """An output made with the v2 templates (before prompts.json existed) and one pair left unjudged: the
+    rerun with the new defaults (v3) goes on with v2, so the pair's cached generation is read, not re-paid."""
+    out = tmp_path / "out"
+    openai_server.configure(faults=[{"kind": "400", "rate": 1.0, "match": "test_2_0000_0000",
+                                     "match_text": "strict reviewer"}])
+    run(config(openai_server, LEVIR, out, generate_template="caption_generate.v2", judge_template="caption_judge.v2"))
+    assert json.loads((out / "prompts.json").read_text())["caption"] == {"generate": "caption_generate.v2",
+                                                                         "judge": "caption_judge.v2"}
+    (out / "prompts.json").unlink()                          # as an output of the release before
+    assert "test_2_0000_0000" not in {p["pair_id"] for p in tables(out)["pairs"]}
+    openai_server.restore_defaults()
+    openai_server.reset()
+    run(config(openai_server, LEVIR, out))
+    stats = openai_server.stats()
+    assert stats["total"] == 1 and stats["models"] == {"test-model": 1}   # the judge request only
+    t = tables(out)
+    pair = [p for p in t["pairs"] if p["pair_id"] == "test_2_0000_0000"]
+    assert len(pair) == 1 and pair[0]["generate_prompt_version"] == "caption_generate.v2"
+    assert pair[0]["judge_prompt_version"] == "caption_judge.v2"
+    assert json.loads((out / "prompts.json").read_text())["caption"]["generate"] == "caption_generate.v2"
+    # A choice of the user's is used as given.
+    openai_server.reset()
+    run(config(openai_server, LEVIR, tmp_path / "other", generate_template="caption_generate.v1"))
+    assert json.loads((tmp_path / "other" / "prompts.json").read_text())["caption"]["generate"] == "caption_generate.v1"

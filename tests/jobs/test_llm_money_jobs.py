@@ -80,3 +80,130 @@ def test_a_quota_429_stops_the_job_within_seconds_and_the_rerun_pays_nothing_twi
     second = openai_server.stats()
     assert not answered & set(second["ok_by_key"])
     assert sorted(p["pair_id"] for p in tables(out)["pairs"]) == [p for p in ALL_PAIRS if p != "test_113_0256"]
+
+
+def answer_offline(server, lines_file, replies_file):
+    """What ``vllm run-batch -i lines -o replies`` does: each line's body sent to a chat endpoint, each reply
+    written in the batch output format (here the test server answers, as it answers real time)."""
+    import json
+    import urllib.request
+    out = []
+    for line in (json.loads(x) for x in lines_file.read_text().splitlines() if x.strip()):
+        assert set(line) == {"custom_id", "method", "url", "body"} and line["url"] == "/v1/chat/completions"
+        req = urllib.request.Request(server.base_url.rstrip("/") + "/chat/completions",
+                                     data=json.dumps(line["body"]).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": "Bearer x"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = json.loads(resp.read())
+        out.append({"id": f"vllm-{line['custom_id'][:8]}", "custom_id": line["custom_id"], "error": None,
+                    "response": {"status_code": 200, "request_id": f"r-{line['custom_id'][:8]}", "body": body}})
+    replies_file.write_text("".join(json.dumps(o) + "\n" for o in reversed(out)))   # any order
+    return len(out)
+
+
+@pytest.mark.timeout(900)   # five runs of the job on a loaded 2-core machine
+def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import_pays_nothing(
+        ray_session, openai_server, tmp_path):
+    run(config(openai_server, LEVIR, tmp_path / "realtime"))
+    realtime = tables(tmp_path / "realtime")
+    openai_server.reset()
+    out, files = tmp_path / "out", tmp_path / "files"
+    files.mkdir()
+    batch = dict(batch_api=True, batch_poll_s=0.1)
+    # 1. The generations go out to a file, and the run stops (nothing sent, nothing booked).
+    first = run(config(openai_server, LEVIR, out, batch_export=str(files / "in1.jsonl"), **batch))
+    assert "in1.jsonl" in first["stopped"] and openai_server.stats()["total"] == 0
+    assert answer_offline(openai_server, files / "in1.jsonl", files / "out1.jsonl") == 11
+    # 2. Their replies in; the judge requests out.
+    second = run(config(openai_server, LEVIR, out, batch_import=str(files / "out1.jsonl"),
+                        batch_export=str(files / "in2.jsonl"), **batch))
+    assert "in2.jsonl" in second["stopped"] and openai_server.stats()["total"] == 11   # only the offline runner's
+    assert answer_offline(openai_server, files / "in2.jsonl", files / "out2.jsonl") == 11
+    # 3. Those in: every pair done, the selection real time made on the same replies.
+    sent = openai_server.stats()["total"]
+    third = run(config(openai_server, LEVIR, out, batch_import=str(files / "out2.jsonl"),
+                       batch_export=str(files / "in3.jsonl"), **batch))
+    assert third["stopped"] == "" and openai_server.stats()["total"] == sent
+    t = tables(out)
+    assert accounted(t) == ALL_PAIRS and len(t["pairs"]) == 11
+    key = lambda c: (c["pair_id"], c["candidate_index"])       # noqa: E731
+    assert [tuple(c[k] for k in CANDIDATE) for c in sorted(t["captions"], key=key)] == \
+        [tuple(c[k] for k in CANDIDATE) for c in sorted(realtime["captions"], key=key)]
+    # Each request paid once, at the batch price, naming its file; a later run's cache hits are booked free.
+    paid = [u for u in t["usage"] if not u["cached"]]
+    assert len(paid) == 22 and {u["batch_id"] for u in paid} == {"import:out1.jsonl", "import:out2.jsonl"}
+    assert sorted(u["cache_key"] for u in paid) == sorted(u["cache_key"] for u in realtime["usage"])
+    rt_cost = {u["cache_key"]: u["cost_usd"] for u in realtime["usage"]}
+    assert [u["cost_usd"] for u in paid] == pytest.approx([rt_cost[u["cache_key"]] / 2 for u in paid])
+    assert all(u["cost_usd"] is None for u in t["usage"] if u["cached"])
+    rows = len(t["usage"])
+    # 4. The same replies imported again: nothing sent, exported or booked.
+    again = run(config(openai_server, LEVIR, out, batch_import=str(files / "out2.jsonl"),
+                       batch_export=str(files / "in4.jsonl"), **batch))
+    assert again["stopped"] == "" and again["usage"]["logical_requests"] == 0
+    assert openai_server.stats()["total"] == sent
+    assert not (files / "in4.jsonl").exists() or not (files / "in4.jsonl").read_text().strip()
+    assert len(tables(out)["usage"]) == rows
+
+
+@pytest.mark.timeout(900)   # three runs of the job, one in a process (and a Ray) of its own
+def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line_twice(
+        ray_session, openai_server, tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.jobs.test_caption_job import REPO
+    run(config(openai_server, LEVIR, tmp_path / "realtime"))
+    realtime = tables(tmp_path / "realtime")
+    openai_server.reset()
+    openai_server.configure(batch_hold=True)                  # every batch stays in progress until released
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    import tempfile
+    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")      # short: Ray's socket paths are bounded (107 bytes)
+    env.update(OPENAI_API_KEY="sk-test", RAY_TMPDIR=ray_tmp, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "jobs.caption", *argv(openai_server, out), "--batch-api", "--batch-poll-s", "0.2",
+           "--num-cpus", "2"]
+    # A session of its own, so that the Ray it starts can be ended with it (by its process group).
+    log = open(tmp_path / "job.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
+    batches = out / "_batch" / "caption" / "batches"
+    try:
+        deadline = time.monotonic() + 300
+        while not (batches.is_dir() and any(batches.glob("*.json"))):
+            assert proc.poll() is None, "the job ended before it submitted a batch: " + \
+                (tmp_path / "job.log").read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "no batch id stored within 300 s"
+            time.sleep(0.2)
+        time.sleep(1.0)                                        # the driver is polling the held batch now
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)                # the Ray the killed driver started
+        except ProcessLookupError:
+            pass
+        log.close()
+        import shutil
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == -signal.SIGKILL
+    stored = [json.loads(p.read_text()) for p in batches.glob("*.json")]
+    assert len(stored) == 1 and not stored[0]["done"] and len(stored[0]["custom_ids"]) == 11
+    submitted = dict(openai_server.stats()["batch_submissions"])
+    assert set(submitted) == set(stored[0]["custom_ids"]) and set(submitted.values()) == {1}
+    assert not (out / "pairs").exists() or not tables(out)["pairs"]   # killed before any pair finished
+
+    # Rerun with the batch released: it polls the batch it finds open, then goes on from there.
+    openai_server.configure(batch_hold=False)
+    summary = run(config(openai_server, LEVIR, out, batch_api=True, batch_poll_s=0.1))
+    stats = openai_server.stats()
+    assert summary["stopped"] == "" and stats["total"] == 0
+    assert len(stats["batch_submissions"]) == 22 and set(stats["batch_submissions"].values()) == {1}
+    t = tables(out)
+    assert accounted(t) == ALL_PAIRS
+    key = lambda c: (c["pair_id"], c["candidate_index"])       # noqa: E731
+    assert [tuple(c[k] for k in CANDIDATE) for c in sorted(t["captions"], key=key)] == \
+        [tuple(c[k] for k in CANDIDATE) for c in sorted(realtime["captions"], key=key)]
+    assert len(t["usage"]) == 22 and all(u["batch_id"] for u in t["usage"])

@@ -1,6 +1,8 @@
 """The requests of every stage of one pair, laid out for providers' prefix caches: one system text, then
-the pair's images (A, B, mask) in the same order and detail, then its metadata, and the stage's own
-text last; the mask always at low detail."""
+the pair's images in the same order and detail, then (generation) its mask and metadata, and the stage's
+own text last, the reply schema after it in JSON mode; the mask always at low detail. With the jobs'
+defaults (v3, JSON mode) a provider-style prefix cache (the schema first, then the messages) answers
+the pair's later requests from the first's prefix; with json_schema it cannot (the schemas differ)."""
 import json
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from operators.language.qa_ops import QAPrompts, prepare_qa_pair
 from operators.language.qa_ops import build_generate_request as qa_generate
 from operators.language.qa_ops import build_judge_request as qa_judge
 from operators.language.qa_ops import handle_generate_result as qa_handle
-from operators.llm.client import LLMResult
+from operators.llm.client import LLMCaller, LLMConfig, LLMResult, Secret
+from operators.llm.job_runner import LLMJobConfig
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +46,13 @@ def _record(envs):
     return json.loads(env["_record"])
 
 
-def stage_requests(item, detail):
+def stage_requests(item, detail, version="v2"):
     """The four requests of one pair: caption generation and judging, QA generation and judging."""
     config = PrepareConfig(detail=detail)
-    cap = CaptionPrompts(generate=load_template("caption_generate.v2"), judge=load_template("caption_judge.v2"),
-                         detail=detail)
-    qa = QAPrompts(generate=load_template("qa_generate.v2"), judge=load_template("qa_judge.v2"), detail=detail)
+    cap = CaptionPrompts(generate=load_template(f"caption_generate.{version}"),
+                         judge=load_template(f"caption_judge.{version}"), detail=detail)
+    qa = QAPrompts(generate=load_template(f"qa_generate.{version}"), judge=load_template(f"qa_judge.{version}"),
+                   detail=detail)
     record = _record(prepare_pair(item, config))
     gen = caption_generate(cap, record)
     reply = {p: f"A new square building now stands in the centre of the scene ({p})." for p in PERSPECTIVES}
@@ -85,3 +89,53 @@ def test_the_mask_is_low_detail_everywhere_even_with_v1_templates(pair_1024):
     parts = [p for p in qa_generate(qa, qa_record).messages[1]["content"] if p["type"] == "image_url"]
     assert [p["image_url"]["detail"] for p in parts] == ["high", "high", "low"]
     assert parts[2]["image_url"]["url"] == record["mask_url"]
+
+
+def sent_bodies(requests, response_format):
+    caller = LLMCaller(LLMConfig(model="gpt-4o", base_url="http://127.0.0.1:9/v1", response_format=response_format),
+                       Secret("sk-layout"))
+    return [caller._body(r, caller.attempts_for(r), frozenset(caller.quirks))[1] for r in requests]
+
+
+def test_v3_requests_as_sent_share_system_a_and_b_and_end_with_their_schema(pair_1024):
+    assert LLMJobConfig.response_format == "json_object" and LLMJobConfig.judge_template == "caption_judge.v3"
+    requests = stage_requests(pair_1024, "high", "v3")
+    bodies = sent_bodies(requests, LLMJobConfig.response_format)
+    assert {json.dumps(b["response_format"]) for b in bodies} == {'{"type": "json_object"}'}
+    assert len({json.dumps(b["messages"][0]) for b in bodies}) == 1          # one system text, no schema in it
+    assert "JSON schema:" not in bodies[0]["messages"][0]["content"]
+    users = [b["messages"][1]["content"] for b in bodies]
+    assert len({json.dumps(c[:2]) for c in users}) == 1                       # A and B: the same bytes
+    assert all(p["image_url"]["detail"] == "high" for c in users for p in c[:2])
+    images = [[p for p in c if p["type"] == "image_url"] for c in users]
+    # The generations add the mask (low); the judges see the pair only, as the paper's judges do.
+    assert [len(i) for i in images] == [3, 2, 3, 2] and images[0][2]["image_url"]["detail"] == "low"
+    for request, content in zip(requests, users):
+        note = content[-1]["text"]
+        assert note.startswith("Reply with one JSON object") and "JSON schema:" in note
+        assert "JSON schema:" not in json.dumps(content[:-1])               # stated once, at the end
+        assert json.loads(note.split("JSON schema:", 1)[1])["required"] == request.schema["required"]
+
+
+@pytest.mark.parametrize("response_format, hits", [("json_object", True), ("json_schema", False)])
+def test_a_pairs_later_requests_hit_a_provider_prefix_cache_only_in_json_mode(pair_1024, openai_server,
+                                                                              response_format, hits):
+    import asyncio
+    openai_server.configure(prefix_cache=True)
+    requests = stage_requests(pair_1024, "high", "v3")
+
+    async def go():
+        caller = LLMCaller(LLMConfig(model="gpt-4o", base_url=openai_server.base_url, use_cache=False,
+                                     response_format=response_format), Secret("sk-layout"))
+        try:
+            return [await caller.call(r) for r in requests]            # in order: the generation first
+        finally:
+            await caller.aclose()
+    results = asyncio.run(go())
+    assert all(r.ok for r in results) and results[0].cached_tokens == 0
+    if hits:
+        # System text, A and B (two 1024 px images at high detail: 765 tokens each): >= 1,024 tokens shared.
+        assert all(r.cached_tokens >= 1664 for r in results[1:]), [r.cached_tokens for r in results]
+        assert all(r.cached_tokens < r.prompt_tokens for r in results[1:])
+    else:
+        assert all(not r.cached_tokens for r in results[1:]), [r.cached_tokens for r in results]

@@ -308,3 +308,46 @@ def test_a_batch_file_holds_one_model(openai_server, tmp_path):
     for b in state.batches():
         models = {state.read("lines", k)["body"]["model"] for k in b["custom_ids"]}
         assert len(models) == 1
+
+
+def test_a_cut_off_batch_reply_is_asked_again_once_with_more_room_then_booked_with_it(openai_server, tmp_path):
+    # max_tokens 24: every reply is cut off at its cap; its re-ask with 48 fits.
+    state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
+    reqs = lambda: requests(3, tag="cut")                      # noqa: E731
+    driver = driver_for(openai_server, state)
+    assert all(r.error_type == DEFERRED for r in batch_pass(openai_server, reqs(), state, cache, max_tokens=24))
+    driver.submit(), driver.wait()
+    first_keys = set(openai_server.stats()["batch_submissions"])
+    second = batch_pass(openai_server, reqs(), state, cache, max_tokens=24)
+    assert all(r.error_type == DEFERRED for r in second)       # the re-asks wait for their own batch
+    assert len(driver.submit()) == 1 and driver.wait()["completed"] == 3
+    submitted = openai_server.stats()["batch_submissions"]
+    assert len(submitted) == 6 and set(submitted.values()) == {1}   # three lines, three re-asks: each once
+    reask_keys = set(submitted) - first_keys
+    bodies = [state.read("results", k)["body"] for k in reask_keys]
+    assert {b["choices"][0]["finish_reason"] for b in bodies} == {"stop"}
+    done = batch_pass(openai_server, reqs(), state, cache, max_tokens=24)
+    assert all(r.ok and r.attempts == 2 for r in done)
+    # Both lines were billed: the usage is the sum of the cut-off reply's and the re-ask's, at the batch price.
+    cut_usage = [state.read("results", k)["body"]["usage"] for k in first_keys]
+    reask_usage = [b["usage"] for b in bodies]
+    assert sum(r.prompt_tokens for r in done) == sum(u["prompt_tokens"] for u in cut_usage + reask_usage)
+    assert sum(r.completion_tokens for r in done) == 3 * 24 + sum(u["completion_tokens"] for u in reask_usage)
+    assert [r.cost_usd for r in done] == pytest.approx(
+        [(r.prompt_tokens * 2.0 + r.completion_tokens * 8.0) / 1e6 / 2 for r in done])
+    again = batch_pass(openai_server, reqs(), state, cache, max_tokens=24)
+    assert all(r.cached for r in again) and driver.submit() == [] and openai_server.stats()["total"] == 0
+
+
+def test_a_batch_reply_cut_off_again_after_its_re_ask_is_an_error_with_the_reason(openai_server, tmp_path):
+    state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
+    driver = driver_for(openai_server, state)
+    for _ in range(2):
+        assert all(r.error_type == DEFERRED for r in batch_pass(openai_server, requests(2, tag="tiny"), state, cache,
+                                                                 max_tokens=4))
+        driver.submit(), driver.wait()
+    final = batch_pass(openai_server, requests(2, tag="tiny"), state, cache, max_tokens=4)
+    assert all(not r.ok and r.error_type == "InvalidReply" for r in final)
+    assert all("cut off at 8 tokens after a re-ask with more room" in r.error for r in final)
+    assert all(r.attempts == 2 and r.completion_tokens == 4 + 8 and r.cost_usd > 0 for r in final)
+    assert set(openai_server.stats()["batch_submissions"].values()) == {1} and driver.submit() == []
