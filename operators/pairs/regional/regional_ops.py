@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
 from operators.pairs.catalogue.band_stack import forget_reads
-from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior
+from operators.pairs.registration.guided_matching import MatchPrior, first_pass_sampled, fit_match_prior
 from operators.pairs.regional.regional import (TileFeatures, TileMatches, block_features, fit_slice,
                                                guided_match_tile, match_tile, neighbour_tiles)
 from operators.pairs.registration.tiles import grow, tile_core, tiles_for_window
@@ -222,7 +222,7 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
 
     def compute(store: Store):
         feats = _neighbour_features(row, cfg, store, memo)
-        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
+        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg, sample=True)
         return matches.to_bytes(), len(matches)
 
     return _tile_pass(row, out_root, rel, reusable, compute)
@@ -274,10 +274,11 @@ def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: s
             prior = MatchPrior.from_bytes(store.read_bytes(prior_rel(cfg, pair)))
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"prior of pair {row['pair_id']} missing (its tiles failed?)") from exc
-        if prior.for_tile(tc, tr) is None:
+        if prior.for_tile(tc, tr) is None and not first_pass_sampled(cfg):
             # No prior for this pair: the first pass's matches are the final ones (stored already).
             data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
             return data, len(TileMatches.from_bytes(data))
+        # (A sampled first pass is redone on every feature when there is no prior.)
         feats = _neighbour_features(row, cfg, store, memo)
         matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
         return matches.to_bytes(), len(matches)

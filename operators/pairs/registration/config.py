@@ -82,6 +82,10 @@ class MatchingConfig:
                                        "prior fitted to the first-pass matches")
     prior_min_inliers: int = _opt(12, "guided matching: inliers a pair (or a tile neighbourhood) "
                                       "needs for its own prior")
+    prior_features_per_tile: int = _opt(1000, "guided matching: the first pass, which only fits the "
+                                              "affine prior, matches at most this many of a tile's "
+                                              "pre features (spread evenly over the tile; 0 = all)",
+                                        lo=0)
 
     def __post_init__(self):
         if self.guided_radius_px <= 0 or self.guided_candidates < 2:
@@ -246,8 +250,8 @@ class SchedulingConfig:
 
 # Settings added after outputs were written: at these values they are left out of every key, so an
 # output written before them keeps its keys (and resumes) as long as they stay at the default.
-LATER_DEFAULTS = {"tile_block": 1, "fit_floor_matches": 200, "fit_chance_factor": 2.0,
-                  "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
+LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "fit_floor_matches": 200,
+                  "fit_chance_factor": 2.0, "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
                   "screen_min_coverage": 0.3, "screen_corner_k": 2.0,
                   "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
                   "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0}

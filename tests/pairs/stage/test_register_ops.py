@@ -400,3 +400,66 @@ def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
         assert np.array_equal(np.unique(stored, axis=0), np.unique(xy, axis=0))
     # Stored features are reused, not recomputed.
     assert all(r["reused"] for r in features_block_rows(block, cfg, out))
+
+
+def _first_passes(good, cfg, out):
+    from operators.pairs.regional.regional_ops import feature_blocks, features_block_rows, match_tile_row
+    tiles = plan_tiles(good, cfg)
+    for block in feature_blocks(tiles, cfg):
+        assert all(r["error"] is None for r in features_block_rows(block, cfg, out))
+    assert all(r["error"] is None for r in (match_tile_row(t, cfg, out) for t in tiles))
+    return tiles
+
+
+def _tile_features(cfg, out, tile):
+    from operators.pairs.regional.regional import TileFeatures
+    from operators.pairs.regional.regional_ops import features_rel
+    return {(c, r): TileFeatures.from_bytes(Store(out).read_bytes(
+        features_rel(cfg, work_id(tile), c, r))) for c, r in tile["neighbours"]}
+
+
+def test_tile_block_2_matches_across_block_edges(scenes, tmp_path):
+    """Blocks of 2 x 2 tiles: a tile on a block's edge matches against the post features its
+    neighbouring block stored (W_TRUE moves content 8.6 px across the edge at x = 512), and
+    those matches are right."""
+    from operators.pairs.regional.regional import TileMatches
+    good, _, _ = all_rows(scenes)
+    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                             search_margin_px=32, tile_block=2)
+    out = str(tmp_path / "out")
+    tiles = _first_passes(good, cfg, out)
+    tile = next(t for t in tiles if (t["tile_col"], t["tile_row"]) == (1, 0))
+    assert [2, 0] in tile["neighbours"]                 # in the next block
+    m = TileMatches.from_bytes(Store(out).read_bytes(matches_rel(cfg, work_id(tile), 1, 0)))
+    across = m.post_xy[:, 0] >= 512 - 0.5
+    assert across.sum() >= 5, across.sum()
+    # Oracle: the known warp (post -> pre) puts each such partner where its pre feature is.
+    from operators.pairs.registration.registration import apply_homography
+    err = np.hypot(*(apply_homography(W_TRUE, m.post_xy[across]) - m.pre_xy[across]).T)
+    assert np.median(err) < 1.0, err
+
+
+def test_a_sampled_first_pass_is_redone_in_full_when_the_pair_has_no_prior(scenes, tmp_path):
+    """The first pass matches a sample of each tile's pre features (it only feeds the prior);
+    when the pair gets no prior, the slices' matches are the unguided pass over every feature,
+    not the stored sample."""
+    from operators.pairs.registration.guided_matching import MatchPrior
+    from operators.pairs.regional.regional import TileMatches, match_tile
+    from operators.pairs.regional.regional_ops import guided_tile_row
+    good, _, _ = all_rows(scenes)
+    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                             search_margin_px=32, prior_features_per_tile=60)
+    out = str(tmp_path / "out")
+    tiles = _first_passes(good, cfg, out)
+    tile = tiles[0]
+    tc, tr = tile["tile_col"], tile["tile_row"]
+    store = Store(out)
+    store.write_bytes(prior_rel(cfg, work_id(tile)), MatchPrior(None).to_bytes())   # no prior
+    assert guided_tile_row(tile, cfg, out)["error"] is None
+    final = TileMatches.from_bytes(store.read_bytes(guided_rel(cfg, work_id(tile), tc, tr)))
+    sampled = TileMatches.from_bytes(store.read_bytes(matches_rel(cfg, work_id(tile), tc, tr)))
+    feats = _tile_features(cfg, out, tile)
+    full = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)   # oracle: every feature
+    assert len(feats[(tc, tr)].pre_xy) > 60 and len(sampled) < len(full)
+    assert len(final) == len(full)
+    np.testing.assert_array_equal(final.pre_xy, full.pre_xy)
