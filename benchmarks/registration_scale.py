@@ -25,6 +25,7 @@ Runs in about 8 minutes of a loaded 2-core machine (the scene build is about a m
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import tempfile
@@ -36,6 +37,8 @@ import numpy as np
 from benchmarks._scenes import write_pair
 from benchmarks.registration import corner_errors, run_stage, slice_rows, start_ray
 from operators.pairs.registration.registration import RegistrationConfig
+
+print = functools.partial(print, flush=True)  # noqa: A001 - progress shows while runs go
 
 PASSES = ("features", "matches", "priors", "guided")
 
@@ -81,6 +84,9 @@ def main(argv=None) -> None:
     p.add_argument("--cpus", type=int, default=2, help="CPUs given to Ray")
     p.add_argument("--workdir", default=None, help="where scenes and outputs go (default: a temp "
                                                     "folder, removed at the end)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the regional method with the settings before issue 34 "
+                        "(tile_block 1, every feature in the first pass) on the same scene")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a RegistrationConfig field for both methods (repeatable)")
     args = p.parse_args(argv)
@@ -115,6 +121,12 @@ def main(argv=None) -> None:
         ps_s, ps_recs, ps_errs, _ = run_stage(sample, per_slice, os.path.join(work, "out-per-slice"))
         rg_s, rg_recs, rg_errs, rg_tile_cpu = run_stage(rows, regional,
                                                         os.path.join(work, "out-regional"))
+        baseline = None
+        if args.baseline:
+            old = replace(regional, tile_block=1, prior_features_per_tile=0)
+            b_s, b_recs, _, b_tile_cpu = run_stage(rows, old, os.path.join(work, "out-baseline"))
+            baseline = (b_tile_cpu + sum(r.get("cpu_seconds") or 0.0 for r in b_recs),
+                        b_recs, b_s)
         import ray
         ray.shutdown()
         ps_cpu = sum(r.get("cpu_seconds") or 0.0 for r in ps_recs)
@@ -138,6 +150,16 @@ def main(argv=None) -> None:
               f"{rg_acc_all}/{len(rows)} accepted, {len(rg_errs)} errors, median corner error "
               f"{rg_err_all:.3f} px (all), {rg_err_same:.3f} px on the sampled slices "
               f"({rg_acc_same}/{len(sample)} accepted); wall {rg_s:.0f} s")
+        if baseline is not None:
+            b_cpu, b_recs, b_s = baseline
+            b_err, b_acc = median_error(b_recs, warp, args.crop_size, ids)
+            b_parts = regional_breakdown(os.path.join(work, "out-baseline"))
+            print(f"regional, settings before issue 34 (tile_block 1, full first pass): "
+                  f"{b_cpu / len(rows):.2f} CPU s per slice (tiles "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in b_parts.items())
+                  + f"); {sum(r['status'] == 'accepted' for r in b_recs)}/{len(rows)} accepted, "
+                  f"median corner error {b_err:.3f} px on the sampled slices; speedup "
+                  f"{ps_per / (b_cpu / len(rows)):.2f}; wall {b_s:.0f} s")
         reasons = sorted({r["reject_reason"] for r in ps_recs + rg_recs if r["reject_reason"]})
         if reasons:
             print(f"reject reasons: {reasons[:5]}")

@@ -216,7 +216,7 @@ class TilingConfig:
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)", min=1)
     tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
                                     "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
-    tile_block: int = _opt(1, "feature tiles per side whose SIFT runs as one image in one task "
+    tile_block: int = _opt(2, "feature tiles per side whose SIFT runs as one image in one task "
                               "(shared tile edges need no context of their own: less pyramid "
                               "work per tile, larger images per task)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
@@ -257,10 +257,19 @@ LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "fit_floor_matc
                   "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0}
 
 
+# Later settings only the regional method reads: a per-slice run's keys leave them out whatever
+# their values, so a new default for them (tile_block 2, a sampled first pass) re-runs no
+# per-slice output, the method that pays tens of CPU seconds a slice.
+REGIONAL_ONLY = ("tile_block", "prior_features_per_tile")
+
+
 def without_later_defaults(settings: dict) -> dict:
-    """``settings`` sorted by name, less the later-added settings that hold their default."""
+    """``settings`` sorted by name, less the later-added settings that hold their default (and,
+    for ``method`` per-slice, the later settings only the regional method reads)."""
+    per_slice = settings.get("method") == "per-slice"
     return {n: settings[n] for n in sorted(settings)
-            if not (n in LATER_DEFAULTS and settings[n] == LATER_DEFAULTS[n])}
+            if not (n in LATER_DEFAULTS and settings[n] == LATER_DEFAULTS[n])
+            and not (per_slice and n in REGIONAL_ONLY)}
 
 
 def _group(cls: type, title: str):

@@ -402,13 +402,18 @@ def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
     assert all(r["reused"] for r in features_block_rows(block, cfg, out))
 
 
-def _first_passes(good, cfg, out):
+def _first_passes(scenes, tmp_path, **settings):
+    """Features and first-pass matches of the good pair's tiles (256 px) -> (cfg, out, tiles)."""
     from operators.pairs.regional.regional_ops import feature_blocks, features_block_rows, match_tile_row
+    good, _, _ = all_rows(scenes)
+    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                             search_margin_px=32, **settings)
+    out = str(tmp_path / "out")
     tiles = plan_tiles(good, cfg)
     for block in feature_blocks(tiles, cfg):
         assert all(r["error"] is None for r in features_block_rows(block, cfg, out))
     assert all(r["error"] is None for r in (match_tile_row(t, cfg, out) for t in tiles))
-    return tiles
+    return cfg, out, tiles
 
 
 def _tile_features(cfg, out, tile):
@@ -423,11 +428,7 @@ def test_tile_block_2_matches_across_block_edges(scenes, tmp_path):
     neighbouring block stored (W_TRUE moves content 8.6 px across the edge at x = 512), and
     those matches are right."""
     from operators.pairs.regional.regional import TileMatches
-    good, _, _ = all_rows(scenes)
-    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
-                             search_margin_px=32, tile_block=2)
-    out = str(tmp_path / "out")
-    tiles = _first_passes(good, cfg, out)
+    cfg, out, tiles = _first_passes(scenes, tmp_path, tile_block=2)
     tile = next(t for t in tiles if (t["tile_col"], t["tile_row"]) == (1, 0))
     assert [2, 0] in tile["neighbours"]                 # in the next block
     m = TileMatches.from_bytes(Store(out).read_bytes(matches_rel(cfg, work_id(tile), 1, 0)))
@@ -446,11 +447,7 @@ def test_a_sampled_first_pass_is_redone_in_full_when_the_pair_has_no_prior(scene
     from operators.pairs.registration.guided_matching import MatchPrior
     from operators.pairs.regional.regional import TileMatches, match_tile
     from operators.pairs.regional.regional_ops import guided_tile_row
-    good, _, _ = all_rows(scenes)
-    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
-                             search_margin_px=32, prior_features_per_tile=60)
-    out = str(tmp_path / "out")
-    tiles = _first_passes(good, cfg, out)
+    cfg, out, tiles = _first_passes(scenes, tmp_path, prior_features_per_tile=60)
     tile = tiles[0]
     tc, tr = tile["tile_col"], tile["tile_row"]
     store = Store(out)
