@@ -370,7 +370,8 @@ def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
     cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
                              search_margin_px=32, tile_block=2)
     assert cfg.features_key() != RegistrationConfig(
-        method="regional", crop_size=CROP, tile_size=256, search_margin_px=32).features_key()
+        method="regional", crop_size=CROP, tile_size=256, search_margin_px=32,
+        tile_block=1).features_key()
     tiles = plan_tiles(good, cfg)
     blocks = feature_blocks(tiles, cfg)
     assert sorted(t["tile_col"] * 10 + t["tile_row"] for b in blocks for t in b) == \
