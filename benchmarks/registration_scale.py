@@ -1,7 +1,7 @@
 """Feature reuse at archive scale: CPU seconds per slice, per-slice recipe vs the regional method.
 
     python -m benchmarks.registration_scale            # 12288 px scene, 3000/1024/1024: 100 slices
-    python -m benchmarks.registration_scale --quick    # 8192 px scene: 25 slices (a check, not the figure)
+    python -m benchmarks.registration_scale --quick    # 8192 px scene: 36 slices (a check, not the figure)
 
 The scene pair (``benchmarks/_scenes.py``) is built at run time into a temp folder from the real
 images in ``data/`` (a 3 x 3 mosaic of NAIP, Sentinel-2 and Landsat-8 images, each upsampled by
@@ -75,9 +75,9 @@ def regional_breakdown(out_root: str) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="8192 px scene (25 slices), 4 sampled")
+    p.add_argument("--quick", action="store_true", help="8192 px scene (36 slices), 2 sampled")
     p.add_argument("--size", type=int, default=12288, help="scene side in px (>= 12000 for the figure)")
-    p.add_argument("--sample", type=int, default=8, help="slices the per-slice recipe is timed on")
+    p.add_argument("--sample", type=int, default=4, help="slices the per-slice recipe is timed on")
     p.add_argument("--slice-size", type=int, default=3000)
     p.add_argument("--stride", type=int, default=1024)
     p.add_argument("--crop-size", type=int, default=1024)
@@ -91,7 +91,7 @@ def main(argv=None) -> None:
                    help="override a RegistrationConfig field for both methods (repeatable)")
     args = p.parse_args(argv)
     if args.quick:
-        args.size, args.sample = 8192, 4
+        args.size, args.sample = 8192, 2
 
     overrides = {}
     for item in args.set:

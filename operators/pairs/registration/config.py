@@ -86,6 +86,10 @@ class MatchingConfig:
                                               "affine prior, matches at most this many of a tile's "
                                               "pre features (spread evenly over the tile; 0 = all)",
                                         lo=0)
+    prior_sample_min_inliers: int = _opt(200, "guided matching: a pair whose sampled first pass "
+                                              "gives a prior with fewer pair-level inliers redoes "
+                                              "the first pass over every feature",
+                                         lo=0)
 
     def __post_init__(self):
         if self.guided_radius_px <= 0 or self.guided_candidates < 2:
@@ -250,7 +254,8 @@ class SchedulingConfig:
 
 # Settings added after outputs were written: at these values they are left out of every key, so an
 # output written before them keeps its keys (and resumes) as long as they stay at the default.
-LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "fit_floor_matches": 200,
+LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "prior_sample_min_inliers": 200,
+                  "fit_floor_matches": 200,
                   "fit_chance_factor": 2.0, "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
                   "screen_min_coverage": 0.3, "screen_corner_k": 2.0,
                   "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
@@ -260,7 +265,7 @@ LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "fit_floor_matc
 # Later settings only the regional method reads: a per-slice run's keys leave them out whatever
 # their values, so a new default for them (tile_block 2, a sampled first pass) re-runs no
 # per-slice output, the method that pays tens of CPU seconds a slice.
-REGIONAL_ONLY = ("tile_block", "prior_features_per_tile")
+REGIONAL_ONLY = ("tile_block", "prior_features_per_tile", "prior_sample_min_inliers")
 
 
 def without_later_defaults(settings: dict) -> dict:

@@ -99,6 +99,14 @@ def prior_sample(n_features: int, cfg: RegistrationConfig) -> Optional[np.ndarra
     return np.unique(np.linspace(0, n_features - 1, cap).round().astype(np.int64))
 
 
+def sampled_prior_holds(prior: MatchPrior, cfg: RegistrationConfig) -> bool:
+    """Whether a prior fitted to a sampled first pass is kept: it must rest on at least
+    ``prior_sample_min_inliers`` pair-level inliers. Below that (a pair of few tiles, dates whose
+    ratio test keeps a few % of the matches) a tenth of the features can give a weak or wrong
+    consensus, and the pair's first pass is redone over every feature."""
+    return prior.pair is not None and prior.pair_inliers >= int(cfg.prior_sample_min_inliers)
+
+
 def first_pass_sampled(cfg: RegistrationConfig) -> bool:
     """Whether stored first-pass matches may hold a sample only (then they are never final)."""
     return bool(cfg.guided_matching and cfg.prior_features_per_tile > 0)

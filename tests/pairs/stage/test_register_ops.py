@@ -461,3 +461,26 @@ def test_a_sampled_first_pass_is_redone_in_full_when_the_pair_has_no_prior(scene
     assert len(feats[(tc, tr)].pre_xy) > 60 and len(sampled) < len(full)
     assert len(final) == len(full)
     np.testing.assert_array_equal(final.pre_xy, full.pre_xy)
+
+
+def test_a_weak_sampled_prior_is_refitted_from_every_feature(scenes, tmp_path):
+    """A pair whose sampled first pass gives a prior on fewer than ``prior_sample_min_inliers``
+    inliers gets the prior of the first pass over every feature (what it got before sampling);
+    a strong sampled prior is kept."""
+    from operators.pairs.registration.guided_matching import MatchPrior
+    from operators.pairs.regional.regional_ops import prior_pair_rows
+    cfg, out, tiles = _first_passes(scenes, tmp_path / "sampled", prior_features_per_tile=60,
+                                    prior_sample_min_inliers=10 ** 6)
+    ref_cfg, ref_out, ref_tiles = _first_passes(scenes, tmp_path / "full", prior_features_per_tile=0)
+    res, ref = prior_pair_rows(tiles, cfg, out), prior_pair_rows(ref_tiles, ref_cfg, ref_out)
+    assert res["error"] is None and res["full_first_pass"] and not ref["full_first_pass"]
+    got = MatchPrior.from_bytes(Store(out).read_bytes(prior_rel(cfg, work_id(tiles[0]))))
+    want = MatchPrior.from_bytes(Store(ref_out).read_bytes(prior_rel(ref_cfg, work_id(tiles[0]))))
+    assert got.pair_inliers == want.pair_inliers > 0
+    np.testing.assert_allclose(got.pair, want.pair)
+    assert sorted(got.tiles) == sorted(want.tiles)
+    # A bar the sample clears: its own prior is kept (fewer inliers than the full pass's).
+    cfg2, out2, tiles2 = _first_passes(scenes, tmp_path / "kept", prior_features_per_tile=60,
+                                       prior_sample_min_inliers=12)
+    kept = prior_pair_rows(tiles2, cfg2, out2)
+    assert not kept["full_first_pass"] and 12 <= kept["n"] < want.pair_inliers
