@@ -20,7 +20,10 @@ per-slice sample, for the regional method on the same slices, and on all slices.
     speedup=<per-slice CPU s per slice / regional> scene_px=<side> slices=<n> per_slice_cpu_s=<per slice> regional_cpu_s=<per slice> median_corner_error_px=<regional, same slices> per_slice_median_corner_error_px=<per-slice>
 
 Goal (issue 34): speedup >= 5 at a median error <= 0.5 px and <= the per-slice recipe's + 0.1 px.
-Runs in about 8 minutes of a loaded 2-core machine (the scene build is about a minute of it).
+Work: about 8 CPU-minutes (scene build ~1, the 4 sampled per-slice slices ~1.5, the regional
+method ~6), so about 5 minutes of wall time on 2 otherwise idle cores; wall time grows with the
+machine's foreign load (at a load average of 20-38 on 2 cores, 6 sampled slices and
+``--baseline``, a run took 60 minutes), the CPU figures do not. ``--quick`` is about 40 % of it.
 """
 from __future__ import annotations
 
