@@ -23,7 +23,7 @@ Goal (issue 34): speedup >= 5 at a median error <= 0.5 px and <= the per-slice r
 Work: about 8 CPU-minutes (scene build ~1, the 4 sampled per-slice slices ~1.5, the regional
 method ~6), so about 5 minutes of wall time on 2 otherwise idle cores; wall time grows with the
 machine's foreign load (at a load average of 20-38 on 2 cores, 6 sampled slices and
-``--baseline``, a run took 60 minutes), the CPU figures do not. ``--quick`` is about 40 % of it.
+``--baseline``, a run took 54 minutes), the CPU figures do not. ``--quick`` is about 40 % of it.
 """
 from __future__ import annotations
 
