@@ -7,7 +7,8 @@ feature tiles (``tile_size`` px, anchored at the grid origin) and the work runs 
 1. features: SIFT on each date's tile plus ``tile_context_px`` (so SIFT sees past the edge),
    keeping only keypoints that lie in the tile's core, so every feature of either date belongs to
    exactly one tile and is computed once (``TileFeatures``: points + uint8 descriptors);
-2. matches: the tile's pre features are FLANN-matched (ratio test) against the post features of
+2. matches: the tile's pre features (with guided matching, a sample of them: this pass only
+   feeds the prior) are FLANN-matched (ratio test) against the post features of
    the tile and its neighbours lying within ``search_margin_px`` of the core, so the true partner
    is a candidate even when the dates are misaligned by up to the margin (geocoding error, ~40-100
    px in S2Looking). Only the matched point pairs (common-grid coordinates plus descriptor
@@ -32,7 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from operators.pairs.registration.guided_matching import MatchPrior, guided_match
+from operators.pairs.registration.guided_matching import MatchPrior, guided_match, prior_sample
 from operators.pairs.registration.tiles import grow, inside, tile_core, tiles_for_window
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, checked_fit,
                                                        detect_features, match_descriptors)
@@ -163,16 +164,22 @@ def search_pool(neighbours: Iterable[TileFeatures], tile_col: int, tile_row: int
 
 
 def match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], tile_col: int,
-               tile_row: int, cfg: RegistrationConfig) -> TileMatches:
+               tile_row: int, cfg: RegistrationConfig, sample: bool = False) -> TileMatches:
     """Match a tile's pre features against the post features within its search window.
 
     ``neighbours`` are the TileFeatures of ``neighbour_tiles`` (the tile itself included).
+    ``sample``: the first pass of guided matching, which feeds only the prior: at most
+    ``prior_features_per_tile`` pre features are matched (:func:`prior_sample`).
     """
     if len(own.pre_xy) == 0:
         return TileMatches.empty()
+    pre_xy, pre_desc = own.pre_xy, own.pre_desc
+    pick = prior_sample(len(pre_xy), cfg) if sample else None
+    if pick is not None:
+        pre_xy, pre_desc = pre_xy[pick], pre_desc[pick]
     post_xy, post_desc = search_pool(neighbours, tile_col, tile_row, cfg)
-    qi, ti, dist = match_descriptors(own.pre_desc, post_desc, cfg)
-    return TileMatches(own.pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
+    qi, ti, dist = match_descriptors(pre_desc, post_desc, cfg)
+    return TileMatches(pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
                        dist.astype(np.float32))
 
 
@@ -181,7 +188,7 @@ def guided_match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], til
     """Second pass: a tile's pre features against the post features near their predicted place.
 
     Without a usable prior (too few first-pass matches in the whole pair) the first pass's
-    matching is repeated, so a slice always has its matches from one pass.
+    matching is repeated on every feature, so a slice always has its matches from one pass.
     """
     affine = prior.for_tile(tile_col, tile_row)
     if affine is None:

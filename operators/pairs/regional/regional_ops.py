@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from operators.io.storage import Store
 from operators.io.tables import envelope, error_envelope, persist_envelopes
 from operators.pairs.catalogue.band_stack import forget_reads
-from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior
+from operators.pairs.registration.guided_matching import (MatchPrior, first_pass_sampled, fit_match_prior,
+                                                          sampled_prior_holds)
 from operators.pairs.regional.regional import (TileFeatures, TileMatches, block_features, fit_slice,
                                                guided_match_tile, match_tile, neighbour_tiles)
 from operators.pairs.registration.tiles import grow, tile_core, tiles_for_window
@@ -222,7 +223,7 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
 
     def compute(store: Store):
         feats = _neighbour_features(row, cfg, store, memo)
-        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)
+        matches = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg, sample=True)
         return matches.to_bytes(), len(matches)
 
     return _tile_pass(row, out_root, rel, reusable, compute)
@@ -231,7 +232,8 @@ def match_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: st
 def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str,
                     run_id: str = "") -> dict:
     """Pass 3 (guided matching): one pair's affine prior from the first-pass matches of all its
-    planned tiles (``rows``). ``n`` = the pair-level inliers (0: no prior, first pass reused)."""
+    planned tiles (``rows``). ``n`` = the pair-level inliers (0: no prior, first pass reused);
+    ``full_first_pass``: the sampled pass's prior did not hold, the pass was redone in full."""
     single_thread()
     clock = Clock()
     store = Store(out_root)
@@ -254,9 +256,20 @@ def prior_pair_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root: str
         m = TileMatches.concat(parts)
         cells = [(int(r["tile_col"]), int(r["tile_row"])) for r in rows]
         prior = fit_match_prior(m.pre_xy, m.post_xy, cells, cfg)
+        full = first_pass_sampled(cfg) and not sampled_prior_holds(prior, cfg)
+        if full:
+            # A pair with few tiles, or a hard one (dates years apart keep ~5 % of ratio
+            # matches): its sample's prior is weak or wrong, so it is fitted as before, from
+            # the first pass over every feature (the features are stored until the guided pass).
+            memo: dict = {}
+            m = TileMatches.concat(
+                match_tile(f[(r["tile_col"], r["tile_row"])], f.values(), r["tile_col"],
+                           r["tile_row"], cfg)
+                for r in rows for f in [_neighbour_features(r, cfg, store, memo)])
+            prior = fit_match_prior(m.pre_xy, m.post_xy, cells, cfg)
         store.write_bytes(rel, prior.to_bytes())
         out.update(n=prior.pair_inliers if prior.pair is not None else 0,
-                   local_tiles=len(prior.tiles))
+                   local_tiles=len(prior.tiles), full_first_pass=full)
     except Exception as exc:  # noqa: BLE001 - the slices of this pair report it
         out.update(error=f"{type(exc).__name__}: {exc}"[:500])
     out.update(seconds=clock.wall(), cpu_seconds=clock.cpu())
@@ -274,10 +287,11 @@ def guided_tile_row(row: dict, cfg: RegistrationConfig, out_root: str, run_id: s
             prior = MatchPrior.from_bytes(store.read_bytes(prior_rel(cfg, pair)))
         except (FileNotFoundError, OSError) as exc:
             raise OSError(f"prior of pair {row['pair_id']} missing (its tiles failed?)") from exc
-        if prior.for_tile(tc, tr) is None:
+        if prior.for_tile(tc, tr) is None and not first_pass_sampled(cfg):
             # No prior for this pair: the first pass's matches are the final ones (stored already).
             data = store.read_bytes(matches_rel(cfg, pair, tc, tr))
             return data, len(TileMatches.from_bytes(data))
+        # (A sampled first pass is redone on every feature when there is no prior.)
         feats = _neighbour_features(row, cfg, store, memo)
         matches = guided_match_tile(feats[(tc, tr)], feats.values(), tc, tr, prior, cfg)
         return matches.to_bytes(), len(matches)

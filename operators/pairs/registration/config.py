@@ -82,6 +82,14 @@ class MatchingConfig:
                                        "prior fitted to the first-pass matches")
     prior_min_inliers: int = _opt(12, "guided matching: inliers a pair (or a tile neighbourhood) "
                                       "needs for its own prior")
+    prior_features_per_tile: int = _opt(1000, "guided matching: the first pass, which only fits the "
+                                              "affine prior, matches at most this many of a tile's "
+                                              "pre features (spread evenly over the tile; 0 = all)",
+                                        lo=0)
+    prior_sample_min_inliers: int = _opt(200, "guided matching: a pair whose sampled first pass "
+                                              "gives a prior with fewer pair-level inliers redoes "
+                                              "the first pass over every feature",
+                                         lo=0)
 
     def __post_init__(self):
         if self.guided_radius_px <= 0 or self.guided_candidates < 2:
@@ -212,7 +220,7 @@ class TilingConfig:
     tile_size: int = _opt(1024, "core side of a feature tile (regional method)", min=1)
     tile_context_px: int = _opt(40, "extra pixels read around a tile so SIFT sees past its edges "
                                     "(at least SIFT's detection border at octave 3: 5 x 2^3 px)")
-    tile_block: int = _opt(1, "feature tiles per side whose SIFT runs as one image in one task "
+    tile_block: int = _opt(2, "feature tiles per side whose SIFT runs as one image in one task "
                               "(shared tile edges need no context of their own: less pyramid "
                               "work per tile, larger images per task)")
     search_margin_px: int = _opt(128, "post partners are searched this far beyond a tile's core: "
@@ -246,17 +254,27 @@ class SchedulingConfig:
 
 # Settings added after outputs were written: at these values they are left out of every key, so an
 # output written before them keeps its keys (and resumes) as long as they stay at the default.
-LATER_DEFAULTS = {"tile_block": 1, "fit_floor_matches": 200, "fit_chance_factor": 2.0,
-                  "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
+LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "prior_sample_min_inliers": 200,
+                  "fit_floor_matches": 200,
+                  "fit_chance_factor": 2.0, "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
                   "screen_min_coverage": 0.3, "screen_corner_k": 2.0,
                   "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
                   "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0}
 
 
+# Later settings only the regional method reads: a per-slice run's keys leave them out whatever
+# their values, so a new default for them (tile_block 2, a sampled first pass) re-runs no
+# per-slice output, the method that pays tens of CPU seconds a slice.
+REGIONAL_ONLY = ("tile_block", "prior_features_per_tile", "prior_sample_min_inliers")
+
+
 def without_later_defaults(settings: dict) -> dict:
-    """``settings`` sorted by name, less the later-added settings that hold their default."""
+    """``settings`` sorted by name, less the later-added settings that hold their default (and,
+    for ``method`` per-slice, the later settings only the regional method reads)."""
+    per_slice = settings.get("method") == "per-slice"
     return {n: settings[n] for n in sorted(settings)
-            if not (n in LATER_DEFAULTS and settings[n] == LATER_DEFAULTS[n])}
+            if not (n in LATER_DEFAULTS and settings[n] == LATER_DEFAULTS[n])
+            and not (per_slice and n in REGIONAL_ONLY)}
 
 
 def _group(cls: type, title: str):

@@ -8,7 +8,8 @@ for a homography. Once the pair's geometry is roughly known, the look-alikes tha
 those near the predicted position; the same test among the candidates within ``guided_radius_px``
 keeps ten times more correct matches (median 160 per slice on that pair).
 
-The prior comes from the first, unguided pass (ratio matches within each tile's search window):
+The prior comes from the first, unguided pass (ratio matches within each tile's search window,
+of a sample of each tile's pre features, :func:`prior_sample`):
 
 * pair level: a RANSAC affine (pre -> post, common-grid pixels) over all the pair's matches;
 * tile level: the same fit on the matches whose pre point lies within one tile of the tile's core,
@@ -82,6 +83,33 @@ def plausible_affine(A: np.ndarray, cfg: RegistrationConfig) -> bool:
     s = np.linalg.svd(M, compute_uv=False)
     return bool(s[0] <= cfg.max_scale_change and s[1] >= 1.0 / cfg.max_scale_change
                 and s[0] / s[1] <= cfg.max_anisotropy)
+
+
+def prior_sample(n_features: int, cfg: RegistrationConfig) -> Optional[np.ndarray]:
+    """Indices of the pre features a tile's first pass matches, or None for all of them.
+
+    That pass only feeds the affine prior (guided matching redoes every feature), and an affine
+    over a pair (or a tile's neighbourhood) is fitted as well from a thousand matches per tile as
+    from ten thousand: at most ``prior_features_per_tile``, taken at even steps through the
+    detector's order (OpenCV sorts keypoints by position, so the sample spans the tile).
+    Without guided matching the first pass is the final one and keeps every feature."""
+    cap = int(cfg.prior_features_per_tile)
+    if not cfg.guided_matching or cap <= 0 or n_features <= cap:
+        return None
+    return np.unique(np.linspace(0, n_features - 1, cap).round().astype(np.int64))
+
+
+def sampled_prior_holds(prior: MatchPrior, cfg: RegistrationConfig) -> bool:
+    """Whether a prior fitted to a sampled first pass is kept: it must rest on at least
+    ``prior_sample_min_inliers`` pair-level inliers. Below that (a pair of few tiles, dates whose
+    ratio test keeps a few % of the matches) a tenth of the features can give a weak or wrong
+    consensus, and the pair's first pass is redone over every feature."""
+    return prior.pair is not None and prior.pair_inliers >= int(cfg.prior_sample_min_inliers)
+
+
+def first_pass_sampled(cfg: RegistrationConfig) -> bool:
+    """Whether stored first-pass matches may hold a sample only (then they are never final)."""
+    return bool(cfg.guided_matching and cfg.prior_features_per_tile > 0)
 
 
 def fit_match_prior(pre_xy: np.ndarray, post_xy: np.ndarray, tiles: list[Cell],

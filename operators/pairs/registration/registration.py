@@ -371,13 +371,18 @@ def translation(dx: float, dy: float) -> np.ndarray:
 def crop_positions_on_grid(H: np.ndarray, window: Sequence[int], offset: int,
                            crop_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(H, W) common-grid positions of the post pixels each kept-crop pixel takes its value from:
-    crop pixel -> pre slice (+ ``offset``) -> post slice (``H^-1``) -> grid (+ slice origin)."""
-    v, u = np.mgrid[0:crop_size, 0:crop_size].astype(np.float64)
-    src = apply_homography(np.linalg.inv(np.asarray(H, np.float64)),
-                           np.stack([u.ravel() + offset, v.ravel() + offset], axis=1))
-    gx = src[:, 0].reshape(crop_size, crop_size) + window[0]
-    gy = src[:, 1].reshape(crop_size, crop_size) + window[1]
-    return gx, gy
+    crop pixel -> pre slice (+ ``offset``) -> post slice (``H^-1``) -> grid (+ slice origin).
+
+    The three steps are one homography ``T``; each of its rows is linear in the crop column u
+    and row v, so it is an outer sum of two 1-D vectors and the only per-pixel work is two adds
+    and a divide (float64, ~20x cheaper than mapping every point through ``apply_homography``).
+    """
+    T = translation(window[0], window[1]) @ np.linalg.inv(np.asarray(H, np.float64)) @ \
+        translation(offset, offset)
+    u = np.arange(crop_size, dtype=np.float64)
+    x, y, w = ((T[i, 0] * u)[None, :] + (T[i, 1] * u + T[i, 2])[:, None] for i in range(3))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return x / w, y / w
 
 
 def remap_bands(data: np.ndarray, valid: np.ndarray, map_x: np.ndarray, map_y: np.ndarray,

@@ -3,14 +3,17 @@ re-ploughed, crops changed), the later date offset by a known shift on top of th
 sub-pixel misregistration."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import rasterio
 from rasterio.vrt import WarpedVRT
 
-from operators.pairs.registration.guided_matching import MatchPrior, fit_match_prior, guided_match
+from operators.pairs.registration.guided_matching import (MatchPrior, fit_match_prior, guided_match,
+                                                          prior_sample)
 from operators.pairs.regional.regional import (TileMatches, fit_slice, guided_match_tile, match_tile,
                                                neighbour_tiles, tile_core, tile_features, tile_read_window,
                                                tiles_for_window)
@@ -36,8 +39,9 @@ def pair():
     return pre, post
 
 
-def passes(pre, post, cfg):
-    """Features per tile, first-pass matches, the prior, guided matches (common-grid coords)."""
+def passes(pre, post, cfg, sample=False):
+    """Features per tile, first-pass matches (of a sample of the pre features with ``sample``),
+    the prior, guided matches (common-grid coords)."""
     ok = np.ones(pre.shape[1:], bool)
     h, w = ok.shape
     cells = [(c, r) for r in range((h + cfg.tile_size - 1) // cfg.tile_size)
@@ -55,7 +59,7 @@ def passes(pre, post, cfg):
     def nbrs(c, r):
         return [feats[n] for n in neighbour_tiles(c, r, cfg) if n in feats]
 
-    first = {k: match_tile(feats[k], nbrs(*k), *k, cfg) for k in cells}
+    first = {k: match_tile(feats[k], nbrs(*k), *k, cfg, sample=sample) for k in cells}
     both = TileMatches.concat(first.values())
     prior = fit_match_prior(both.pre_xy, both.post_xy, cells, cfg)
     guided = {k: guided_match_tile(feats[k], nbrs(*k), *k, prior, cfg) for k in cells}
@@ -192,3 +196,40 @@ def test_tile_prior_takes_the_tile_and_its_ring_of_tiles():
     pre[-1] = [299.6, 260.0]               # one pixel further: outside the ring, 11 matches left
     prior = fit_match_prior(pre, pre + [3.0, -2.0], [(1, 1)], cfg)
     assert prior.pair is not None and prior.tiles == {}
+
+
+def test_prior_from_a_sample_of_features_equals_the_full_prior_on_a_real_pair(pair):
+    """The first pass only feeds the prior: matching a sample of each tile's pre features
+    (``prior_features_per_tile``) gives the pair's affine within 1 px of the prior from every
+    feature (both within ~2 px of the known shift; guided matching searches 16 px about it),
+    and the guided pass that follows keeps as many matches. The real pair upsampled 2x, so its
+    512 px tiles hold a few thousand features each, as a paper-scale tile does."""
+    pre, post = (np.stack([cv2.resize(b, None, fx=2, fy=2, interpolation=cv2.INTER_CUBIC)
+                           for b in img]) for img in pair)
+    cfg = RegistrationConfig(crop_size=512, tile_size=512, search_margin_px=128)
+    full_first, full, full_guided = passes(pre, post, replace(cfg, prior_features_per_tile=0))
+    first, sampled, guided = passes(pre, post, replace(cfg, prior_features_per_tile=1000),
+                                    sample=True)
+    n_full = sum(len(m) for m in full_first.values())
+    n_sampled = sum(len(m) for m in first.values())
+    assert n_sampled < 0.6 * n_full, (n_sampled, n_full)          # the sample was taken ...
+    assert sampled.pair is not None and full.pair is not None
+    h, w = pre.shape[1:]
+    grid = np.array([[x, y, 1.0] for x in (0, w - 1) for y in (0, h - 1)] + [[w / 2, h / 2, 1.0]])
+    diff = np.hypot(*((grid @ sampled.pair.T) - (grid @ full.pair.T)).T)
+    assert diff.max() < 1.0, diff                                  # ... and the prior held
+    truth = np.hypot(*((grid @ sampled.pair.T) - (grid[:, :2] - 2 * D)).T)
+    assert truth.max() < 2.5, truth
+    n_g = sum(len(m) for m in guided.values())
+    n_g_full = sum(len(m) for m in full_guided.values())
+    assert abs(n_g - n_g_full) <= 0.02 * n_g_full, (n_g, n_g_full)
+
+
+def test_prior_sample_spans_the_tile_and_is_off_without_guided_matching():
+    cfg = RegistrationConfig(prior_features_per_tile=100)
+    pick = prior_sample(1000, cfg)
+    assert len(pick) == 100 and pick[0] == 0 and pick[-1] == 999
+    assert np.all(np.diff(pick) >= 9) and np.all(np.diff(pick) <= 11)      # even steps
+    assert prior_sample(100, cfg) is None                                    # few: all of them
+    assert prior_sample(1000, replace(cfg, prior_features_per_tile=0)) is None
+    assert prior_sample(1000, replace(cfg, guided_matching=False)) is None  # first pass is final

@@ -97,11 +97,30 @@ def test_keys_follow_the_concerns():
 
 def test_outputs_written_before_a_later_setting_keep_their_keys():
     """Keys of the default settings as the release before ``--tile-block`` computed them (captured
-    from that code): at its default the new setting changes neither key, so those outputs resume;
-    set, it changes both (its features differ)."""
+    from that code): with the later settings at their old values (tile_block 1, every feature in
+    the first pass) neither key changes, so those outputs resume; the new defaults change both
+    (their features and matches differ)."""
     row = {"bands_pre": [1, 2, 3], "bands_post": [1, 2, 3], "window": [0, 0, 512, 512],
            "stretch_pre": [[0, 255]] * 3, "stretch_post": [[0, 255]] * 3, "pre_uri": "a.tif", "post_uri": "b.tif"}
-    base = RegistrationConfig()
-    assert (base.features_key(), settings_key(row, base)) == ("551c52802e", "39b3e28366")
-    blocks = RegistrationConfig(tile_block=2)
-    assert blocks.features_key() != base.features_key() and settings_key(row, blocks) != settings_key(row, base)
+    old = RegistrationConfig(tile_block=1, prior_features_per_tile=0)
+    assert (old.features_key(), settings_key(row, old)) == ("551c52802e", "39b3e28366")
+    for new in (RegistrationConfig(), RegistrationConfig(tile_block=2, prior_features_per_tile=0),
+                RegistrationConfig(tile_block=1, prior_features_per_tile=1000)):
+        assert new.features_key() != old.features_key()
+        assert settings_key(row, new) != settings_key(row, old)
+
+
+def test_per_slice_keys_ignore_the_regional_only_later_settings():
+    """The per-slice recipe reads neither tile_block nor the first pass's sample: its outputs keep
+    their keys under the new defaults (no per-slice slice is redone), whatever those values."""
+    row = {"bands_pre": [1], "bands_post": [1], "window": [0, 0, 512, 512],
+           "stretch_pre": [[0, 255]], "stretch_post": [[0, 255]], "pre_uri": "a.tif", "post_uri": "b.tif"}
+    old = RegistrationConfig(method="per-slice", tile_block=1, prior_features_per_tile=0)
+    for new in (RegistrationConfig(method="per-slice"),
+                RegistrationConfig(method="per-slice", tile_block=3, prior_features_per_tile=7)):
+        assert settings_key(row, new) == settings_key(row, old)
+    # Settings the recipe does read still count, and the regional method keeps them apart.
+    assert settings_key(row, RegistrationConfig(method="per-slice", ratio=0.7)) != \
+        settings_key(row, old)
+    assert settings_key(row, RegistrationConfig()) != \
+        settings_key(row, RegistrationConfig(prior_features_per_tile=0))

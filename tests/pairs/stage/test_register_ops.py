@@ -370,7 +370,8 @@ def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
     cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
                              search_margin_px=32, tile_block=2)
     assert cfg.features_key() != RegistrationConfig(
-        method="regional", crop_size=CROP, tile_size=256, search_margin_px=32).features_key()
+        method="regional", crop_size=CROP, tile_size=256, search_margin_px=32,
+        tile_block=1).features_key()
     tiles = plan_tiles(good, cfg)
     blocks = feature_blocks(tiles, cfg)
     assert sorted(t["tile_col"] * 10 + t["tile_row"] for b in blocks for t in b) == \
@@ -400,3 +401,86 @@ def test_feature_block_runs_sift_once_and_splits_by_tile_core(scenes, tmp_path):
         assert np.array_equal(np.unique(stored, axis=0), np.unique(xy, axis=0))
     # Stored features are reused, not recomputed.
     assert all(r["reused"] for r in features_block_rows(block, cfg, out))
+
+
+def _first_passes(scenes, tmp_path, **settings):
+    """Features and first-pass matches of the good pair's tiles (256 px) -> (cfg, out, tiles)."""
+    from operators.pairs.regional.regional_ops import feature_blocks, features_block_rows, match_tile_row
+    good, _, _ = all_rows(scenes)
+    cfg = RegistrationConfig(method="regional", crop_size=CROP, tile_size=256,
+                             search_margin_px=32, **settings)
+    out = str(tmp_path / "out")
+    tiles = plan_tiles(good, cfg)
+    for block in feature_blocks(tiles, cfg):
+        assert all(r["error"] is None for r in features_block_rows(block, cfg, out))
+    assert all(r["error"] is None for r in (match_tile_row(t, cfg, out) for t in tiles))
+    return cfg, out, tiles
+
+
+def _tile_features(cfg, out, tile):
+    from operators.pairs.regional.regional import TileFeatures
+    from operators.pairs.regional.regional_ops import features_rel
+    return {(c, r): TileFeatures.from_bytes(Store(out).read_bytes(
+        features_rel(cfg, work_id(tile), c, r))) for c, r in tile["neighbours"]}
+
+
+def test_tile_block_2_matches_across_block_edges(scenes, tmp_path):
+    """Blocks of 2 x 2 tiles: a tile on a block's edge matches against the post features its
+    neighbouring block stored (W_TRUE moves content 8.6 px across the edge at x = 512), and
+    those matches are right."""
+    from operators.pairs.regional.regional import TileMatches
+    cfg, out, tiles = _first_passes(scenes, tmp_path, tile_block=2)
+    tile = next(t for t in tiles if (t["tile_col"], t["tile_row"]) == (1, 0))
+    assert [2, 0] in tile["neighbours"]                 # in the next block
+    m = TileMatches.from_bytes(Store(out).read_bytes(matches_rel(cfg, work_id(tile), 1, 0)))
+    across = m.post_xy[:, 0] >= 512 - 0.5
+    assert across.sum() >= 5, across.sum()
+    # Oracle: the known warp (post -> pre) puts each such partner where its pre feature is.
+    from operators.pairs.registration.registration import apply_homography
+    err = np.hypot(*(apply_homography(W_TRUE, m.post_xy[across]) - m.pre_xy[across]).T)
+    assert np.median(err) < 1.0, err
+
+
+def test_a_sampled_first_pass_is_redone_in_full_when_the_pair_has_no_prior(scenes, tmp_path):
+    """The first pass matches a sample of each tile's pre features (it only feeds the prior);
+    when the pair gets no prior, the slices' matches are the unguided pass over every feature,
+    not the stored sample."""
+    from operators.pairs.registration.guided_matching import MatchPrior
+    from operators.pairs.regional.regional import TileMatches, match_tile
+    from operators.pairs.regional.regional_ops import guided_tile_row
+    cfg, out, tiles = _first_passes(scenes, tmp_path, prior_features_per_tile=60)
+    tile = tiles[0]
+    tc, tr = tile["tile_col"], tile["tile_row"]
+    store = Store(out)
+    store.write_bytes(prior_rel(cfg, work_id(tile)), MatchPrior(None).to_bytes())   # no prior
+    assert guided_tile_row(tile, cfg, out)["error"] is None
+    final = TileMatches.from_bytes(store.read_bytes(guided_rel(cfg, work_id(tile), tc, tr)))
+    sampled = TileMatches.from_bytes(store.read_bytes(matches_rel(cfg, work_id(tile), tc, tr)))
+    feats = _tile_features(cfg, out, tile)
+    full = match_tile(feats[(tc, tr)], feats.values(), tc, tr, cfg)   # oracle: every feature
+    assert len(feats[(tc, tr)].pre_xy) > 60 and len(sampled) < len(full)
+    assert len(final) == len(full)
+    np.testing.assert_array_equal(final.pre_xy, full.pre_xy)
+
+
+def test_a_weak_sampled_prior_is_refitted_from_every_feature(scenes, tmp_path):
+    """A pair whose sampled first pass gives a prior on fewer than ``prior_sample_min_inliers``
+    inliers gets the prior of the first pass over every feature (what it got before sampling);
+    a strong sampled prior is kept."""
+    from operators.pairs.registration.guided_matching import MatchPrior
+    from operators.pairs.regional.regional_ops import prior_pair_rows
+    cfg, out, tiles = _first_passes(scenes, tmp_path / "sampled", prior_features_per_tile=60,
+                                    prior_sample_min_inliers=10 ** 6)
+    ref_cfg, ref_out, ref_tiles = _first_passes(scenes, tmp_path / "full", prior_features_per_tile=0)
+    res, ref = prior_pair_rows(tiles, cfg, out), prior_pair_rows(ref_tiles, ref_cfg, ref_out)
+    assert res["error"] is None and res["full_first_pass"] and not ref["full_first_pass"]
+    got = MatchPrior.from_bytes(Store(out).read_bytes(prior_rel(cfg, work_id(tiles[0]))))
+    want = MatchPrior.from_bytes(Store(ref_out).read_bytes(prior_rel(ref_cfg, work_id(tiles[0]))))
+    assert got.pair_inliers == want.pair_inliers > 0
+    np.testing.assert_allclose(got.pair, want.pair)
+    assert sorted(got.tiles) == sorted(want.tiles)
+    # A bar the sample clears: its own prior is kept (fewer inliers than the full pass's).
+    cfg2, out2, tiles2 = _first_passes(scenes, tmp_path / "kept", prior_features_per_tile=60,
+                                       prior_sample_min_inliers=12)
+    kept = prior_pair_rows(tiles2, cfg2, out2)
+    assert not kept["full_first_pass"] and 12 <= kept["n"] < want.pair_inliers
