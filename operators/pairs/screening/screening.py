@@ -39,6 +39,8 @@ import numpy as np
 
 from operators.pairs.registration.registration import RegistrationConfig
 
+# Defaults of the screening settings of the same meaning (screen_min_usable, screen_agree_px,
+# screen_region_windows), for the pure functions called without a config.
 MIN_USABLE = 0.9          # usable fraction a window needs in both dates
 AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this
 REGION_WINDOWS = 3        # windows a displacement above the limit needs (connected, agreeing)
@@ -138,18 +140,36 @@ def peak_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
 
 def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
                   test: PeakTest) -> bool:
-    """Whether the maximum at (px, py) is the surface's only peak: every value outside a box
-    about the peak's own width (:func:`peak_half_width`) is at least ``peak_margin`` lower, and
-    the peak stands ``test.sigma`` standard deviations above their mean (AROSICS's test). A
-    periodic texture (several near-equal maxima) or a ridge (the aperture problem) fails."""
+    """Whether the maximum at (px, py) is the surface's only peak, whatever its width:
+
+    * no other maximum comes within ``peak_margin`` of it: the part of the surface within
+      ``peak_margin`` of the top is one connected region, the peak's own (a periodic texture or
+      stripes: one region per near-equal maximum);
+    * that region is no ridge (the aperture problem: a line or an edge matches all along
+      itself): not longer than twice the peak box (``test.box_px``) and three times its width;
+    * the peak stands ``test.sigma`` standard deviations above the mean of the surface outside
+      a box about the peak's own width (:func:`peak_half_width`, AROSICS's test).
+
+    The peak's own width varies with the imagery, not with the window: smooth texture (an
+    enlarged scene, soft land cover at 1024 px crops) gives peaks 10-20 px wide, whose flanks a
+    fixed box of a few px took for rival maxima; a rival here must be a separate region."""
     top = float(surface[py, px])
+    if peak_margin > 0:
+        high = (surface > top - peak_margin).astype(np.uint8)
+        n, labels = cv2.connectedComponents(high, connectivity=8)
+        if n > 2:               # background + the peak's own region: anything more is a rival
+            return False
+        ys, xs = np.nonzero(labels == labels[py, px])
+        if xs.size >= 5:
+            ev = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
+            length = 2.0 * np.sqrt(3.0 * max(ev[1], 0.0))   # a uniform segment's length
+            if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):
+                return False
     g = peak_half_width(surface, px, py, max(1, test.box_px))
     outside = np.ones(surface.shape, bool)
     outside[max(0, py - g):py + g + 1, max(0, px - g):px + g + 1] = False
     rest = surface[outside]
     if rest.size < 8:           # nothing left to compare with: no evidence the peak is unique
-        return False
-    if peak_margin > 0 and float(rest.max()) > top - peak_margin:
         return False
     return top >= float(rest.mean()) + test.sigma * float(rest.std())
 
@@ -219,8 +239,8 @@ def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def field_fit(shifts: list[WindowShift], w: int, h: int,
-              bilinear: bool = False) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
+def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: bool = False,
+              agree_px: float = AGREE_PX) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
     """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
     bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
     with fewer than twice as many agreeing windows as terms, or when they span no plane.
@@ -237,7 +257,7 @@ def field_fit(shifts: list[WindowShift], w: int, h: int,
         if keep.sum() < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
             return None
         A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
-        keep = np.hypot(*(X @ A - D).T) <= AGREE_PX
+        keep = np.hypot(*(X @ A - D).T) <= agree_px
     m = int(keep.sum())
     if m < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
         return None
@@ -255,27 +275,39 @@ class CornerEstimate:
 
 
 def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
-                    noise_px: float = 0.3) -> Optional[CornerEstimate]:
+                    noise_px: float = 0.3, agree_px: float = AGREE_PX,
+                    overlap: float = 4.0) -> Optional[CornerEstimate]:
     """Displacement at the crop's outer corners extrapolated from the windows, with its
     uncertainty; None when no field can be fitted (no evidence about the corners, never 0 px).
 
-    Two fields, affine and bilinear (the larger counts): a fit wrong by a homography moves one
-    corner most, which an affine field spreads over the crop and underestimates; the bilinear
-    term (x*y) follows it. A projective field follows it too but extrapolates unstably: its
-    perspective terms, poorly constrained by windows 2 px noisy over one crop, put corners of
-    well registered crops tens of pixels off.
+    Two fields, affine and bilinear: a fit wrong by a homography moves one corner most, which an
+    affine field spreads over the crop and underestimates; the bilinear term (x*y) follows it. A
+    projective field follows it too but extrapolates unstably: its perspective terms, poorly
+    constrained by windows 2 px noisy over one crop, put corners of well registered crops tens
+    of pixels off. The bilinear field counts (the larger bound wins) when its x*y term is
+    significant: larger than ``k`` standard errors in either component; else the affine one
+    alone does.
 
     The standard error of a corner's prediction is sigma * sqrt(x0' (X'X)^-1 x0) (sigma: the
-    windows' scatter about the field, at least ``noise_px``): windows bunched near the centre
-    extrapolate far to the corners and say little there, which the bound value + k SE shows."""
+    windows' scatter about the field, at least ``noise_px``) times sqrt(``overlap``): windows at
+    half-window steps share their pixels with their neighbours (each pixel lies in 4 windows),
+    so their errors are not independent and n windows carry the information of n / 4 (the
+    independent ones, as :func:`supported` counts support). Least squares on them as if
+    independent put the x*y term of good 1024 px crops at 3.5 standard errors of noise and their
+    corners 7 px off (true error under 1 px). Windows bunched near the centre extrapolate far to
+    the corners and say little there, which the bound value + k SE shows."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    inflate = float(np.sqrt(max(overlap, 1.0)))
     best: Optional[CornerEstimate] = None
     for bilinear in (False, True):
-        got = field_fit(shifts, w, h, bilinear)
+        got = field_fit(shifts, w, h, bilinear, agree_px)
         if got is None:
             continue
         A, inv, sigma = got
-        sig = max(sigma, noise_px)
+        sig = max(sigma, noise_px) * inflate
+        if bilinear and best is not None and \
+                np.all(np.abs(A[3]) <= k * sig * np.sqrt(max(inv[3, 3], 0.0))):
+            continue            # no curvature the windows show beyond their noise
         T = _field_terms(xy, w, h, bilinear)
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
@@ -296,7 +328,7 @@ def hull_share(shifts: list[WindowShift], w: int, h: int) -> float:
     return float(cv2.contourArea(cv2.convexHull(pts))) / float(w * h)
 
 
-def supported(shifts: list[WindowShift]) -> list[WindowShift]:
+def supported(shifts: list[WindowShift], agree_px: float = AGREE_PX) -> list[WindowShift]:
     """Windows whose displacement an adjacent, non-overlapping window agrees with (within
     ``AGREE_PX``): two grid steps away, so the two share no pixels.
 
@@ -318,7 +350,7 @@ def supported(shifts: list[WindowShift]) -> list[WindowShift]:
             if max(abs(dr), abs(dc)) == 2:
                 other = grid[rows + dr, cols + dc]
                 with np.errstate(invalid="ignore"):
-                    ok |= np.hypot(*(other - d).T) <= AGREE_PX     # NaN (no window): False
+                    ok |= np.hypot(*(other - d).T) <= agree_px     # NaN (no window): False
     return [s for s, keep in zip(shifts, ok) if keep]
 
 
@@ -340,7 +372,8 @@ def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int
     return n, mean, np.sqrt(var)
 
 
-def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
+def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
+              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
     """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
     share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
     big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
@@ -357,12 +390,12 @@ def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
         for j in range(i + 1, len(big)):
             b = big[j]
             if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
-                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= AGREE_PX:
+                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree_px:
                 parent[root(i)] = root(j)
     sizes: dict[int, int] = {}
     for i in range(len(big)):
         sizes[root(i)] = sizes.get(root(i), 0) + 1
-    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= REGION_WINDOWS]
+    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
 
 
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
@@ -377,11 +410,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     valid = np.asarray(valid, bool)
     pre = np.where(valid, pre_grey, 0).astype(np.float32)
     post = np.where(valid, post_grey, 0).astype(np.float32)
-    near = int(np.ceil(2 * cfg.max_residual_px))
+    near = int(np.ceil(cfg.screen_near_factor * cfg.max_residual_px))
     peak = PeakTest.of(cfg)
     # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
     # windows that match nowhere (insufficient evidence), not as a region to find.
-    far = max(near, min(int(cfg.screen_search_px), min(h, w) // 4))
+    far = max(near, min(int(cfg.screen_search_px), int(cfg.screen_far_fraction * min(h, w))))
     # Pass 1, every window: the near search (displacements up to twice the limit).
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
     found: dict[tuple[int, int], tuple[float, float, float]] = {}
@@ -389,7 +422,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
     _, _, post_std = window_stats(post, valid, ys, xs, win)
-    usable = (count >= MIN_USABLE * win * win) & (pre_std >= cfg.screen_min_texture) & \
+    usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
     for i, j in zip(*np.nonzero(usable)):
         i, j, y, x = int(i), int(j), ys[i], xs[j]
@@ -425,8 +458,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
-    agreed = supported(shifts)
-    trusted = confirmed(agreed, cfg.max_residual_px)
+    agreed = supported(shifts, cfg.screen_agree_px)
+    trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
+                        cfg.screen_region_windows)
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
@@ -449,7 +483,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     residual, median = float(mags.max()), float(np.median(mags))
     # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
     # ones out, and near a corner a real error may show in too few windows to form a region.
-    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px)
+    step = max(1, win // 2)
+    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px,
+                             cfg.screen_agree_px, (win / step) ** 2)
     reason = None
     if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
@@ -500,11 +536,12 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
         cv2.setRNGSeed(0)
         if fit == "affine":
             A, inl = cv2.estimateAffine2D(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
-                                          method=cv2.RANSAC, ransacReprojThreshold=AGREE_PX)
+                                          method=cv2.RANSAC,
+                                          ransacReprojThreshold=cfg.screen_agree_px)
             M = None if A is None else np.vstack([A, [0.0, 0.0, 1.0]])
         else:
             M, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
-                                        cv2.RANSAC, AGREE_PX)
+                                        cv2.RANSAC, cfg.screen_agree_px)
         if M is not None and inl is not None and np.all(np.isfinite(M)) and \
                 inl.sum() >= cfg.rescue_min_agreement * len(trusted):
             G = M
