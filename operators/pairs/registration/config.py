@@ -199,9 +199,19 @@ class ScreeningConfig:
     screen_near_factor: float = _opt(2.0, "the first (near) search of a window reaches this "
                                           "times max_residual_px; the backward check uses the "
                                           "same radius", lo=0.5, hi=16.0)
-    screen_far_fraction: float = _opt(0.25, "the far search reaches at most this share of the "
-                                            "crop side (and screen_search_px): content displaced "
-                                            "farther mostly leaves the crop", lo=0.0, hi=1.0)
+    screen_far_fraction: float = _opt(1.0, "the far search reaches at most this share of the "
+                                           "crop side (and screen_search_px); a patch displaced "
+                                           "within the crop can lie anywhere in it", lo=0.0,
+                                      hi=1.0)
+
+    screen_lean: bool = _opt(True, "off-nadir lean: a crop whose windows above the limit all "
+                                   "lean one way from a well supported ground field (elevated "
+                                   "objects, not one rigid region) is judged on the ground field "
+                                   "and its lean recorded (lean_px, lean_deg); off: such windows "
+                                   "reject it as a displaced region")
+    screen_lean_spread_deg: float = _opt(20.0, "leaning windows' displacements from the ground "
+                                               "field must lie within this angle of their mean "
+                                               "direction (one view direction)", lo=0.0, hi=90.0)
 
     def __post_init__(self):
         if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
@@ -269,7 +279,8 @@ LATER_DEFAULTS = {"tile_block": 1, "fit_floor_matches": 200, "fit_chance_factor"
                   "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
                   "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0,
                   "screen_agree_px": 2.0, "screen_region_windows": 3, "screen_min_usable": 0.9,
-                  "screen_near_factor": 2.0, "screen_far_fraction": 0.25}
+                  "screen_near_factor": 2.0, "screen_far_fraction": 1.0,
+                  "screen_lean": True, "screen_lean_spread_deg": 20.0}
 
 
 def without_later_defaults(settings: dict) -> dict:

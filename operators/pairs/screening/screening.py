@@ -67,6 +67,16 @@ class ScreeningResult:
     measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
     corner_se_px: Optional[float] = None  # standard error of the corner value
     coverage: float = 0.0                 # share of the crop in the trusted windows' convex hull
+    lean: Optional["Lean"] = None         # off-nadir lean of elevated objects, when found
+
+
+@dataclass
+class Lean:
+    """Elevated objects displaced against the ground field in one direction (off-nadir view)."""
+    px: float             # median displacement of the leaning windows from the ground field
+    max_px: float         # the largest
+    deg: float            # its direction in crop pixels: 0 = +x (east on a north-up grid), 90 = +y
+    windows: int          # leaning windows (left out of the ground field's evidence)
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -231,15 +241,17 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     return (dx, dy, float(top)), False
 
 
-def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
-    """Design matrix of a displacement field over the crop: [1, x, y] (affine), plus x*y
-    (bilinear); coordinates centred and scaled by the crop side, so the fit is well conditioned."""
+def _field_terms(xy: np.ndarray, w: int, h: int, order: int) -> np.ndarray:
+    """Design matrix of a displacement field over the crop: [1, x, y] (order 0: affine), plus
+    x*y (1: bilinear), plus x^2, y^2 (2: quadratic); coordinates centred and scaled by the crop
+    side, so the fit is well conditioned."""
     x, y = xy[:, 0] / w - 0.5, xy[:, 1] / h - 0.5
-    cols = [np.ones_like(x), x, y] + ([x * y] if bilinear else [])
+    cols = [np.ones_like(x), x, y] + ([x * y] if order >= 1 else []) + \
+        ([x * x, y * y] if order >= 2 else [])
     return np.stack(cols, axis=1)
 
 
-def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: bool = False,
+def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: int = 0,
               agree_px: float = AGREE_PX) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
     """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
     bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
@@ -247,7 +259,7 @@ def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: bool = False,
 
     Returns (A, (X'X)^-1 of the kept windows, residual standard deviation per component), what
     the standard error of a prediction needs."""
-    k = 4 if bilinear else 3
+    k = (3, 4, 6)[int(bilinear)]
     if len(shifts) < 2 * k:
         return None
     X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, bilinear)
@@ -299,16 +311,17 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
     inflate = float(np.sqrt(max(overlap, 1.0)))
     best: Optional[CornerEstimate] = None
-    for bilinear in (False, True):
-        got = field_fit(shifts, w, h, bilinear, agree_px)
+    for order in (0, 1, 2):
+        got = field_fit(shifts, w, h, order, agree_px)
         if got is None:
             continue
         A, inv, sigma = got
         sig = max(sigma, noise_px) * inflate
-        if bilinear and best is not None and \
-                np.all(np.abs(A[3]) <= k * sig * np.sqrt(max(inv[3, 3], 0.0))):
+        extra = range(3, 4) if order == 1 else range(4, 6)
+        if order and best is not None and all(
+                np.all(np.abs(A[t]) <= k * sig * np.sqrt(max(inv[t, t], 0.0))) for t in extra):
             continue            # no curvature the windows show beyond their noise
-        T = _field_terms(xy, w, h, bilinear)
+        T = _field_terms(xy, w, h, order)
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
         bound = value + k * se
@@ -398,6 +411,57 @@ def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_P
     return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
 
 
+def lean_split(trusted: list[WindowShift], w: int, h: int,
+               cfg: RegistrationConfig) -> Optional[tuple[list[WindowShift], Lean]]:
+    """Separate a coherent ground field from elevated objects leaning one way (off-nadir).
+
+    Between two views, a tall building's roof moves against the ground along the view direction
+    by an amount that grows with its height: windows on roofs disagree with the ground, all in
+    one direction, amid ground that agrees. The windows above the limit are taken as leaning
+    when
+
+    * the others (the ground: at least as many) fit an affine field (:func:`field_fit`);
+    * every one's displacement from that field lies within ``screen_lean_spread_deg`` of their
+      mean direction;
+    * they are interleaved with the ground: at least ``screen_region_windows`` ground windows
+      lie inside the hull of their grid cells (streets and yards between roofs). A patch moved
+      as a whole covers its extent and is a displaced region, whatever its direction.
+
+    Returns (the ground windows, the lean), else None. The ground windows then face every check
+    of an acceptance on their own (evidence, displaced region, corners)."""
+    limit = cfg.max_residual_px
+    big = [s for s in trusted if np.hypot(s.dx, s.dy) > limit]
+    ground = [s for s in trusted if np.hypot(s.dx, s.dy) <= limit]
+    if len(big) < cfg.screen_region_windows or len(ground) < len(big):
+        return None
+    got = field_fit(ground, w, h, 0, cfg.screen_agree_px)
+    if got is None:
+        return None
+    A = got[0]
+    X = _field_terms(np.array([[s.x, s.y] for s in big]), w, h, 0)
+    v = np.array([[s.dx, s.dy] for s in big]) - X @ A
+    mag = np.hypot(*v.T)
+    mean = (v / np.maximum(mag, 1e-9)[:, None]).mean(axis=0)
+    if np.hypot(*mean) < 1e-9:
+        return None
+    u = mean / np.hypot(*mean)
+    spread = np.degrees(np.arccos(np.clip((v @ u) / np.maximum(mag, 1e-9), -1.0, 1.0)))
+    if spread.max() > cfg.screen_lean_spread_deg:
+        return None
+    along = v @ u
+    # Interleaved with the ground: roofs stand between streets and yards that stay registered,
+    # a region moved as a whole covers its extent. Ground windows strictly inside the hull of
+    # the leaning windows' grid cells tell them apart.
+    cells = np.array([[s.col, s.row] for s in big], np.float32).reshape(-1, 1, 2)
+    hull = cv2.convexHull(cells)
+    inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
+                 for s in ground)
+    if inside < cfg.screen_region_windows:
+        return None
+    deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
+    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(big))
+
+
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
                      cfg: RegistrationConfig) -> ScreeningResult:
     """Measure the residual misregistration of a crop pair over the whole crop.
@@ -412,8 +476,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     post = np.where(valid, post_grey, 0).astype(np.float32)
     near = int(np.ceil(cfg.screen_near_factor * cfg.max_residual_px))
     peak = PeakTest.of(cfg)
-    # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
-    # windows that match nowhere (insufficient evidence), not as a region to find.
+    # The far search reaches screen_search_px within the crop: a patch displaced inside a small
+    # crop (56 px in 192) lies beyond a quarter of its side, where the old bound stopped.
     far = max(near, min(int(cfg.screen_search_px), int(cfg.screen_far_fraction * min(h, w))))
     # Pass 1, every window: the near search (displacements up to twice the limit).
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
@@ -461,6 +525,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     agreed = supported(shifts, cfg.screen_agree_px)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
+    lean = lean_split(trusted, w, h, cfg) if cfg.screen_lean else None
+    if lean is not None:
+        # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
+        # region test and the corner fields.
+        leaning = {id(s) for s in trusted} - {id(s) for s in lean[0]}
+        trusted = lean[0]
+        agreed = [s for s in agreed if id(s) not in leaning]
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
@@ -497,11 +568,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         reason = (f"residual {corner.value:.1f} px at a crop corner (standard error "
                   f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
                   f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
+    found_lean = lean[1] if lean is not None else None
     if corner is None:
         return ScreeningResult(None if reason.startswith("insufficient") else residual, median,
-                               n_textured, n, reason, fraction, trusted, shifts, None, coverage)
+                               n_textured, n, reason, fraction, trusted, shifts, None, coverage,
+                               found_lean)
     return ScreeningResult(max(residual, corner.value), median, n_textured, n, reason, fraction,
-                           trusted, shifts, corner.se, coverage)
+                           trusted, shifts, corner.se, coverage, found_lean)
 
 
 RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
