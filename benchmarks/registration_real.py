@@ -118,6 +118,7 @@ class Case:
     upsample: float = 1.0  # both dates enlarged by this factor (cubic) before the warp
     tile_size: int = 256   # the regional method's feature tile (at least the offset + 16)
     paper: bool = False    # the paper's geometry (3000 / 1024 / 1024): reported apart
+    max_nodata: float = 0.0   # --max-nodata-fraction: the share of a crop allowed to lack data
 
 
 CASES = [
@@ -155,7 +156,7 @@ CASES = [
 # its texture is that much smoother than native imagery at that size. The known warp keeps the
 # small cases' kind: an offset, a small rotation and scale, a 3 px sinusoid over a long wave.
 PAPER = dict(slice_size=3000, stride=1024, crop_fraction=1024 / 3000, tile_size=1024,
-             paper=True, headline=False)
+             paper=True, headline=False, max_nodata=0.01)
 CASES += [
     Case("naip-2016-2020-x4.2-paper", "naip-timeseries/m_4709963_se_14_1_20160816.tif",
          "naip-timeseries/m_4709963_se_14_1_20200831.tif", (1, 2, 3), offset=(95.0, -63.0),
@@ -647,6 +648,11 @@ def main(argv=None) -> None:
     p.add_argument("--paper", choices=("with", "only", "without"), default="with",
                    help="the paper-geometry cases (3000 / 1024 / 1024): with the others, only "
                         "them, or without them")
+    p.add_argument("--planted", choices=("with", "only", "without"), default="with",
+                   help="the planted screening cases (real texture, known displacement fields) "
+                        "at 1024 and 192 px crops: with the real-pair cases, only them, or "
+                        "without them")
+    p.add_argument("--planted-crops", type=int, default=6, help="crops per planted case and size")
     p.add_argument("--arosics-python", default="",
                    help="a Python with AROSICS installed: also run AROSICS COREG on the same "
                         "slices (benchmarks.registration_arosics) and print its figures")
@@ -671,6 +677,17 @@ def main(argv=None) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="regreal-"))
     cases = [c for c in CASES if (not args.cases or c.name in args.cases.split(",")) and
              {"with": True, "only": c.paper, "without": not c.paper}[args.paper]]
+    if args.planted != "without":
+        rows = run_planted(data, Path(__file__).resolve().parents[1] / "data" / "levir-cd" / "label",
+                           per_case=args.planted_crops)
+        print_planted(rows)
+        lean = [e for r in rows for e in r["lean_err"]]
+        print(f"planted_false_accepts={sum(r['false'] for r in rows)} planted_lean_err_max_px="
+              f"{max(lean) if lean else float('nan'):.2f} "
+              + " ".join(f"{r['case']}@{r['crop']}={r['accepted']}/{r['crops']}" for r in rows),
+              flush=True)
+        if args.planted == "only":
+            return
     print(f"load average before: {os.getloadavg()[0]:.1f} (2 CPUs; timings under foreign load, "
           "CPU-second ratios are not)")
     start_ray(2)
@@ -709,7 +726,7 @@ def main(argv=None) -> None:
                 "windows": [r["window"] for r in rows if r["slice_id"] not in cloudy]}))
         tile = max(case.tile_size, margin)
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
-                                  tile_block=args.tile_block,
+                                  tile_block=args.tile_block, max_nodata_fraction=case.max_nodata,
                                   max_shift_px=max(300.0, margin + 50.0))
         # The methods alternate, repeat by repeat, so a drift in the machine's speed (a shared
         # host) falls on both alike; the regional run comes last and leaves its matches for the
