@@ -27,7 +27,9 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   corner that no window sees). Nothing passes unchecked.
 
 ``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
-when at least 90 % of it is usable, and unusable pixels are set to the window mean.
+when at least ``screen_min_usable`` (90 %) of it is usable, and unusable pixels are set to the
+window mean. Off-nadir lean (roof windows displaced one way amid registered ground) is set apart
+by :func:`lean_split` and recorded, the crop judged on its ground.
 """
 from __future__ import annotations
 
