@@ -118,6 +118,7 @@ class Case:
     upsample: float = 1.0  # both dates enlarged by this factor (cubic) before the warp
     tile_size: int = 256   # the regional method's feature tile (at least the offset + 16)
     paper: bool = False    # the paper's geometry (3000 / 1024 / 1024): reported apart
+    max_nodata: float = 0.0   # --max-nodata-fraction: the share of a crop allowed to lack data
 
 
 CASES = [
@@ -155,7 +156,7 @@ CASES = [
 # its texture is that much smoother than native imagery at that size. The known warp keeps the
 # small cases' kind: an offset, a small rotation and scale, a 3 px sinusoid over a long wave.
 PAPER = dict(slice_size=3000, stride=1024, crop_fraction=1024 / 3000, tile_size=1024,
-             paper=True, headline=False)
+             paper=True, headline=False, max_nodata=0.01)
 CASES += [
     Case("naip-2016-2020-x4.2-paper", "naip-timeseries/m_4709963_se_14_1_20160816.tif",
          "naip-timeseries/m_4709963_se_14_1_20200831.tif", (1, 2, 3), offset=(95.0, -63.0),
@@ -464,6 +465,179 @@ def perturbed_false_accepts(rows: list[dict], cfg: RegistrationConfig, out_root:
     return accepted, bad, rescued
 
 
+
+# ---- planted screening cases (``--planted``): real texture, a known displacement field --------------
+#
+# Each case is a crop pair made from a real image (the NAIP 2016 date, enlarged where a crop
+# needs it) with a known displacement field d (pre content at crop pixel p sits at p + d(p) in
+# the post crop), screened directly (``screen_alignment``, the pairs job's settings at that crop
+# size): the paper's 1024 px crop (128 px windows) and the small benchmark's 192 px crop (24 px
+# windows). The true error of a crop is |d| over its ground pixels; an accepted crop whose true
+# maximum exceeds the limit is a false accept.
+
+LIMIT_PX = 8.0
+PLANTED_CASES = ("clean-3px", "periodic-one-period", "corner-scale-bunched", "curved-4px",
+                 "curved-12px", "off-nadir-lean", "displaced-patch-56px")
+
+
+def levir_footprints(size: int, seed: int, levir: Path) -> np.ndarray:
+    """Building footprints: a 2 x 2 mosaic of LEVIR-CD label masks (256 px, 0.5 m; picked,
+    flipped and rotated at random), resized to ``size`` (nearest). LEVIR-CD's labels are changed
+    buildings; here they only lend real footprint shapes and spacing."""
+    rng = np.random.default_rng(seed)
+    files = sorted(p for p in levir.glob("*.png"))
+    masks = [m for m in (cv2.imread(str(f), cv2.IMREAD_GRAYSCALE) > 0 for f in files) if m.mean() > 0.05]
+    tiles = []
+    for _ in range(4):
+        m = np.rot90(masks[int(rng.integers(len(masks)))], int(rng.integers(4)))
+        tiles.append(m[:, ::-1] if rng.random() < 0.5 else m)
+    mosaic = np.block([[tiles[0], tiles[1]], [tiles[2], tiles[3]]]).astype(np.uint8)
+    return cv2.resize(mosaic, (size, size), interpolation=cv2.INTER_NEAREST) > 0
+
+
+def _shifted(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
+    """``img`` moved by (dx, dy): out(p) = img(p - d)."""
+    M = np.float32([[1, 0, dx], [0, 1, dy]])
+    return cv2.warpAffine(img, M, img.shape[::-1], flags=cv2.INTER_LINEAR,
+                          borderMode=cv2.BORDER_REFLECT)
+
+
+def lean_pair(ground: np.ndarray, roofs: np.ndarray, mask: np.ndarray, lean_px: float,
+              deg: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An off-nadir pair on registered ground: the pre date sees the buildings from above (roof
+    texture on the footprints), the post date leaned, every roof displaced by ``lean_px`` along
+    ``deg`` (crop pixels, 0 = +x); the ground is identical. Returns (pre, post, ground pixels:
+    no roof in either date)."""
+    dx, dy = lean_px * np.cos(np.radians(deg)), lean_px * np.sin(np.radians(deg))
+    pre = np.where(mask, roofs, ground).astype(np.float32)
+    moved = _shifted(mask.astype(np.float32), dx, dy) > 0.5
+    post = np.where(moved, _shifted(roofs, dx, dy), ground).astype(np.float32)
+    return pre, post, ~(mask | moved)
+
+
+def planted_pair(case: str, scene: np.ndarray, crop: int, x0: int, y0: int, seed: int,
+                 levir: Path) -> dict:
+    """One planted crop pair: {pre, post, valid, truth (|d| at every ground pixel), lean}."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:crop, 0:crop].astype(np.float32)
+    cx = cy = (crop - 1) / 2.0
+    pre = np.ascontiguousarray(scene[y0:y0 + crop, x0:x0 + crop]).astype(np.float32)
+    valid = np.ones((crop, crop), bool)
+
+    def warped(dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        # post(q) = scene(q - d) near the crop: content of pre pixel p lands at p + d(p) (d is
+        # smooth, so d at q stands for d at p to well under a pixel).
+        mx, my = (xx + x0 - dx).astype(np.float32), (yy + y0 - dy).astype(np.float32)
+        return cv2.remap(scene, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+
+    lean = None
+    if case == "clean-3px":
+        dx, dy = np.full_like(xx, 3.0), np.full_like(xx, -1.5)
+        post = warped(dx, dy)
+    elif case == "periodic-one-period":
+        # A real patch repeated every P px (field rows, a housing estate), shifted by one period.
+        P = 12      # within the near search (2 x the limit): its rivals are on the surface
+        tile = scene[y0:y0 + P, x0:x0 + P]
+        big = np.tile(tile, (crop // P + 2, crop // P + 2))
+        pre = np.ascontiguousarray(big[:crop, :crop]).astype(np.float32)
+        post = np.ascontiguousarray(big[:crop, P:P + crop]).astype(np.float32)
+        post = post + 0.01 * rng.standard_normal(post.shape).astype(np.float32)
+        dx, dy = np.full_like(xx, -float(P)), np.zeros_like(xx)
+    elif case == "corner-scale-bunched":
+        # Texture only about the centre (desert or water around it), a scale error of 9 px at
+        # the outer corners.
+        s = 9.0 / np.hypot(cx + 0.5, cy + 0.5)
+        dx, dy = s * (xx - cx), s * (yy - cy)
+        post = warped(dx, dy)
+        r = int(crop * 0.22)
+        flat = float(np.median(pre))
+        keep = (np.abs(xx - cx) < r) & (np.abs(yy - cy) < r)
+        pre, post = np.where(keep, pre, flat), np.where(keep, post, flat)
+    elif case in ("curved-4px", "curved-12px"):
+        # A smooth bowl: 0 at the centre, the amplitude at the corners, non-affine.
+        amp = 4.0 if case == "curved-4px" else 12.0
+        rr = ((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * (cx + 0.5) ** 2)
+        ang = rng.uniform(0, 2 * np.pi)
+        dx, dy = amp * rr * np.cos(ang), amp * rr * np.sin(ang)
+        post = warped(dx, dy)
+    elif case == "off-nadir-lean":
+        mask = levir_footprints(crop, seed, levir)
+        roofs = np.clip(1.4 * np.ascontiguousarray(np.roll(pre, crop // 3, axis=(0, 1))) - 0.1,
+                        0, 1).astype(np.float32)
+        lean_px = float(rng.uniform(10.0, 25.0) if crop >= 512 else rng.uniform(10.0, 14.0))
+        deg = float(rng.uniform(0, 360))
+        pre, post, ground = lean_pair(pre, roofs, mask, lean_px, deg)
+        dx, dy = np.zeros_like(xx), np.zeros_like(xx)
+        valid_truth = ground
+        lean = (lean_px, deg)
+    elif case == "displaced-patch-56px":
+        # A region of 0.3 of the side whose content sits 56 px to the right in the post date
+        # (a landslide, a locally misregistered block); where it was, other ground shows.
+        a, b = int(crop * 0.3), int(crop * 0.6)
+        post = pre.copy()
+        other = warped(np.full_like(xx, 0.37 * crop), np.full_like(xx, 0.41 * crop))
+        post[a:b, a:b + 56] = other[a:b, a:b + 56]
+        post[a:b, a + 56:b + 56] = pre[a:b, a:b]
+        dx, dy = np.zeros_like(xx), np.zeros_like(xx)
+        dx[a:b, a:b] = 56.0
+    else:
+        raise ValueError(case)
+    truth = np.hypot(dx, dy)
+    if case == "off-nadir-lean":
+        truth = truth[valid_truth]
+    return {"pre": pre.astype(np.float32), "post": np.asarray(post, np.float32), "valid": valid,
+            "truth": truth.ravel(), "lean": lean}
+
+
+def run_planted(data: Path, levir: Path, crops=(1024, 192), per_case: int = 6) -> list[dict]:
+    """Every planted case at every crop size: per case and size, crops, accepted, false accepts,
+    median true error of the accepted crops and, for the lean case, the lean's error."""
+    from operators.pairs.registration.registration import grey_from_bands
+    from operators.pairs.screening.screening import screen_alignment
+    with rasterio.open(data / "naip-timeseries/m_4709963_se_14_1_20160816.tif") as src:
+        rgb = src.read([1, 2, 3])
+    grey = grey_from_bands(rgb, [[float(np.percentile(b, 1)), float(np.percentile(b, 99))]
+                                 for b in rgb])
+    out = []
+    for crop in crops:
+        # NAIP is 934 x 723: enlarged 1.6x for 1024 px crops (the factor is in the row).
+        f = 1.6 if crop > 700 else 1.0
+        scene = cv2.resize(grey, None, fx=f, fy=f, interpolation=cv2.INTER_CUBIC) if f != 1 else grey
+        scene = np.ascontiguousarray(scene, np.float32)
+        h, w = scene.shape
+        cfg = RegistrationConfig(crop_size=crop)
+        for case in PLANTED_CASES:
+            rec = {"case": case, "crop": crop, "upsample": f, "crops": 0, "accepted": 0,
+                   "false": 0, "errs": [], "lean_err": [], "reasons": {}}
+            for k in range(per_case):
+                rng = np.random.default_rng(1000 * crop + k)
+                x0 = int(rng.integers(0, w - crop - 64)); y0 = int(rng.integers(0, h - crop - 64))
+                pair = planted_pair(case, scene, crop, x0, y0, k, levir)
+                r = screen_alignment(pair["pre"], pair["post"], pair["valid"], cfg)
+                rec["crops"] += 1
+                if r.reject_reason:
+                    key = re.sub(r"[\d.]+%?", "#", r.reject_reason.split(":")[0]).strip()
+                    rec["reasons"][key] = rec["reasons"].get(key, 0) + 1
+                    continue
+                rec["accepted"] += 1
+                rec["false"] += float(pair["truth"].max()) > LIMIT_PX
+                rec["errs"].append(float(np.median(pair["truth"])))
+                if pair["lean"] is not None and pair["lean"][0] > LIMIT_PX:
+                    got = r.lean.px if r.lean is not None else 0.0
+                    rec["lean_err"].append(abs(got - pair["lean"][0]))
+            out.append(rec)
+    return out
+
+
+def print_planted(rows: list[dict]) -> None:
+    print(f"\n{'planted case':<24}{'crop':>5}{'x':>5}{'crops':>6}{'accepted':>9}{'false':>6}"
+          f"{'median_px':>10}{'lean_err_max':>13}  reject reasons")
+    for r in rows:
+        med = float(np.median(r["errs"])) if r["errs"] else float("nan")
+        le = max(r["lean_err"]) if r["lean_err"] else float("nan")
+        print(f"{r['case']:<24}{r['crop']:>5}{r['upsample']:>5.1f}{r['crops']:>6}"
+              f"{r['accepted']:>9}{r['false']:>6}{med:>10.3f}{le:>13.2f}  {r['reasons']}")
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="the shared real-imagery folder")
@@ -474,6 +648,11 @@ def main(argv=None) -> None:
     p.add_argument("--paper", choices=("with", "only", "without"), default="with",
                    help="the paper-geometry cases (3000 / 1024 / 1024): with the others, only "
                         "them, or without them")
+    p.add_argument("--planted", choices=("with", "only", "without"), default="with",
+                   help="the planted screening cases (real texture, known displacement fields) "
+                        "at 1024 and 192 px crops: with the real-pair cases, only them, or "
+                        "without them")
+    p.add_argument("--planted-crops", type=int, default=6, help="crops per planted case and size")
     p.add_argument("--arosics-python", default="",
                    help="a Python with AROSICS installed: also run AROSICS COREG on the same "
                         "slices (benchmarks.registration_arosics) and print its figures")
@@ -498,6 +677,17 @@ def main(argv=None) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="regreal-"))
     cases = [c for c in CASES if (not args.cases or c.name in args.cases.split(",")) and
              {"with": True, "only": c.paper, "without": not c.paper}[args.paper]]
+    if args.planted != "without":
+        rows = run_planted(data, Path(__file__).resolve().parents[1] / "data" / "levir-cd" / "label",
+                           per_case=args.planted_crops)
+        print_planted(rows)
+        lean = [e for r in rows for e in r["lean_err"]]
+        print(f"planted_false_accepts={sum(r['false'] for r in rows)} planted_lean_err_max_px="
+              f"{max(lean) if lean else float('nan'):.2f} "
+              + " ".join(f"{r['case']}@{r['crop']}={r['accepted']}/{r['crops']}" for r in rows),
+              flush=True)
+        if args.planted == "only":
+            return
     print(f"load average before: {os.getloadavg()[0]:.1f} (2 CPUs; timings under foreign load, "
           "CPU-second ratios are not)")
     start_ray(2)
@@ -536,7 +726,7 @@ def main(argv=None) -> None:
                 "windows": [r["window"] for r in rows if r["slice_id"] not in cloudy]}))
         tile = max(case.tile_size, margin)
         base = RegistrationConfig(crop_size=crop, tile_size=tile, search_margin_px=min(margin, tile),
-                                  tile_block=args.tile_block,
+                                  tile_block=args.tile_block, max_nodata_fraction=case.max_nodata,
                                   max_shift_px=max(300.0, margin + 50.0))
         # The methods alternate, repeat by repeat, so a drift in the machine's speed (a shared
         # host) falls on both alike; the regional run comes last and leaves its matches for the

@@ -73,6 +73,11 @@ METADATA_SCHEMA = pa.schema([
     ("rescued", pa.bool_()),                  # accepted after a rescue (refit from the shift field)
     ("rescue_px", pa.float64()),              # the rescue's largest correction at a crop corner
     ("rescue_reason", pa.string()),           # why the first screening rejected the crop
+    ("nodata_fraction", pa.float64()),        # kept crop lacking data in either date (allowed up
+                                              # to --max-nodata-fraction; screened without it)
+    ("lean_px", pa.float64()),                # off-nadir lean of elevated objects against the
+    ("lean_deg", pa.float64()),               # ground field: median px, direction (0 = +x,
+    ("lean_windows", pa.int64()),             # 90 = +y) and leaning windows; null: none found
 ])
 
 # One row per screening window with a correlation peak (the shift field of a crop).
@@ -288,6 +293,8 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "max_residual_px_used": screening_limit(row, cfg),
         "_shifts": shift_rows(row, cfg, screen, run_id),
         "rescued": False, "rescue_px": None, "rescue_reason": None,
+        "nodata_fraction": row.get("nodata_fraction"),
+        **lean_columns(screen),
         "residual_median_px": None if screen is None else screen.residual_median_px,
         "screen_windows": None if screen is None else screen.n_confident,
         "screen_assessed_fraction": None if screen is None else screen.assessed_fraction,
@@ -298,6 +305,14 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         **lineage_columns(row),
         "settings_key": settings_key(row, cfg),
     }
+
+
+def lean_columns(screen) -> dict:
+    """The off-nadir lean screening found (``ScreeningResult.lean``), else nulls."""
+    lean = None if screen is None else screen.lean
+    return {"lean_px": None if lean is None else lean.px,
+            "lean_deg": None if lean is None else lean.deg,
+            "lean_windows": None if lean is None else lean.windows}
 
 
 def _rgb(image: np.ndarray) -> np.ndarray:
@@ -317,6 +332,7 @@ def _crop_checks(row: dict, cfg: RegistrationConfig, fit: HomographyFit, pre_val
         data_pre, data_post = pre_valid | clouds.pre, post_valid | clouds.post
         row = {**row, "cloud_fraction": clouds.fraction}
     frac = nodata_fraction(data_pre, data_post)
+    row = {**row, "nodata_fraction": frac}
     reason = None
     if frac > cfg.max_nodata_fraction:
         reason = f"nodata {frac:.1%} of the crop > {cfg.max_nodata_fraction:.1%}"

@@ -194,6 +194,33 @@ class ScreeningConfig:
                                          "the pre crop, must land within this many px of the "
                                          "pre window (0 = no backward check)", lo=0.0, hi=16.0)
 
+    screen_agree_px: float = _opt(2.0, "two screening windows agree on a displacement within "
+                                       "this many px (neighbour support, displaced groups, the "
+                                       "corner fields' outlier rejection, the rescue's field)",
+                                  lo=0.1, hi=64.0)
+    screen_region_windows: int = _opt(3, "connected, agreeing windows a displacement above the "
+                                         "limit needs to count (fewer: a lone wrong peak)",
+                                      lo=1, hi=1000)
+    screen_min_usable: float = _opt(0.9, "share of a screening window that must be usable "
+                                         "(valid, not cloud) in both dates for it to count",
+                                    lo=0.0, hi=1.0)
+    screen_near_factor: float = _opt(2.0, "the first (near) search of a window reaches this "
+                                          "times max_residual_px; the backward check uses the "
+                                          "same radius", lo=0.5, hi=16.0)
+    screen_far_fraction: float = _opt(1.0, "the far search reaches at most this share of the "
+                                           "crop side (and screen_search_px); a patch displaced "
+                                           "within the crop can lie anywhere in it", lo=0.0,
+                                      hi=1.0)
+
+    screen_lean: bool = _opt(True, "off-nadir lean: a crop whose windows above the limit all "
+                                   "lean one way from a well supported ground field (elevated "
+                                   "objects, not one rigid region) is judged on the ground field "
+                                   "and its lean recorded (lean_px, lean_deg); off: such windows "
+                                   "reject it as a displaced region")
+    screen_lean_spread_deg: float = _opt(20.0, "leaning windows' displacements from the ground "
+                                               "field must lie within this angle of their mean "
+                                               "direction (one view direction)", lo=0.0, hi=90.0)
+
     def __post_init__(self):
         if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
             raise ValueError("screen_min_quadrants must be within [1, 4] and screen_min_windows >= 1")
@@ -259,7 +286,10 @@ LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "prior_sample_m
                   "fit_chance_factor": 2.0, "fit_chance_sigma": 4.0, "min_inlier_coverage": 0.5,
                   "screen_min_coverage": 0.3, "screen_corner_k": 2.0,
                   "screen_shift_noise_px": 0.3, "screen_peak_box_px": 6,
-                  "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0}
+                  "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0,
+                  "screen_agree_px": 2.0, "screen_region_windows": 3, "screen_min_usable": 0.9,
+                  "screen_near_factor": 2.0, "screen_far_fraction": 1.0,
+                  "screen_lean": True, "screen_lean_spread_deg": 20.0}
 
 
 # Later settings only the regional method reads: a per-slice run's keys leave them out whatever

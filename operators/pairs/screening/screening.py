@@ -27,7 +27,9 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   corner that no window sees). Nothing passes unchecked.
 
 ``invalid`` pixels (nodata, and clouds once a mask is given) are kept out: a window counts only
-when at least 90 % of it is usable, and unusable pixels are set to the window mean.
+when at least ``screen_min_usable`` (90 %) of it is usable, and unusable pixels are set to the
+window mean. Off-nadir lean (roof windows displaced one way amid registered ground) is set apart
+by :func:`lean_split` and recorded, the crop judged on its ground.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ import numpy as np
 
 from operators.pairs.registration.registration import RegistrationConfig
 
+# Defaults of the screening settings of the same meaning (screen_min_usable, screen_agree_px,
+# screen_region_windows), for the pure functions called without a config.
 MIN_USABLE = 0.9          # usable fraction a window needs in both dates
 AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this
 REGION_WINDOWS = 3        # windows a displacement above the limit needs (connected, agreeing)
@@ -65,6 +69,16 @@ class ScreeningResult:
     measured: list = field(default_factory=list)  # every window with a peak (trusted or outlier)
     corner_se_px: Optional[float] = None  # standard error of the corner value
     coverage: float = 0.0                 # share of the crop in the trusted windows' convex hull
+    lean: Optional["Lean"] = None         # off-nadir lean of elevated objects, when found
+
+
+@dataclass
+class Lean:
+    """Elevated objects displaced against the ground field in one direction (off-nadir view)."""
+    px: float             # median displacement of the leaning windows from the ground field
+    max_px: float         # the largest
+    deg: float            # its direction in crop pixels: 0 = +x (east on a north-up grid), 90 = +y
+    windows: int          # leaning windows (left out of the ground field's evidence)
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -138,18 +152,36 @@ def peak_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
 
 def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
                   test: PeakTest) -> bool:
-    """Whether the maximum at (px, py) is the surface's only peak: every value outside a box
-    about the peak's own width (:func:`peak_half_width`) is at least ``peak_margin`` lower, and
-    the peak stands ``test.sigma`` standard deviations above their mean (AROSICS's test). A
-    periodic texture (several near-equal maxima) or a ridge (the aperture problem) fails."""
+    """Whether the maximum at (px, py) is the surface's only peak, whatever its width:
+
+    * no other maximum comes within ``peak_margin`` of it: the part of the surface within
+      ``peak_margin`` of the top is one connected region, the peak's own (a periodic texture or
+      stripes: one region per near-equal maximum);
+    * that region is no ridge (the aperture problem: a line or an edge matches all along
+      itself): not longer than twice the peak box (``test.box_px``) and three times its width;
+    * the peak stands ``test.sigma`` standard deviations above the mean of the surface outside
+      a box about the peak's own width (:func:`peak_half_width`, AROSICS's test).
+
+    The peak's own width varies with the imagery, not with the window: smooth texture (an
+    enlarged scene, soft land cover at 1024 px crops) gives peaks 10-20 px wide, whose flanks a
+    fixed box of a few px took for rival maxima; a rival here must be a separate region."""
     top = float(surface[py, px])
+    if peak_margin > 0:
+        high = (surface > top - peak_margin).astype(np.uint8)
+        n, labels = cv2.connectedComponents(high, connectivity=8)
+        if n > 2:               # background + the peak's own region: anything more is a rival
+            return False
+        ys, xs = np.nonzero(labels == labels[py, px])
+        if xs.size >= 5:
+            ev = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
+            length = 2.0 * np.sqrt(3.0 * max(ev[1], 0.0))   # a uniform segment's length
+            if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):
+                return False
     g = peak_half_width(surface, px, py, max(1, test.box_px))
     outside = np.ones(surface.shape, bool)
     outside[max(0, py - g):py + g + 1, max(0, px - g):px + g + 1] = False
     rest = surface[outside]
     if rest.size < 8:           # nothing left to compare with: no evidence the peak is unique
-        return False
-    if peak_margin > 0 and float(rest.max()) > top - peak_margin:
         return False
     return top >= float(rest.mean()) + test.sigma * float(rest.std())
 
@@ -211,23 +243,25 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     return (dx, dy, float(top)), False
 
 
-def _field_terms(xy: np.ndarray, w: int, h: int, bilinear: bool) -> np.ndarray:
-    """Design matrix of a displacement field over the crop: [1, x, y] (affine), plus x*y
-    (bilinear); coordinates centred and scaled by the crop side, so the fit is well conditioned."""
+def _field_terms(xy: np.ndarray, w: int, h: int, order: int) -> np.ndarray:
+    """Design matrix of a displacement field over the crop: [1, x, y] (order 0: affine), plus
+    x*y (1: bilinear), plus x^2, y^2 (2: quadratic); coordinates centred and scaled by the crop
+    side, so the fit is well conditioned."""
     x, y = xy[:, 0] / w - 0.5, xy[:, 1] / h - 0.5
-    cols = [np.ones_like(x), x, y] + ([x * y] if bilinear else [])
+    cols = [np.ones_like(x), x, y] + ([x * y] if order >= 1 else []) + \
+        ([x * x, y * y] if order >= 2 else [])
     return np.stack(cols, axis=1)
 
 
-def field_fit(shifts: list[WindowShift], w: int, h: int,
-              bilinear: bool = False) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
+def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: int = 0,
+              agree_px: float = AGREE_PX) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
     """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
     bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
     with fewer than twice as many agreeing windows as terms, or when they span no plane.
 
     Returns (A, (X'X)^-1 of the kept windows, residual standard deviation per component), what
     the standard error of a prediction needs."""
-    k = 4 if bilinear else 3
+    k = (3, 4, 6)[int(bilinear)]
     if len(shifts) < 2 * k:
         return None
     X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, bilinear)
@@ -237,7 +271,7 @@ def field_fit(shifts: list[WindowShift], w: int, h: int,
         if keep.sum() < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
             return None
         A, *_ = np.linalg.lstsq(X[keep], D[keep], rcond=None)
-        keep = np.hypot(*(X @ A - D).T) <= AGREE_PX
+        keep = np.hypot(*(X @ A - D).T) <= agree_px
     m = int(keep.sum())
     if m < 2 * k or np.linalg.matrix_rank(X[keep]) < k:
         return None
@@ -255,28 +289,49 @@ class CornerEstimate:
 
 
 def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
-                    noise_px: float = 0.3) -> Optional[CornerEstimate]:
+                    noise_px: float = 0.3, agree_px: float = AGREE_PX,
+                    overlap: float = 4.0) -> Optional[CornerEstimate]:
     """Displacement at the crop's outer corners extrapolated from the windows, with its
     uncertainty; None when no field can be fitted (no evidence about the corners, never 0 px).
 
-    Two fields, affine and bilinear (the larger counts): a fit wrong by a homography moves one
-    corner most, which an affine field spreads over the crop and underestimates; the bilinear
-    term (x*y) follows it. A projective field follows it too but extrapolates unstably: its
-    perspective terms, poorly constrained by windows 2 px noisy over one crop, put corners of
-    well registered crops tens of pixels off.
+    Two fields, affine and bilinear: a fit wrong by a homography moves one corner most, which an
+    affine field spreads over the crop and underestimates; the bilinear term (x*y) follows it. A
+    projective field follows it too but extrapolates unstably: its perspective terms, poorly
+    constrained by windows 2 px noisy over one crop, put corners of well registered crops tens
+    of pixels off. The bilinear field counts (the larger bound wins) when its x*y term is
+    significant: larger than ``k`` standard errors in either component; else the affine one
+    alone does.
 
     The standard error of a corner's prediction is sigma * sqrt(x0' (X'X)^-1 x0) (sigma: the
-    windows' scatter about the field, at least ``noise_px``): windows bunched near the centre
-    extrapolate far to the corners and say little there, which the bound value + k SE shows."""
+    windows' scatter about the field, at least ``noise_px``) times sqrt(``overlap``): windows at
+    half-window steps share their pixels with their neighbours (each pixel lies in 4 windows),
+    so their errors are not independent and n windows carry the information of n / 4 (the
+    independent ones, as :func:`supported` counts support). Least squares on them as if
+    independent put the x*y term of good 1024 px crops at 3.5 standard errors of noise and their
+    corners 7 px off (true error under 1 px). Windows bunched near the centre extrapolate far to
+    the corners and say little there, which the bound value + k SE shows."""
     xy = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [-0.5, h - 0.5], [w - 0.5, h - 0.5]])
+    inflate = float(np.sqrt(max(overlap, 1.0)))
     best: Optional[CornerEstimate] = None
-    for bilinear in (False, True):
-        got = field_fit(shifts, w, h, bilinear)
+    for order in (0, 1, 2):
+        got = field_fit(shifts, w, h, order, agree_px)
         if got is None:
             continue
         A, inv, sigma = got
-        sig = max(sigma, noise_px)
-        T = _field_terms(xy, w, h, bilinear)
+        sig = max(sigma, noise_px) * inflate
+        extra = range(3, 4) if order == 1 else range(4, 6)
+        if order and best is not None and all(
+                np.all(np.abs(A[t]) <= k * sig * np.sqrt(max(inv[t, t], 0.0))) for t in extra):
+            continue            # no curvature the windows show beyond their noise
+        at = xy
+        if order == 2:
+            # Curvature extrapolates unstably (on real 192 px crops a quadratic put corners of
+            # crops under 1 px true error 20 px off): the quadratic field speaks for the span of
+            # the windows only, the corners of their centres' bounding box.
+            cx = [min(s.x for s in shifts), max(s.x for s in shifts)]
+            cy = [min(s.y for s in shifts), max(s.y for s in shifts)]
+            at = np.array([[x, y] for y in cy for x in cx])
+        T = _field_terms(at, w, h, order)
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
         bound = value + k * se
@@ -296,7 +351,7 @@ def hull_share(shifts: list[WindowShift], w: int, h: int) -> float:
     return float(cv2.contourArea(cv2.convexHull(pts))) / float(w * h)
 
 
-def supported(shifts: list[WindowShift]) -> list[WindowShift]:
+def supported(shifts: list[WindowShift], agree_px: float = AGREE_PX) -> list[WindowShift]:
     """Windows whose displacement an adjacent, non-overlapping window agrees with (within
     ``AGREE_PX``): two grid steps away, so the two share no pixels.
 
@@ -318,7 +373,7 @@ def supported(shifts: list[WindowShift]) -> list[WindowShift]:
             if max(abs(dr), abs(dc)) == 2:
                 other = grid[rows + dr, cols + dc]
                 with np.errstate(invalid="ignore"):
-                    ok |= np.hypot(*(other - d).T) <= AGREE_PX     # NaN (no window): False
+                    ok |= np.hypot(*(other - d).T) <= agree_px     # NaN (no window): False
     return [s for s, keep in zip(shifts, ok) if keep]
 
 
@@ -340,7 +395,8 @@ def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int
     return n, mean, np.sqrt(var)
 
 
-def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
+def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
+              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
     """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
     share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
     big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
@@ -357,12 +413,63 @@ def confirmed(shifts: list[WindowShift], limit: float) -> list[WindowShift]:
         for j in range(i + 1, len(big)):
             b = big[j]
             if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
-                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= AGREE_PX:
+                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree_px:
                 parent[root(i)] = root(j)
     sizes: dict[int, int] = {}
     for i in range(len(big)):
         sizes[root(i)] = sizes.get(root(i), 0) + 1
-    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= REGION_WINDOWS]
+    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
+
+
+def lean_split(trusted: list[WindowShift], w: int, h: int,
+               cfg: RegistrationConfig) -> Optional[tuple[list[WindowShift], Lean]]:
+    """Separate a coherent ground field from elevated objects leaning one way (off-nadir).
+
+    Between two views, a tall building's roof moves against the ground along the view direction
+    by an amount that grows with its height: windows on roofs disagree with the ground, all in
+    one direction, amid ground that agrees. The windows above the limit are taken as leaning
+    when
+
+    * the others (the ground: at least as many) fit an affine field (:func:`field_fit`);
+    * every one's displacement from that field lies within ``screen_lean_spread_deg`` of their
+      mean direction;
+    * they are interleaved with the ground: at least ``screen_region_windows`` ground windows
+      lie inside the hull of their grid cells (streets and yards between roofs). A patch moved
+      as a whole covers its extent and is a displaced region, whatever its direction.
+
+    Returns (the ground windows, the lean), else None. The ground windows then face every check
+    of an acceptance on their own (evidence, displaced region, corners)."""
+    limit = cfg.max_residual_px
+    big = [s for s in trusted if np.hypot(s.dx, s.dy) > limit]
+    ground = [s for s in trusted if np.hypot(s.dx, s.dy) <= limit]
+    if len(big) < cfg.screen_region_windows or len(ground) < len(big):
+        return None
+    got = field_fit(ground, w, h, 0, cfg.screen_agree_px)
+    if got is None:
+        return None
+    A = got[0]
+    X = _field_terms(np.array([[s.x, s.y] for s in big]), w, h, 0)
+    v = np.array([[s.dx, s.dy] for s in big]) - X @ A
+    mag = np.hypot(*v.T)
+    mean = (v / np.maximum(mag, 1e-9)[:, None]).mean(axis=0)
+    if np.hypot(*mean) < 1e-9:
+        return None
+    u = mean / np.hypot(*mean)
+    spread = np.degrees(np.arccos(np.clip((v @ u) / np.maximum(mag, 1e-9), -1.0, 1.0)))
+    if spread.max() > cfg.screen_lean_spread_deg:
+        return None
+    along = v @ u
+    # Interleaved with the ground: roofs stand between streets and yards that stay registered,
+    # a region moved as a whole covers its extent. Ground windows strictly inside the hull of
+    # the leaning windows' grid cells tell them apart.
+    cells = np.array([[s.col, s.row] for s in big], np.float32).reshape(-1, 1, 2)
+    hull = cv2.convexHull(cells)
+    inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
+                 for s in ground)
+    if inside < cfg.screen_region_windows:
+        return None
+    deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
+    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(big))
 
 
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
@@ -377,11 +484,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     valid = np.asarray(valid, bool)
     pre = np.where(valid, pre_grey, 0).astype(np.float32)
     post = np.where(valid, post_grey, 0).astype(np.float32)
-    near = int(np.ceil(2 * cfg.max_residual_px))
+    near = int(np.ceil(cfg.screen_near_factor * cfg.max_residual_px))
     peak = PeakTest.of(cfg)
-    # Content displaced by more than a quarter of the crop mostly leaves it: such a fit shows as
-    # windows that match nowhere (insufficient evidence), not as a region to find.
-    far = max(near, min(int(cfg.screen_search_px), min(h, w) // 4))
+    # The far search reaches screen_search_px within the crop: a patch displaced inside a small
+    # crop (56 px in 192) lies beyond a quarter of its side, where the old bound stopped.
+    far = max(near, min(int(cfg.screen_search_px), int(cfg.screen_far_fraction * min(h, w))))
     # Pass 1, every window: the near search (displacements up to twice the limit).
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
     found: dict[tuple[int, int], tuple[float, float, float]] = {}
@@ -389,7 +496,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
     _, _, post_std = window_stats(post, valid, ys, xs, win)
-    usable = (count >= MIN_USABLE * win * win) & (pre_std >= cfg.screen_min_texture) & \
+    usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
     for i, j in zip(*np.nonzero(usable)):
         i, j, y, x = int(i), int(j), ys[i], xs[j]
@@ -425,8 +532,16 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
-    agreed = supported(shifts)
-    trusted = confirmed(agreed, cfg.max_residual_px)
+    agreed = supported(shifts, cfg.screen_agree_px)
+    trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
+                        cfg.screen_region_windows)
+    lean = lean_split(trusted, w, h, cfg) if cfg.screen_lean else None
+    if lean is not None:
+        # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
+        # region test and the corner fields.
+        leaning = {id(s) for s in trusted} - {id(s) for s in lean[0]}
+        trusted = lean[0]
+        agreed = [s for s in agreed if id(s) not in leaning]
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
@@ -449,7 +564,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     residual, median = float(mags.max()), float(np.median(mags))
     # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
     # ones out, and near a corner a real error may show in too few windows to form a region.
-    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px)
+    step = max(1, win // 2)
+    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px,
+                             cfg.screen_agree_px, (win / step) ** 2)
     reason = None
     if residual > cfg.max_residual_px:
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
@@ -461,11 +578,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         reason = (f"residual {corner.value:.1f} px at a crop corner (standard error "
                   f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
                   f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
+    found_lean = lean[1] if lean is not None else None
     if corner is None:
         return ScreeningResult(None if reason.startswith("insufficient") else residual, median,
-                               n_textured, n, reason, fraction, trusted, shifts, None, coverage)
+                               n_textured, n, reason, fraction, trusted, shifts, None, coverage,
+                               found_lean)
     return ScreeningResult(max(residual, corner.value), median, n_textured, n, reason, fraction,
-                           trusted, shifts, corner.se, coverage)
+                           trusted, shifts, corner.se, coverage, found_lean)
 
 
 RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
@@ -500,11 +619,12 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
         cv2.setRNGSeed(0)
         if fit == "affine":
             A, inl = cv2.estimateAffine2D(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
-                                          method=cv2.RANSAC, ransacReprojThreshold=AGREE_PX)
+                                          method=cv2.RANSAC,
+                                          ransacReprojThreshold=cfg.screen_agree_px)
             M = None if A is None else np.vstack([A, [0.0, 0.0, 1.0]])
         else:
             M, inl = cv2.findHomography(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2),
-                                        cv2.RANSAC, AGREE_PX)
+                                        cv2.RANSAC, cfg.screen_agree_px)
         if M is not None and inl is not None and np.all(np.isfinite(M)) and \
                 inl.sum() >= cfg.rescue_min_agreement * len(trusted):
             G = M
