@@ -52,7 +52,7 @@ def label_studio_python() -> Path:
 
 OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}   # pytest's own, set per test phase
 # Libraries whose first import sets environment variables, and those variables (names or prefixes).
-_IMPORT_SETS_VARIABLES = {"cv2", "rasterio", "ray", "sklearn"}
+_IMPORT_SETS_VARIABLES = {"cv2", "rasterio", "ray", "sklearn", "threadpoolctl"}   # threadpoolctl: via datasets, scipy
 IMPORT_VARIABLES = ("RAY_CLIENT_MODE", "GDAL_", "PROJ_CURL_CA_BUNDLE", "LD_LIBRARY_PATH", "KMP_DUPLICATE_LIB_OK",
                     "KMP_INIT_AT_FORK")
 
