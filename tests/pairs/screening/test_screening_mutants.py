@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from operators.pairs.screening.screening import AGREE_PX, WindowShift, supported
-from tests.pairs.screening.test_screening import C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
+from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
 
 def w(row, col, dx=0.5, dy=0.0):
@@ -32,3 +32,19 @@ def test_the_quadrants_are_the_crops_halves(scene):  # noqa: F811
     valid[:, 480:] = False
     r = screen(pre, pre, valid)
     assert r.reject_reason.startswith("insufficient evidence") and " in 2 quadrant(s) " in r.reject_reason
+
+
+def test_a_corner_bound_exactly_at_the_limit_is_accepted(scene, monkeypatch):  # noqa: F811
+    # The rule is value + k x SE <= the limit (issue 34): at the limit the crop passes, a hair above it
+    # fails. The corner estimate is set, since a measured one never lands on the limit exactly.
+    from operators.pairs.screening import screening
+
+    pre = pre_of(scene)
+    limit = CFG.max_residual_px
+    for bound, accepted in ((limit, True), (limit + 1e-6, False)):
+        monkeypatch.setattr(screening, "corner_residual",
+                            lambda *a, b=bound, **k: screening.CornerEstimate(b - 2.0, 1.0, b))
+        r = screen(pre, pre)
+        assert (r.reject_reason is None) is accepted, (bound, r.reject_reason)
+        if not accepted:
+            assert r.reject_reason.startswith("residual") and "at a crop corner" in r.reject_reason
