@@ -48,18 +48,26 @@ def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None, b
     limiter = start_rate_limiter(limiter_name, limits, namespace=limiter_namespace())
     spec = pool_spec(server, limiter_name, key_file)
     rows = [envelope("_ask", {"item": f"q{i}"}) for i in range(n)] + [envelope("other", {"x": 1})]
-    ds = ray.data.from_items(rows, override_num_blocks=16)
-    ds = apply_llm_stage(ds, spec, PoolConfig(actors=actors, concurrent_batches=4, batch_size=4))
+    pool = PoolConfig(actors=actors, concurrent_batches=4, batch_size=4)
+    # As the jobs do (job_runner.configure_pipeline): rows go out once every actor is up, so work is
+    # spread over the pool and not taken by whichever actor started first on a loaded machine. Set
+    # before the dataset is made (it keeps the context it was made in), restored after the run.
+    ctx = ray.data.DataContext.get_current()
+    wait_before, ctx.wait_for_min_actors_s = ctx.wait_for_min_actors_s, min(pool.actor_start_timeout_s, int(bound_s))
     taken = []
+    try:
+        ds = apply_llm_stage(ray.data.from_items(rows, override_num_blocks=16), spec, pool)
 
-    def take():
-        for row in ds.iter_rows():
-            taken.append(row)
-            if on_row:
-                on_row(len(taken), limiter)
-    reader = threading.Thread(target=take, daemon=True)
-    reader.start()
-    reader.join(bound_s)
+        def take():
+            for row in ds.iter_rows():
+                taken.append(row)
+                if on_row:
+                    on_row(len(taken), limiter)
+        reader = threading.Thread(target=take, daemon=True)
+        reader.start()
+        reader.join(bound_s)
+    finally:
+        ctx.wait_for_min_actors_s = wait_before
     assert not reader.is_alive(), f"the pool did not finish within {bound_s} s ({len(taken)} rows out)"
     out = split_envelopes(taken)
     deadline = time.time() + 60
