@@ -39,13 +39,14 @@ from typing import Optional
 import cv2
 import numpy as np
 
+from operators.pairs.registration.config import ScreeningConfig
 from operators.pairs.registration.registration import RegistrationConfig
 
-# Defaults of the screening settings of the same meaning (screen_min_usable, screen_agree_px,
-# screen_region_windows), for the pure functions called without a config.
-MIN_USABLE = 0.9          # usable fraction a window needs in both dates
-AGREE_PX = 2.0            # neighbouring windows agree on a displacement within this
-REGION_WINDOWS = 3        # windows a displacement above the limit needs (connected, agreeing)
+# The screening settings' defaults, for the pure functions called without a config (one source: the
+# settings themselves).
+MIN_USABLE = ScreeningConfig.screen_min_usable        # usable fraction a window needs in both dates
+AGREE_PX = ScreeningConfig.screen_agree_px            # neighbouring windows agree on a displacement within this
+REGION_WINDOWS = ScreeningConfig.screen_region_windows   # windows a displacement above the limit needs
 
 @dataclass
 class WindowShift:
@@ -253,18 +254,18 @@ def _field_terms(xy: np.ndarray, w: int, h: int, order: int) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def field_fit(shifts: list[WindowShift], w: int, h: int, bilinear: int = 0,
+def field_fit(shifts: list[WindowShift], w: int, h: int, order: int = 0,
               agree_px: float = AGREE_PX) -> Optional[tuple[np.ndarray, np.ndarray, float]]:
-    """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (affine, or
-    bilinear with an x*y term), refitted twice without windows more than ``AGREE_PX`` off; None
+    """Least-squares displacement field d(x, y) = terms(x, y) @ A over the windows (``order`` 0
+    affine, 1 bilinear, 2 quadratic: :func:`_field_terms`), refitted twice without windows more than ``AGREE_PX`` off; None
     with fewer than twice as many agreeing windows as terms, or when they span no plane.
 
     Returns (A, (X'X)^-1 of the kept windows, residual standard deviation per component), what
     the standard error of a prediction needs."""
-    k = (3, 4, 6)[int(bilinear)]
+    k = (3, 4, 6)[int(order)]
     if len(shifts) < 2 * k:
         return None
-    X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, bilinear)
+    X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, order)
     D = np.array([[s.dx, s.dy] for s in shifts])
     keep = np.ones(len(shifts), bool)
     for _ in range(3):
