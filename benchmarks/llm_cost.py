@@ -9,7 +9,7 @@ of 128). The LEVIR-CD sample pairs are upscaled to the paper's 1024 px crops.
 (b) ``v0.1``: the request layout of changeforge 0.1 (the v1 templates: per-stage system text and task text
     before the images, the mask at ``low`` for generation, one judge call for all candidates, without
     the mask), json_schema. Real time, no prefix cache.
-(c) ``cached``: the job's defaults (the v3 templates, ``--response-format json_object``: one system text,
+(c) ``cached``: the job's defaults (the v4 templates, ``--response-format json_object``: one system text,
     then A and B, then the generation's mask and metadata, the stage text, the reply schema last) with
     the server's prefix cache on; cached input tokens are billed at ``cached`` times the input price.
 (d) ``batch``: (c)'s requests through the Batch API (``operators.llm.batch``), at ``batch`` times the
@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-benchmark-0000000000"
 # What the jobs send by default (the cache-shaped templates and response format).
 CURRENT = {"caption": (LLMJobConfig.generate_template, LLMJobConfig.judge_template),
-           "qa": ("qa_generate.v3", "qa_judge.v3")}
+           "qa": ("qa_generate.v4", "qa_judge.v4")}
 V01 = {"caption": ("caption_generate.v1", "caption_judge.v1"), "qa": ("qa_generate.v1", "qa_judge.v1")}
 
 
@@ -257,7 +257,7 @@ def summary(job: str, tallies: dict, prices: dict) -> str:
     return (f"{job} a={per['first']:.5f} b={per['v0.1']:.5f} c={per['cached']:.5f} d={per['batch']:.5f} "
             f"d_over_b={per['batch'] / per['v0.1']:.2f} "
             f"d_over_b_equal_acceptance={per_candidate['batch'] / per_candidate['v0.1']:.2f} "
-            f"billed_input_b_to_c={-100 * input_drop:+.0f}% acceptance={acceptance} per_candidate="
+            f"billed_input_b_to_c={-100 * input_drop:+.1f}% acceptance={acceptance} per_candidate="
             + ",".join(f"{per_candidate[k]:.5f}" for k in ("first", "v0.1", "cached", "batch")))
 
 

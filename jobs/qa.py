@@ -54,8 +54,8 @@ VQA_FILE = "VQA.json"
 class QAJobConfig(LLMJobConfig):
     """The LLM jobs' options (endpoint, limits, images, retries, cache, pool) plus the QA ones."""
     max_tokens: int = 2000                # five QA pairs are longer than five captions
-    generate_template: str = "qa_generate.v3"
-    judge_template: str = "qa_judge.v3"
+    generate_template: str = "qa_generate.v4"
+    judge_template: str = "qa_judge.v4"
     dataset: str = ""
     captions: str = ""
     qa_per_pair: int = 5

@@ -186,7 +186,7 @@ class CaptionPrompts:
 
 def build_generate_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
     system, user = prompts.generate.render(**pair_values(record))
-    return LLMRequest(
+    return LLMRequest(reply_note=prompts.generate.render_reply(**pair_values(record)),
         item=record["pair_id"], messages=pair_messages(prompts.generate, record, prompts.detail, user, system),
         schema=generation_schema(), schema_name="change_captions",
         cache_parts={"stage": "caption_generate", "template": prompts.generate.version, "images": record["hashes"],
@@ -220,8 +220,9 @@ def _judged(prompts: CaptionPrompts, record: dict) -> list[str]:
 def build_judge_request(prompts: CaptionPrompts, record: dict) -> LLMRequest:
     judged = _judged(prompts, record)
     listing = "\n".join(f"{p}: {c}" for p, c in zip(PERSPECTIVES, record["captions"]) if p in judged)
-    system, user = prompts.judge.render(**pair_values(record), captions=listing, keys=", ".join(judged))
-    return LLMRequest(
+    values = dict(pair_values(record), captions=listing, keys=", ".join(judged))
+    system, user = prompts.judge.render(**values)
+    return LLMRequest(reply_note=prompts.judge.render_reply(**values),
         item=record["pair_id"],
         messages=pair_messages(prompts.judge, record, prompts.detail, user, system, mask=False),
         schema=judge_schema(tuple(judged)), schema_name="caption_scores",

@@ -50,6 +50,11 @@ class PromptTemplate:
     # judges see the pair only, as the paper's do, so that A and B end the prefix every stage of a pair
     # shares. Empty: the v1/v2 layouts.
     images: tuple[str, ...] = ()
+    # How the reply is shaped, in words (v4): sent only where the request does not state the schema
+    # itself. In JSON mode (the default) the schema at the end of the request says it, so the line would
+    # be paid twice; in json_schema mode some servers never show the schema to the model (vLLM's guided
+    # decoding only constrains the tokens), so the words are its one guide to the keys.
+    reply: str = ""
 
     def render(self, **values) -> tuple[str, str]:
         return (string.Template(self.system).substitute(values),
@@ -58,10 +63,14 @@ class PromptTemplate:
     def render_pair(self, **values) -> str:
         return string.Template(self.pair).substitute(values)
 
+    def render_reply(self, **values) -> str:
+        return string.Template(self.reply).substitute(values)
+
 
 def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTemplate:
     """Read ``<prompts_dir>/<name>.txt`` (default: the packaged templates) with ``## system``, ``## pair``
-    (optional), ``## images`` (optional: the images sent, in order) and ``## user`` sections. A section that is one line ``@<name>`` is the text of
+    (optional), ``## images`` (optional: the images sent, in order), ``## user`` and ``## reply`` (optional: the
+    reply's shape in words, see :attr:`PromptTemplate.reply`) sections. A section that is one line ``@<name>`` is the text of
     ``<prompts_dir>/<name>.txt``: the system text and the pair text every stage shares, versioned like the
     templates (an included file is never edited either, so a template's stem still names its text)."""
     folder = Path(prompts_dir or PROMPTS_DIR)
@@ -70,7 +79,7 @@ def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTem
     sections: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
-        m = re.match(r"^## (system|pair|images|user)\s*$", line)
+        m = re.match(r"^## (system|pair|images|user|reply)\s*$", line)
         if m:
             current = m.group(1)
             sections[current] = []
@@ -89,7 +98,7 @@ def load_template(name: str, prompts_dir: str | Path | None = None) -> PromptTem
     if unknown:
         raise ValueError(f"{path}: unknown image(s) {unknown} in '## images' (one of {', '.join(IMAGE_NAMES)})")
     return PromptTemplate(version=path.stem, system=section("system"), user=section("user"), pair=section("pair"),
-                          images=images)
+                          images=images, reply=section("reply"))
 
 
 def generation_schema() -> dict:

@@ -136,11 +136,11 @@ def _image_tokens(record: dict) -> int:
 def build_generate_request(prompts: QAPrompts, record: dict) -> LLMRequest:
     types = record["question_types"]
     keys = [TYPE_KEYS[t] for t in types]
-    system, user = prompts.generate.render(
-        **pair_values(record), captions_block=_captions_block(record["context_captions"], prompts.generate),
-        n_questions=len(types), type_list="\n".join(f"- {k} ({t}): {TYPE_GUIDES[t]}" for k, t in zip(keys, types)),
-        keys=", ".join(keys))
-    return LLMRequest(
+    values = dict(pair_values(record), captions_block=_captions_block(record["context_captions"], prompts.generate),
+                  n_questions=len(types), keys=", ".join(keys),
+                  type_list="\n".join(f"- {k} ({t}): {TYPE_GUIDES[t]}" for k, t in zip(keys, types)))
+    system, user = prompts.generate.render(**values)
+    return LLMRequest(reply_note=prompts.generate.render_reply(**values),
         item=record["pair_id"], messages=pair_messages(prompts.generate, record, prompts.detail, user, system),
         schema=generation_schema(types), schema_name="change_qa",
         cache_parts={"stage": "qa_generate", "template": prompts.generate.version, "images": record["hashes"],
@@ -196,9 +196,9 @@ def build_judge_request(prompts: QAPrompts, record: dict) -> LLMRequest:
     types = [qa[i]["type"] for i in idx]
     listing = "\n".join(f"{TYPE_KEYS[qa[i]['type']]} ({qa[i]['type']}):\n  Q: {qa[i]['question']}\n  A: {qa[i]['answer']}"
                         for i in idx)
-    system, user = prompts.judge.render(**pair_values(record), qa_listing=listing,
-                                        keys=", ".join(TYPE_KEYS[t] for t in types))
-    return LLMRequest(
+    values = dict(pair_values(record), qa_listing=listing, keys=", ".join(TYPE_KEYS[t] for t in types))
+    system, user = prompts.judge.render(**values)
+    return LLMRequest(reply_note=prompts.judge.render_reply(**values),
         item=record["pair_id"],
         messages=pair_messages(prompts.judge, record, prompts.detail, user, system, mask=False),
         schema=judge_schema(types), schema_name="qa_scores",

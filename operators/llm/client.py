@@ -170,6 +170,9 @@ class LLMRequest:
     cache_parts: dict               # stage, candidate index, ... (the rendered request is keyed anyway)
     image_tokens: int = 0           # floor for the images' estimate (they are also counted from messages)
     check: Callable[[Any], str | None] | None = None  # extra semantic check beyond the schema
+    # The reply's shape in words, added at the end of the user message only in json_schema mode (where
+    # the schema is not in the messages); in JSON mode the schema stated there replaces it.
+    reply_note: str = ""
 
 
 @dataclass
@@ -278,7 +281,13 @@ def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
     is the prompt's beginning, and the system text and a pair's images are the same in every stage while
     the schemas differ (a schema in ``response_format`` sits ahead of the messages in OpenAI's cache, so
     json_schema mode shares no prefix between stages)."""
-    note = f"Reply with one JSON object only. It must conform to this {SCHEMA_MARKER} {prompt_schema(schema)}"
+    stated, closed = prompt_schema(schema)
+    rule = " Every object must have all of its properties and no others." if closed else ""
+    return with_note(messages, f"Reply with one JSON object only.{rule} It must conform to this {SCHEMA_MARKER} {stated}")
+
+
+def with_note(messages: list[dict], note: str) -> list[dict]:
+    """``messages`` with ``note`` added at the end of the first user message (a text part of its own)."""
     out = [dict(m) for m in messages]
     at = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
     if at is None:
@@ -292,41 +301,96 @@ def with_schema_in_prompt(messages: list[dict], schema: dict) -> list[dict]:
     return out
 
 
-def prompt_schema(schema: dict) -> str:
-    """``schema`` as the prompt states it: compact, and each object sub-schema that occurs more than once
-    (a judge's review entry, once per candidate) stated once under ``$defs`` and referred to by ``$ref``.
-    For the model's reading only: replies are checked against the full ``schema``."""
-    counts: dict[str, int] = {}
+def _canonical(node) -> str:
+    return json.dumps(node, sort_keys=True, separators=(",", ":"))
 
-    def walk(node) -> None:
+
+def _closed_objects(node) -> bool:
+    """Whether every object in ``node`` requires all of its properties and allows no others (the
+    strict-mode shape every schema of ours has), so that one sentence can say so for all of them."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and (node.get("additionalProperties") is not False or
+                                             sorted(node.get("required", [])) != sorted(node.get("properties", {}))):
+            return False
+        return all(_closed_objects(v) for v in node.values())
+    if isinstance(node, list):
+        return all(_closed_objects(v) for v in node)
+    return True
+
+
+def prompt_schema(schema: dict) -> tuple[str, bool]:
+    """``schema`` as the prompt states it, and whether its objects are all closed. Compact: when every
+    object requires all its properties and allows no others, ``required`` and ``additionalProperties``
+    are left out (the caller says it in one sentence); each sub-schema that occurs more than once and is
+    longer than a reference to it (a judge's review entry, once per candidate; a score, once per
+    criterion) is stated once under ``$defs`` and referred to by ``$ref``. The schema is repeated in every
+    request after the shared prefix, so each of its tokens is paid in full every time. For the model's
+    reading only: replies are checked against the full ``schema``."""
+    closed = _closed_objects(schema)
+
+    def trim(node):
         if isinstance(node, dict):
-            if node.get("type") == "object" and node is not schema:
-                text = json.dumps(node, sort_keys=True)
-                counts[text] = counts.get(text, 0) + 1
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(schema)
-    names = {text: f"d{i}" for i, text in enumerate(t for t, n in counts.items() if n > 1)}
-    if not names:
-        return json.dumps(schema, separators=(",", ":"))
-
-    def swap(node):
-        if isinstance(node, dict):
-            text = json.dumps(node, sort_keys=True) if node.get("type") == "object" else None
-            if text in names:
-                return {"$ref": f"#/$defs/{names[text]}"}
-            return {k: swap(v) for k, v in node.items()}
+            return {k: trim(v) for k, v in node.items()
+                    if not (closed and node.get("type") == "object" and k in ("required", "additionalProperties"))}
         if isinstance(node, list):
-            return [swap(v) for v in node]
+            return [trim(v) for v in node]
         return node
 
-    out = {k: swap(v) for k, v in schema.items()}
-    out["$defs"] = {name: json.loads(text) for text, name in names.items()}
-    return json.dumps(out, separators=(",", ":"))
+    out = trim(schema)
+    defs: dict[str, dict] = {}
+    while True:   # greedily: the sub-schema whose one statement saves the most characters, until none does
+        counts: dict[str, int] = {}
+        for node in (out, *defs.values()):
+            _count_subschemas(node, counts, top=True)
+        gain = {t: n * len(t) - n * len(_ref(f"d{len(defs)}")) - len(t) - len(f'"d{len(defs)}":,')
+                for t, n in counts.items()}
+        best = max(gain, key=gain.get, default=None)
+        if best is None or gain[best] <= 0:
+            break
+        name = f"d{len(defs)}"
+        out = _swap_subschema(out, best, name, top=True)
+        defs = {k: _swap_subschema(v, best, name, top=True) for k, v in defs.items()}
+        defs[name] = json.loads(best)
+    if defs:
+        out["$defs"] = defs
+    return json.dumps(out, separators=(",", ":")), closed
+
+
+def _ref(name: str) -> str:
+    return json.dumps({"$ref": f"#/$defs/{name}"}, separators=(",", ":"))
+
+
+def _subschemas(node: dict):
+    """A schema node's direct sub-schemas as (key, name or index, value); property names are not schemas."""
+    for k, v in node.items():
+        if k == "properties" and isinstance(v, dict):
+            yield from ((k, n, s) for n, s in v.items())
+        elif isinstance(v, dict):
+            yield k, None, v
+        elif isinstance(v, list):
+            yield from ((k, i, s) for i, s in enumerate(v) if isinstance(s, dict))
+
+
+def _count_subschemas(node: dict, counts: dict, top: bool = False) -> None:
+    if not top and "$ref" not in node:
+        text = _canonical(node)
+        counts[text] = counts.get(text, 0) + 1
+    for _, _, sub in _subschemas(node):
+        _count_subschemas(sub, counts)
+
+
+def _swap_subschema(node: dict, text: str, name: str, top: bool = False) -> dict:
+    if not top and _canonical(node) == text:
+        return {"$ref": f"#/$defs/{name}"}
+    out = dict(node)
+    for k, at, sub in _subschemas(node):
+        new = _swap_subschema(sub, text, name)
+        if at is None:
+            out[k] = new
+        else:
+            out[k] = dict(out[k]) if isinstance(out[k], dict) else list(out[k])
+            out[k][at] = new
+    return out
 
 
 def _count(value) -> int | None:
@@ -438,9 +502,12 @@ class LLMCaller:
             params["reasoning_effort"] = self.config.reasoning_effort
         if max_tokens is not None and max_tokens != self.config.max_tokens:
             params["max_tokens"] = max_tokens
-        return cache_key({"endpoint": self.base_url, "model": self.config.model, "schema_name": request.schema_name,
-                          "schema": request.schema, "params": params, "messages": keyed_messages(request.messages),
-                          "parts": request.cache_parts})
+        parts = {"endpoint": self.base_url, "model": self.config.model, "schema_name": request.schema_name,
+                 "schema": request.schema, "params": params, "messages": keyed_messages(request.messages),
+                 "parts": request.cache_parts}
+        if request.reply_note:   # only v4 templates have one: older keys stay as they were
+            parts["reply_note"] = request.reply_note
+        return cache_key(parts)
 
     def legacy_key_for(self, request: LLMRequest) -> str:
         """The key changeforge <= 0.1 stored answers under (with the completion cap): read on a miss,
@@ -550,8 +617,10 @@ class LLMCaller:
         result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
         if not known:
             result.prompt_tokens = result.completion_tokens = None
+        # A batch reply without usage was billed all the same: unknown, never free (as in real time).
         self.lease.add_usage({"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
-                              "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1})
+                              "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1,
+                              "usage_unknown": 0 if known else 1})
         return result
 
     async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict, max_tokens: int,
@@ -664,7 +733,7 @@ class LLMCaller:
         cfg = self.config
         fmt = "json_object" if st.json_fallback or "json_object" in sent else "json_schema"
         if fmt == "json_schema":
-            messages = st.conversation
+            messages = with_note(st.conversation, request.reply_note) if request.reply_note else st.conversation
             strict = self._strict_schema(request.schema) if "no_strict" not in sent else None
             response_format = {"type": "json_schema", "json_schema": {
                 "name": request.schema_name, "schema": strict or request.schema, "strict": bool(strict)}}

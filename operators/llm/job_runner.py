@@ -80,8 +80,8 @@ class LLMJobConfig:
     image_token_rule: str = ""
     max_request_bytes: int = 20_000_000
     api_key_source: str = "env:OPENAI_API_KEY"
-    generate_template: str = "caption_generate.v3"
-    judge_template: str = "caption_judge.v3"
+    generate_template: str = "caption_generate.v4"
+    judge_template: str = "caption_judge.v4"
     prompts_dir: str = ""
     actors: int = 2
     concurrent_batches: int = 8

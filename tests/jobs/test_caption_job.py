@@ -87,8 +87,8 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
         assert [c["overall"] for c in cands] == [_paper_overall(c) for c in cands]   # --overall criteria
         assert [c["selected"] for c in cands] == _paper_selection([c["overall"] for c in cands])
         assert pairs[pid]["selected_captions"] == [c["caption"] for c in cands if c["selected"]]
-        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v3"}
-        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v3"}
+        assert {c["generate_prompt_version"] for c in cands} == {"caption_generate.v4"}
+        assert {c["judge_prompt_version"] for c in cands} == {"caption_judge.v4"}
     assert any(not c["selected"] for c in t["captions"])     # the judge does reject some
 
     # Mask stats travel with the pair, and the region description reached the prompt.

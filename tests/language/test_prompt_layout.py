@@ -1,7 +1,7 @@
 """The requests of every stage of one pair, laid out for providers' prefix caches: one system text, then
 the pair's images in the same order and detail, then (generation) its mask and metadata, and the stage's
 own text last, the reply schema after it in JSON mode; the mask always at low detail. With the jobs'
-defaults (v3, JSON mode) a provider-style prefix cache (the schema first, then the messages) answers
+defaults (v4, JSON mode) a provider-style prefix cache (the schema first, then the messages) answers
 the pair's later requests from the first's prefix; with json_schema it cannot (the schemas differ)."""
 import json
 from pathlib import Path
@@ -20,7 +20,7 @@ from operators.language.qa_ops import QAPrompts, prepare_qa_pair
 from operators.language.qa_ops import build_generate_request as qa_generate
 from operators.language.qa_ops import build_judge_request as qa_judge
 from operators.language.qa_ops import handle_generate_result as qa_handle
-from operators.llm.client import LLMCaller, LLMConfig, LLMResult, Secret
+from operators.llm.client import LLMCaller, LLMConfig, LLMResult, Secret, prompt_schema
 from operators.llm.job_runner import LLMJobConfig
 
 
@@ -97,9 +97,35 @@ def sent_bodies(requests, response_format):
     return [caller._body(r, caller.attempts_for(r), frozenset(caller.quirks))[1] for r in requests]
 
 
-def test_v3_requests_as_sent_share_system_a_and_b_and_end_with_their_schema(pair_1024):
-    assert LLMJobConfig.response_format == "json_object" and LLMJobConfig.judge_template == "caption_judge.v3"
-    requests = stage_requests(pair_1024, "high", "v3")
+def expanded(stated: dict, closed: bool) -> dict:
+    """A schema as the prompt states it, with its ``$ref``s replaced by their ``$defs`` and, when the
+    prompt says every object is closed, each object's ``required`` (all its properties) and
+    ``additionalProperties: false`` put back: what the model is told, as one schema."""
+    defs = stated.get("$defs", {})
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(defs[node["$ref"].rsplit("/", 1)[-1]])
+            out = {k: walk(v) for k, v in node.items() if k != "$defs"}
+            if closed and out.get("type") == "object":
+                out.update(required=list(out["properties"]), additionalProperties=False)
+            return out
+        return [walk(v) for v in node] if isinstance(node, list) else node
+    return walk(stated)
+
+
+def canonical(schema: dict) -> str:
+    def walk(node):   # the order of a 'required' list does not matter
+        if isinstance(node, dict):
+            return {k: sorted(v) if k == "required" else walk(v) for k, v in node.items()}
+        return [walk(v) for v in node] if isinstance(node, list) else node
+    return json.dumps(walk(schema), sort_keys=True)
+
+
+def test_default_requests_as_sent_share_system_a_and_b_and_end_with_their_schema(pair_1024):
+    assert LLMJobConfig.response_format == "json_object" and LLMJobConfig.judge_template == "caption_judge.v4"
+    requests = stage_requests(pair_1024, "high", "v4")
     bodies = sent_bodies(requests, LLMJobConfig.response_format)
     assert {json.dumps(b["response_format"]) for b in bodies} == {'{"type": "json_object"}'}
     assert len({json.dumps(b["messages"][0]) for b in bodies}) == 1          # one system text, no schema in it
@@ -114,7 +140,46 @@ def test_v3_requests_as_sent_share_system_a_and_b_and_end_with_their_schema(pair
         note = content[-1]["text"]
         assert note.startswith("Reply with one JSON object") and "JSON schema:" in note
         assert "JSON schema:" not in json.dumps(content[:-1])               # stated once, at the end
-        assert json.loads(note.split("JSON schema:", 1)[1])["required"] == request.schema["required"]
+        # The reply's shape is stated once: the schema, not also the template's reply line.
+        assert request.reply_note.startswith("Answer as a JSON object")
+        assert request.reply_note not in json.dumps(content) and "Answer as" not in json.dumps(content)
+        # Compact, and exactly the schema replies are checked against: every key, type, bound and closure.
+        stated = json.loads(note.split("JSON schema:", 1)[1])
+        assert "all of its properties and no others" in note and "required" not in json.dumps(stated)
+        assert canonical(expanded(stated, closed=True)) == canonical(request.schema)
+        assert len(json.dumps(stated, separators=(",", ":"))) < 0.7 * len(json.dumps(request.schema,
+                                                                                        separators=(",", ":")))
+
+
+def test_in_json_schema_mode_the_reply_line_is_sent_instead_of_the_schema(pair_1024):
+    """Some servers never show a json_schema to the model (vLLM's guided decoding only constrains the
+    tokens): there the template's reply line is its one guide to the keys, so it is sent, last."""
+    requests = stage_requests(pair_1024, "high", "v4")
+    for request, body in zip(requests, sent_bodies(requests, "json_schema")):
+        content = body["messages"][1]["content"]
+        assert body["response_format"]["type"] == "json_schema"
+        assert content[-1] == {"type": "text", "text": request.reply_note} and "JSON schema:" not in json.dumps(content)
+        keys = request.reply_note.split("keys", 1)[1] if "keys" in request.reply_note else request.reply_note
+        assert all(k in keys for k in request.schema["properties"]), (request.reply_note, keys)
+
+
+def test_v3_requests_keep_their_reply_line_in_the_stage_text(pair_1024):
+    """An output made with v3 reruns with v3 (prompts.json): its requests are the bytes they were."""
+    for request, body in zip(stage_requests(pair_1024, "high", "v3"), sent_bodies(stage_requests(pair_1024, "high", "v3"),
+                                                                                  "json_object")):
+        assert request.reply_note == ""
+        assert "Answer as a JSON object" in body["messages"][1]["content"][-2]["text"]
+
+
+def test_a_schema_with_optional_or_open_objects_is_stated_whole():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+              "required": ["a"], "additionalProperties": False}
+    stated, closed = prompt_schema(schema)
+    assert not closed and json.loads(stated) == schema
+    nested = {"type": "object", "properties": {k: schema for k in ("x", "y", "z")}, "required": ["x", "y", "z"],
+              "additionalProperties": False}
+    stated, closed = prompt_schema(nested)
+    assert not closed and '"required":["a"]' in stated and canonical(expanded(json.loads(stated), False)) == canonical(nested)
 
 
 @pytest.mark.parametrize("response_format, hits", [("json_object", True), ("json_schema", False)])
@@ -122,7 +187,7 @@ def test_a_pairs_later_requests_hit_a_provider_prefix_cache_only_in_json_mode(pa
                                                                               response_format, hits):
     import asyncio
     openai_server.configure(prefix_cache=True)
-    requests = stage_requests(pair_1024, "high", "v3")
+    requests = stage_requests(pair_1024, "high", "v4")
 
     async def go():
         caller = LLMCaller(LLMConfig(model="gpt-4o", base_url=openai_server.base_url, use_cache=False,

@@ -351,3 +351,45 @@ def test_a_batch_reply_cut_off_again_after_its_re_ask_is_an_error_with_the_reaso
     assert all("cut off at 8 tokens after a re-ask with more room" in r.error for r in final)
     assert all(r.attempts == 2 and r.completion_tokens == 4 + 8 and r.cost_usd > 0 for r in final)
     assert set(openai_server.stats()["batch_submissions"].values()) == {1} and driver.submit() == []
+
+
+def test_a_cut_off_batch_reply_whose_re_ask_fails_goes_on_in_real_time_and_both_are_booked(openai_server, tmp_path):
+    """--batch-fallback realtime on a re-ask: the cut-off line (billed at the batch price) and the real-time
+    re-ask with twice the room (billed at the real-time price) are one logical request, sent once each."""
+    state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
+    reqs = lambda: requests(2, tag="cutrt")                    # noqa: E731
+    driver = driver_for(openai_server, state, fallback="realtime")
+    assert all(r.error_type == DEFERRED for r in batch_pass(openai_server, reqs(), state, cache, max_tokens=24))
+    driver.submit(), driver.wait()                             # answered, cut off at 24
+    first_keys = set(openai_server.stats()["batch_submissions"])
+    assert all(r.error_type == DEFERRED for r in batch_pass(openai_server, reqs(), state, cache, max_tokens=24))
+    openai_server.configure(batch_fail_rate=1.0)               # the re-asks' batch fails every line once
+    driver.submit()
+    assert driver.wait()["retried"] == 2
+    assert openai_server.stats()["total"] == 0
+    openai_server.configure(batch_fail_rate=0.0)
+    done = batch_pass(openai_server, reqs(), state, cache, max_tokens=24)
+    assert all(r.ok and r.batch_id for r in done), [(r.error_type, r.error) for r in done]
+    assert openai_server.stats()["total"] == 2                 # each re-ask once in real time
+    cut_usage = [state.read("results", k)["body"]["usage"] for k in first_keys]
+    cut_prompt = sum(u["prompt_tokens"] for u in cut_usage)
+    assert sum(r.completion_tokens for r in done) > 2 * 24 and all(r.attempts == 2 for r in done)
+    # The cut-off replies at the batch price (half), the rest at real time's: more than all at the batch price,
+    # less than all at real time's.
+    realtime_part = sum((r.prompt_tokens * 2.0 + r.completion_tokens * 8.0) / 1e6 for r in done) - \
+        (cut_prompt * 2.0 + 2 * 24 * 8.0) / 1e6
+    assert sum(r.cost_usd for r in done) == pytest.approx((cut_prompt * 2.0 + 2 * 24 * 8.0) / 1e6 / 2 + realtime_part)
+    again = batch_pass(openai_server, reqs(), state, cache, max_tokens=24)
+    assert all(r.cached for r in again) and driver.submit() == [] and openai_server.stats()["total"] == 2
+
+
+def test_a_batch_reply_without_usage_is_booked_unknown_not_free(openai_server, tmp_path):
+    openai_server.configure(omit_usage=True)
+    state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
+    driver = driver_for(openai_server, state)
+    batch_pass(openai_server, requests(2, tag="nousage"), state, cache)
+    driver.submit(), driver.wait()
+    core = RateLimiterCore(RateLimits(max_in_flight=4))
+    done = batch_pass(openai_server, requests(2, tag="nousage"), state, cache, lease=LeaseClient(core))
+    assert all(r.ok and r.batch_id and r.prompt_tokens is None and r.cost_usd is None for r in done)
+    assert core.totals.get("usage_unknown") == 2 and core.totals.get("cost_usd") == 0.0   # the progress line's

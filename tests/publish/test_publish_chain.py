@@ -342,4 +342,4 @@ def test_a_release_carries_nothing_of_the_machine_it_was_made_on(chain):
     assert all(r.get("sensor") in (None, "") or r["sensor"] != "nan" for r in rows)
     card = texts["README.md"]
     assert "not recorded" not in card, card
-    assert "test-model" in card and "caption_generate.v3" in card and "qa_generate.v3" in card, card
+    assert "test-model" in card and "caption_generate.v4" in card and "qa_generate.v4" in card, card
