@@ -15,6 +15,7 @@ line), and is never logged or written.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ API_KEY_ENV = "LABEL_STUDIO_API_KEY"
 PYTHON_ENV = "LABEL_STUDIO_PYTHON"
 SDK_VERSION = "label-studio-sdk==2.1.2"
 CALL_TIMEOUT_S = 600
+STDERR_TAIL_LINES = 40
 
 
 def default_venv() -> str:
@@ -137,15 +139,30 @@ class _Worker:
         # This file run by path: the SDK's environment must not see this one's packages (numpy, OpenCV).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.replies: queue.Queue = queue.Queue()
+        # What the SDK's Python last printed (bounded), for the error when it dies: a traceback, a failed import.
+        self.stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
         threading.Thread(target=self._read, daemon=True).start()
+        self.stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.stderr_reader.start()
         self.lock = threading.Lock()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.replies.put(line)
         self.replies.put(None)   # it exited
+
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:   # drained always, so a chatty SDK never blocks on a full pipe
+            self.stderr_tail.append(line.rstrip("\n"))
+
+    def last_words(self) -> str:
+        """The tail of the worker's stderr, at most 800 characters, with the API key masked."""
+        text = "\n".join(self.stderr_tail)[-800:]
+        if self.key:
+            text = text.replace(self.key, "***")
+        return text
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -163,8 +180,10 @@ class _Worker:
                 line = None
             if line is None:
                 self.close()
+                self.stderr_reader.join(timeout=5)   # it ends with the pipe: the last lines are in
+                words = self.last_words()
                 raise StudioError(f"Label Studio {op} failed: the SDK's Python ({self.python}) exited "
-                                  f"(code {self.proc.poll()})")
+                                  f"(code {self.proc.poll()})" + (f"; its last output:\n{words}" if words else ""))
             reply = json.loads(line)
             if "error" in reply:
                 raise StudioError(f"Label Studio {op} failed: {reply['error']}")

@@ -75,3 +75,18 @@ def test_a_process_that_exits_says_so(no_sdk_here, monkeypatch, tmp_path):
                                              r"exited \(code 3\)$"):
         sc.call("export_json", url="http://127.0.0.1:1", project_id=1)
     assert os.path.exists(gone)
+
+
+def test_a_process_that_dies_passes_on_its_last_words_without_the_key(no_sdk_here, monkeypatch, tmp_path):
+    dying = tmp_path / "python"
+    filler = "".join(f"echo 'noise line {i}' >&2\n" for i in range(100))   # more than the kept tail
+    dying.write_text("#!/bin/sh\n" + filler + "echo 'Traceback (most recent call last):' >&2\n"
+                     "echo \"ImportError: cannot import name 'Client' (token $LABEL_STUDIO_API_KEY)\" >&2\nexit 1\n")
+    dying.chmod(0o755)
+    monkeypatch.setenv(sc.PYTHON_ENV, str(dying))
+    with pytest.raises(sc.StudioError) as caught:
+        sc.call("export_json", url="http://127.0.0.1:1", project_id=1)
+    message = str(caught.value)
+    assert "exited (code 1); its last output:" in message
+    assert message.endswith("ImportError: cannot import name 'Client' (token ***)")
+    assert "key-one" not in message and "noise line 0\n" not in message and len(message) < 1200
