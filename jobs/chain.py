@@ -9,8 +9,8 @@
       - pairs: {input: data/naip, preset: demo}
       - annotate export: {prelabel: cva, label-studio-url: http://localhost:8080, annotations-per-task: 2}
       - annotate ingest: {export: http://localhost:8080, project-id: 1}
-      - caption: {model: gpt-4o-mini}
-      - qa: {model: gpt-4o-mini}
+      - caption: {model: gpt-4.1-mini}
+      - qa: {model: gpt-4.1-mini}
       - validate: {}
       - report: {}
       - publish: {name: demo, version: 1.0.0, licence: CC0-1.0}

@@ -1,7 +1,7 @@
 """``changeforge <job> [options]``: one command for every job (``python -m jobs.<module>`` works too).
 
     changeforge pairs --preset demo --input data/naip --output out/demo
-    changeforge caption --input out/demo --output out/captions --model gpt-4o-mini
+    changeforge caption --input out/demo --output out/captions --model gpt-4.1-mini
 """
 from __future__ import annotations
 
