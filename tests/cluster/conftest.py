@@ -1,6 +1,6 @@
 """One multi-node cluster for all of tests/cluster (a cluster start costs ~10-50 s of a loaded 2-core
-machine): a head with one CPU and a worker node with one CPU, started at the first cluster test and
-stopped after the last. The test that kills worker nodes runs last, so the others see the cluster as
+machine): a head and a worker node with two CPUs each, started at the first cluster test and stopped
+after the last. The test that kills worker nodes runs last, so the others see the cluster as
 started."""
 from __future__ import annotations
 

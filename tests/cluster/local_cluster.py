@@ -47,7 +47,7 @@ class JobResult:
 
 @dataclass
 class LocalRayCluster:
-    head_cpus: int = 1
+    head_cpus: int = 2
     temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="cf-ray-"))
     gcs_port: int = field(default_factory=_free_port)
     dashboard_port: int = field(default_factory=_free_port)
@@ -61,8 +61,12 @@ class LocalRayCluster:
         token = os.path.join(self.temp_dir, "auth_token")
         with open(token, "w") as f:
             f.write(secrets.token_hex(32))
-        self.env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token, "RAY_USAGE_STATS_ENABLED": "0",
-                    "RAY_free_objects_period_milliseconds": "100", **self.env}   # as cluster.yaml
+        # The jobs' entrypoint is `python ...`, found on PATH: this Python's (the tests' venv, activated or
+        # not), never another one that happens to come first.
+        path = os.pathsep.join([os.path.dirname(sys.executable), base.get("PATH", os.defpath)])
+        self.env = {**base, "PATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
+                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_free_objects_period_milliseconds": "100",
+                    **self.env}   # as cluster.yaml
         try:
             self._start_head()
         except BaseException:
@@ -79,11 +83,12 @@ class LocalRayCluster:
                   "--temp-dir", self.temp_dir, "--disable-usage-stats")
 
     START_ATTEMPTS = 3
+    RETRY_PAUSE_S = 2.0   # after a failed attempt only; its processes are already stopped (and waited for)
 
     def _start(self, own_dir: str, *args: str) -> None:
         """``ray start``, again (after stopping what the failed attempt left) when it fails: Ray gives a
         starting raylet a fixed 30 s to register with the GCS, which a loaded shared machine can miss.
-        Not what the tests test; three attempts, 10 s apart."""
+        Not what the tests test; three attempts."""
         for attempt in range(1, self.START_ATTEMPTS + 1):
             try:
                 self._ray("start", *args)
@@ -94,7 +99,7 @@ class LocalRayCluster:
                 print(f"[cluster] ray start attempt {attempt} failed ({str(exc).strip().splitlines()[-1][:120]}); "
                       f"again", flush=True)
                 self._kill(self._own_processes(marks=(own_dir,)))
-                time.sleep(10)
+                time.sleep(self.RETRY_PAUSE_S)
 
     # -- nodes ------------------------------------------------------------------------------------
     @property
@@ -105,7 +110,7 @@ class LocalRayCluster:
     def dashboard(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
-    def add_node(self, name: str, cpus: int = 1) -> None:
+    def add_node(self, name: str, cpus: int = 2) -> None:
         """A worker node on this machine, tagged with a custom resource ``node_<name>``."""
         # Its own temp dir: nodes sharing one would share (and garbage-collect) each other's
         # runtime_env packages, which no two real machines do.
@@ -134,7 +139,7 @@ class LocalRayCluster:
         while self.alive_nodes() < n:
             if time.time() > deadline:
                 raise RuntimeError(f"cluster did not reach {n} alive nodes")
-            time.sleep(1)
+            time.sleep(self.POLL_S)
 
     @property
     def workers(self) -> list[str]:
@@ -164,7 +169,9 @@ class LocalRayCluster:
         raise LookupError(f"no raylet for node {name}")
 
     # -- jobs ---------------------------------------------------------------------------------------
-    POLL_S = 2.0   # job status polls: a few seconds apart
+    # Job status and node polls: one HTTP request to the dashboard each (cheap, unlike a `ray` CLI call),
+    # so a finished job or a new node is seen within half a second.
+    POLL_S = 0.5
 
     @property
     def auth_headers(self) -> dict:
@@ -192,7 +199,7 @@ class LocalRayCluster:
                 # The head's job agent comes up some seconds after `ray start` returns.
                 if "No available agent" not in str(exc) or time.time() > deadline:
                     raise
-                time.sleep(3)
+                time.sleep(1)
         if wait:
             self.wait(job_id, timeout)
         return job_id
@@ -258,12 +265,18 @@ class LocalRayCluster:
         return proc.stdout + proc.stderr if both else proc.stdout
 
 
+# Two logical CPUs a node (on a 2-core machine): with one, two jobs side by side stalled each other, not
+# for want of cycles but of accounting -- one job's 0.25-CPU actors on both nodes left no whole CPU for the
+# other job's 1-CPU tasks (the pairs job's catalogue waited minutes for the captions job to end).
+NODE_CPUS = 2
+
+
 @contextmanager
 def two_node_cluster():
-    """A head with one CPU and one worker node ``w1`` with one CPU, torn down afterwards."""
-    c = LocalRayCluster(head_cpus=1)
+    """A head and one worker node ``w1``, two CPUs each, torn down afterwards."""
+    c = LocalRayCluster(head_cpus=NODE_CPUS)
     try:
-        c.add_node("w1", cpus=1)
+        c.add_node("w1", cpus=NODE_CPUS)
         yield c
     finally:
         c.shutdown()

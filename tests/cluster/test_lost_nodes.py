@@ -3,10 +3,12 @@ finishes through Ray's retries or a resubmission of the same command finishes it
 every scene, pair, slice and caption row is in the output exactly once (history included, not only
 the current state), every PNG decodes, and no LLM request answered before the kill is paid again.
 
-The captions input is the bundled LEVIR-CD samples repeated under new names, and the test server holds
-every request after the first few (its hold switch) until the kill has landed, so the captions kill
-lands with LLM work in flight however fast or slow the machine is; the pairs job runs at the same time.
-Both tests run on the package's one cluster (tests/cluster/conftest.py), the node-killing one last.
+The captions input is the bundled LEVIR-CD samples under new names, and the test server holds every
+request after the first few (its hold switch) until the kill has landed, so the captions kill lands with
+LLM work in flight however fast or slow the machine is; the pairs job runs at the same time. (The hold,
+not the input's size, makes the kill land mid-run: one copy of the samples is enough, and the counts
+below are exact for it.) Both tests run on the package's one cluster (tests/cluster/conftest.py), the
+node-killing one last.
 """
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ from tests.conftest import DATA
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]   # a cluster start, two jobs and a resubmission
 
 LEVIR = DATA / "levir-cd"
-COPIES = 3                # 12 pairs x 3 = 36 pairs (one without a mask each copy): 66 requests
+COPIES = 1                # 12 pairs (one without a mask): 22 requests
 REQUESTS = 2 * 11 * COPIES
 # Requests outstanding at once across the captions job's pool.
 MAX_IN_FLIGHT = 8
-PASSED = 10                # replies before the hold: the run has begun and has most of its work ahead
+PASSED = 6                 # replies before the hold: the run has begun and has most of its work ahead
 HELD = 2                   # requests waiting at the server: LLM work in flight at the kill
 
 
@@ -181,18 +183,18 @@ def test_lost_worker_nodes_cost_time_not_data(cluster, s3_client, s3_bucket, ope
     names, cmds, env, jobs = submit_both(cluster, s3_client, s3_bucket, openai_server)
     # One node lost in each job's run: the first once the pairs job has catalogued its scenes (its
     # driver alive, slices still to register), its replacement once the captions job has LLM work
-    # in flight. (No `ray job status` call before the first kill: its CLI takes seconds the pairs
-    # job may finish in; a live driver process is the evidence.)
+    # in flight. (No job status call before the first kill: a live driver process is the evidence.)
     wait_for_shard(Store(f"s3://{s3_bucket}/pairs"), "scenes")
     assert any(p.is_running() for p in drivers(cluster, "jobs/build_pairs.py")), \
         "the pairs job had finished before the node was lost"
     first = cluster.workers[-1]
     assert cluster.kill_node(first) > 0
-    cluster.add_node(f"{first}r", cpus=1)          # the autoscaler's replacement
+    cluster.add_node(f"{first}r")          # the autoscaler's replacement
     answered = captions_in_flight(cluster, jobs, openai_server)
     assert cluster.kill_node(f"{first}r") > 0
     openai_server.release()
-    cluster.add_node(f"{first}rr", cpus=1)
+    # No second replacement: the head finishes both runs alone (this test is the package's last, and a
+    # third `ray start` proves nothing the first replacement did not).
     finish(cluster, jobs, cmds, env)
     assert_work_after_kill(openai_server, answered)
     check_outputs(s3_bucket, names)

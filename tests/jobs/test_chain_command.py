@@ -60,7 +60,7 @@ steps:
 
 def test_unknown_options_are_refused_before_anything_runs(tmp_path, capsys):
     # In-process (main as the command runs it): a traceback would be an exception here, not exit 2.
-    # The chain as a process of its own is the slow test above and test_chain_runs' SDK test.
+    # The chain as a process of its own is the slow test above (and test_chain_docs' chain without people).
     from jobs import chain as chain_job
     config = tmp_path / "chain.yaml"
     config.write_text(f"output: {tmp_path / 'run'}\nsteps:\n  - caption: {{modle: x}}\n")

@@ -77,17 +77,25 @@ def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_p
     assert again.returncode == 0 and "ran 0 step(s)" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
 
 
-def test_the_full_loop_chain_file_checks_out_in_a_dry_run(tmp_path):
+def test_the_full_loop_chain_file_checks_out_in_a_dry_run(tmp_path, monkeypatch, capsys):
+    """Through the changeforge command's main, in this process (a process of its own spent seconds
+    importing every job; the chain without people above runs the command itself): a traceback would
+    be an exception here."""
+    from jobs import cli as changeforge
+    from operators.io import cli
+
+    monkeypatch.setattr(cli, "PROG", cli.PROG)   # main names the command there; restored afterwards
     text = chain_file("chain-people.yaml")
     cwd = workdir(tmp_path)
     config = cwd / "chain-people.yaml"
     config.write_text(text)
-    out = run_chain(cwd, config, "--dry-run")
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    monkeypatch.chdir(cwd)                        # the page's relative paths, as a reader runs it
+    assert changeforge.main(["chain", "--config", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
     steps = [s for step in yaml.safe_load(text)["steps"] for s in step]
-    printed = re.findall(r"\[chain\] step \d+/\d+ (.+?) \(", out.stdout)
+    printed = re.findall(r"\[chain\] step \d+/\d+ (.+?) \(", out)
     assert printed == steps
-    assert "needs --" not in out.stdout           # every required option is given or wired
+    assert "needs --" not in out                  # every required option is given or wired
     root = cwd / "out" / "chain-naip"
-    assert f"--input {root / 'pairs'}" in out.stdout and f"--output {root / 'releases'}" in out.stdout
+    assert f"--input {root / 'pairs'}" in out and f"--output {root / 'releases'}" in out
     assert not root.exists()                      # a dry run writes nothing

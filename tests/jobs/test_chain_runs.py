@@ -181,17 +181,23 @@ steps:
     assert rec.calls == []
 
 
-def test_a_missing_label_studio_sdk_is_one_line_with_the_install_hint(tmp_path):
-    """Through ``changeforge chain`` in a process of its own, with no SDK here or in its environment."""
+def test_a_missing_label_studio_sdk_is_one_line_with_the_install_hint(tmp_path, monkeypatch, capsys):
+    """Through the changeforge command's main (in this process: a traceback would be an exception here;
+    the chain as a process of its own is test_chain_command's and test_chain_docs' end-to-end runs),
+    with no SDK here or in its environment."""
+    from jobs import cli as changeforge
+    from operators.io import cli
+
+    monkeypatch.setattr(cli, "PROG", cli.PROG)   # main names the command there; restored afterwards
     config = tmp_path / "chain.yaml"
     config.write_text(f"output: {tmp_path / 'root'}\nsteps:\n"
                       f"  - annotate export: {{input: {tmp_path}, label-studio-url: http://127.0.0.1:9}}\n")
-    env = {**__import__("os").environ, "LABEL_STUDIO_PYTHON": str(tmp_path / "no-venv" / "bin" / "python")}
-    out = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "Traceback" not in out.stderr + out.stdout
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    monkeypatch.setenv("LABEL_STUDIO_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
+    assert changeforge.main(["chain", "--config", str(config)]) == 2
+    out = capsys.readouterr()
+    lines = [l for l in out.err.splitlines() if l.strip()]
     assert len(lines) == 1 and "pip install label-studio-sdk==" in lines[0] and "step 1 'annotate export'" in lines[0]
+    assert "Traceback" not in out.out + out.err
     assert not (tmp_path / "root").exists()
 
 
