@@ -137,18 +137,42 @@ def peak_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
     the surface stays above half way down from the peak to the surface's median (the peak's own
     width, whatever the window size), at least 2 and at most ``cap``."""
     top = float(surface[py, px])
-    half = 0.5 * (top + float(np.median(surface)))
-    h, w = surface.shape
+    half = 0.5 * (top + _median(surface))
     width = 2
-    for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-        x, y, k = px, py, 0
-        while k < cap:
-            x, y = x + dx, y + dy
-            if not (0 <= x < w and 0 <= y < h) or float(surface[y, x]) < half:
-                break
-            k += 1
+    # The four rays from the peak, at most ``cap`` px each (the surface's edge ends them).
+    for ray in (surface[py, px + 1:px + 1 + cap], surface[py, max(0, px - cap):px][::-1],
+                surface[py + 1:py + 1 + cap, px], surface[max(0, py - cap):py, px][::-1]):
+        below = ray < np.float64(half)   # compared in float64, as the surface values were
+        k = int(np.argmax(below)) if below.any() else ray.size
         width = max(width, k + 1)
     return min(width, max(2, cap))
+
+
+def _median(a: np.ndarray) -> float:
+    """``np.median`` of an array (the same value), without its generic machinery: a correlation
+    surface's median is taken once per window searched."""
+    flat = a.ravel()
+    n = flat.size
+    k = n // 2
+    if n % 2:
+        return float(np.partition(flat, k)[k])
+    part = np.partition(flat, (k - 1, k))
+    return float(np.mean(part[k - 1:k + 1]))
+
+
+def _cov_eigvals(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+    """Eigenvalues (ascending) of the sample covariance of the points (xs, ys), as
+    ``np.linalg.eigvalsh(np.cov(...))`` gives them, in closed form (a 2 x 2 symmetric matrix):
+    a peak's region is measured once per window searched, and numpy's generic machinery cost
+    more than the correlation."""
+    x = xs.astype(np.float64)
+    y = ys.astype(np.float64)
+    x -= x.mean()
+    y -= y.mean()
+    f = 1.0 / (xs.size - 1)
+    a, b, d = float(x @ x) * f, float(x @ y) * f, float(y @ y) * f
+    m, r = 0.5 * (a + d), float(np.hypot(0.5 * (a - d), b))
+    return m - r, m + r
 
 
 def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
@@ -174,7 +198,7 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
             return False
         ys, xs = np.nonzero(labels == labels[py, px])
         if xs.size >= 5:
-            ev = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
+            ev = _cov_eigvals(xs, ys)
             length = 2.0 * np.sqrt(3.0 * max(ev[1], 0.0))   # a uniform segment's length
             if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):
                 return False
@@ -184,7 +208,8 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
     rest = surface[outside]
     if rest.size < 8:           # nothing left to compare with: no evidence the peak is unique
         return False
-    return top >= float(rest.mean()) + test.sigma * float(rest.std())
+    mean = rest.mean()
+    return top >= float(mean) + test.sigma * float(rest.std(mean=mean))
 
 
 def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx: float,
@@ -380,16 +405,18 @@ def supported(shifts: list[WindowShift], agree_px: float = AGREE_PX) -> list[Win
 
 def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int],
                  win: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(usable pixel count, mean, std over usable pixels) of every window, by integral images."""
-    v = valid.astype(np.float64)
-    x = img.astype(np.float64) * v
-    n_i, s_i, q_i = (cv2.integral(a) for a in (v, x, x * x))
+    """(usable pixel count, mean, std over usable pixels) of every window, by integral images
+    (sum and sum of squares in one pass, in float64; a fully valid crop needs no count image)."""
     y0, x0 = np.asarray(ys)[:, None], np.asarray(xs)[None, :]
 
     def box(ii):
         return ii[y0 + win, x0 + win] - ii[y0, x0 + win] - ii[y0 + win, x0] + ii[y0, x0]
 
-    n = box(n_i)
+    full = bool(np.all(valid))
+    x = img if full else img.astype(np.float64) * valid
+    s_i, q_i = cv2.integral2(np.ascontiguousarray(x), sdepth=cv2.CV_64F, sqdepth=cv2.CV_64F)
+    n = np.full((len(ys), len(xs)), float(win * win)) if full else \
+        box(cv2.integral(valid.astype(np.float64)))
     safe = np.maximum(n, 1.0)
     mean = box(s_i) / safe
     var = np.maximum(box(q_i) / safe - mean * mean, 0.0)
