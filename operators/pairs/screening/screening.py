@@ -217,7 +217,7 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
     return top >= float(mean) + test.sigma * float(rest.std(mean=mean))
 
 
-def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx: float,
+def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: float,
                dy: float, radius: int, min_ncc: float, peak_margin: float,
                test: PeakTest) -> bool:
     """The window shifted by the found offset: the post window there, searched back in ``pre``
@@ -227,9 +227,10 @@ def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx
     near the pre window, as when one of a row of look-alike roofs is matched, does not return."""
     h, w = post.shape
     bx, by = x0 + int(round(dx)), y0 + int(round(dy))
-    if bx < 0 or by < 0 or bx + win > w or by + win > h:
+    wh, ww = (win, win) if np.isscalar(win) else win      # a region's joint window: (h, w)
+    if bx < 0 or by < 0 or bx + ww > w or by + wh > h:
         return True     # the shifted window leaves the crop: nothing to check it with
-    back = np.ascontiguousarray(post[by:by + win, bx:bx + win])
+    back = np.ascontiguousarray(post[by:by + wh, bx:bx + ww])
     # Where the post window's best match lies is what counts here, not how unique it is (the
     # forward search judged that): no margin, no sigma test.
     lenient = PeakTest(test.box_px, 0.0, 0.0)
@@ -248,12 +249,12 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     that the content sits farther away). The backward check searches ``back_radius`` px at
     most (the near search's radius)."""
     test = peak or PeakTest()
-    win = template.shape[0]
+    th, tw = template.shape
     h, w = post.shape
     sx0, sy0 = max(0, x0 - radius), max(0, y0 - radius)
-    sx1, sy1 = min(w, x0 + win + radius), min(h, y0 + win + radius)
+    sx1, sy1 = min(w, x0 + tw + radius), min(h, y0 + th + radius)
     region = post[sy0:sy1, sx0:sx1]
-    if region.shape[0] < win or region.shape[1] < win:
+    if region.shape[0] < th or region.shape[1] < tw:
         return None, False
     surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
     cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
@@ -268,7 +269,7 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     fx, fy = _subpixel(surface, py, px)
     dx, dy = sx0 + fx - x0, sy0 + fy - y0
     if pre is not None and test.confirm_px > 0 and \
-            not round_trip(pre, post, x0, y0, win, dx, dy, min(radius, back_radius), min_ncc,
+            not round_trip(pre, post, x0, y0, (th, tw), dx, dy, min(radius, back_radius), min_ncc,
                            peak_margin, test):
         return None, False
     return (dx, dy, float(top)), False
@@ -454,6 +455,88 @@ def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_P
     return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
 
 
+def far_candidates(missed: dict[tuple[int, int], list[tuple[int, int]]],
+                   texture: np.ndarray) -> list[tuple[int, int]]:
+    """The windows the far search starts from: one per 2 x 2 cell of windows (a displaced region
+    of a quarter of the crop side holds a cell), given the windows of each cell the near search
+    missed (``missed``: cell -> (row, col) of its windows, in raster order). The cell's even
+    corner when it is one of them (a fixed every-other-window pick); else the most ``texture``d
+    of its missed windows that have a missed neighbour (a region spans adjacent windows; a lone
+    miss can find no support). Windows count only where both dates are textured, and a
+    displaced region takes its texture away from where it was: in a 192 px crop a 56 px patch
+    left textured only windows off the cells' even corners, and the every-other-window pick
+    alone searched none of them."""
+    every = {k for cands in missed.values() for k in cands}
+    out = []
+    for (ci, cj), cands in missed.items():
+        if cands[0] == (2 * ci, 2 * cj):
+            out.append(cands[0])
+            continue
+        near = [(i, j) for i, j in cands
+                if any((i + di, j + dj) in every for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                       if di or dj)]
+        if near:
+            out.append(max(near, key=lambda k: texture[k]))
+    return sorted(out)
+
+
+def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.ndarray,
+                  post: np.ndarray, win: int, far: int, near: int, cfg: RegistrationConfig,
+                  peak: PeakTest) -> list[WindowShift]:
+    """Windows of a displaced region too small or too sparsely textured for two of its windows
+    to share no pixels (so :func:`supported` gives them no support): at least
+    ``screen_region_windows`` windows within two grid steps of each other (as
+    :func:`confirmed` groups them) agreeing on one displacement above the limit, some without
+    support,
+    confirmed by one search of the rectangle they cover (the region's own texture, from pre,
+    with the same peak tests and backward check) landing within ``screen_agree_px`` of their
+    median displacement. Overlapping windows agree because they share pixels; the joint
+    window does not inherit that agreement, it measures the whole region at once (a look-alike
+    two windows latch onto rarely spans the region with its context). Returns those windows."""
+    limit, agree = cfg.max_residual_px, cfg.screen_agree_px
+    done = {id(s) for s in agreed}
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    if len(big) < cfg.screen_region_windows or all(id(s) in done for s in big):
+        return []
+    parent = list(range(len(big)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, a in enumerate(big):
+        for j in range(i + 1, len(big)):
+            b = big[j]
+            if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
+                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[WindowShift]] = {}
+    for i, s in enumerate(big):
+        groups.setdefault(root(i), []).append(s)
+    h, w = pre.shape
+    out: list[WindowShift] = []
+    for group in groups.values():
+        if len(group) < cfg.screen_region_windows or all(id(s) in done for s in group):
+            continue
+        half = (win - 1) / 2
+        x0, x1 = min(s.x for s in group) - half, max(s.x for s in group) + half + 1
+        y0, y1 = min(s.y for s in group) - half, max(s.y for s in group) + half + 1
+        sx, sy = int(round(x0)), int(round(y0))
+        template = np.ascontiguousarray(pre[sy:int(round(y1)), sx:int(round(x1))])
+        if float(template.std()) < cfg.screen_min_texture:
+            continue
+        hit, _ = search_window(template, post, sx, sy, far, cfg.screen_min_ncc,
+                               cfg.screen_peak_margin, pre, peak, near)
+        if hit is None:
+            continue
+        d = np.median([[s.dx, s.dy] for s in group], axis=0)
+        if np.hypot(hit[0] - d[0], hit[1] - d[1]) <= agree:
+            out.extend(s for s in group if id(s) not in done)
+    return out
+
+
 def lean_split(trusted: list[WindowShift], w: int, h: int,
                cfg: RegistrationConfig) -> Optional[tuple[list[WindowShift], Lean]]:
     """Separate a coherent ground field from elevated objects leaning one way (off-nadir).
@@ -525,7 +608,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     # Pass 1, every window: the near search (displacements up to twice the limit).
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
     found: dict[tuple[int, int], tuple[float, float, float]] = {}
-    far_queue: list[tuple[int, int]] = []
+    far_cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
     _, _, post_std = window_stats(post, valid, ys, xs, win)
@@ -541,11 +624,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
                                cfg.screen_peak_margin, pre, peak, near)
         if hit is not None:
             found[(i, j)] = hit
-        elif far > near and i % 2 == 0 and j % 2 == 0:
-            far_queue.append((i, j))
-    # Pass 2, the far search (the cost of screening): on every other window in each direction (a
-    # displaced region of a quarter of the crop side contains one), then around every window it
-    # finds displaced, step by step, until no new window shows the region.
+        elif far > near:
+            far_cells.setdefault((i // 2, j // 2), []).append((i, j))
+    far_queue = far_candidates(far_cells, pre_std)
+    # Pass 2, the far search (the cost of screening): one window per cell, then around every
+    # window it finds displaced, step by step, until no new window shows the region.
     searched: set[tuple[int, int]] = set()
     while far_queue:
         key = far_queue.pop()
@@ -566,6 +649,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
     agreed = supported(shifts, cfg.screen_agree_px)
+    agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
     lean = lean_split(trusted, w, h, cfg) if cfg.screen_lean else None
