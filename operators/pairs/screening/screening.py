@@ -429,12 +429,10 @@ def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int
     return n, mean, np.sqrt(var)
 
 
-def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
-              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
-    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
-    share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
-    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
-    group = {id(s): i for i, s in enumerate(big)}
+def displaced_groups(big: list[WindowShift], agree_px: float = AGREE_PX) -> list[list[WindowShift]]:
+    """``big`` split into groups: windows within two grid steps of each other agreeing within
+    ``agree_px``, joined transitively."""
+    parent = list(range(len(big)))
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -442,17 +440,25 @@ def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_P
             i = parent[i]
         return i
 
-    parent = list(range(len(big)))
     for i, a in enumerate(big):
         for j in range(i + 1, len(big)):
             b = big[j]
             if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
                     np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree_px:
                 parent[root(i)] = root(j)
-    sizes: dict[int, int] = {}
-    for i in range(len(big)):
-        sizes[root(i)] = sizes.get(root(i), 0) + 1
-    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
+    groups: dict[int, list[WindowShift]] = {}
+    for i, s in enumerate(big):
+        groups.setdefault(root(i), []).append(s)
+    return list(groups.values())
+
+
+def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
+              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
+    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
+    share (:func:`displaced_groups`)."""
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    lone = {id(s) for g in displaced_groups(big, agree_px) if len(g) < region_windows for s in g}
+    return [s for s in shifts if id(s) not in lone]
 
 
 def far_candidates(missed: dict[tuple[int, int], list[tuple[int, int]]],
@@ -485,10 +491,9 @@ def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.
                   peak: PeakTest) -> list[WindowShift]:
     """Windows of a displaced region too small or too sparsely textured for two of its windows
     to share no pixels (so :func:`supported` gives them no support): at least
-    ``screen_region_windows`` windows within two grid steps of each other (as
-    :func:`confirmed` groups them) agreeing on one displacement above the limit, some without
-    support,
-    confirmed by one search of the rectangle they cover (the region's own texture, from pre,
+    ``screen_region_windows`` windows within two grid steps of each other
+    (:func:`displaced_groups`, as :func:`confirmed` groups them) agreeing on one displacement
+    above the limit, some without support, confirmed by one search of the rectangle they cover (the region's own texture, from pre,
     with the same peak tests and backward check) landing within ``screen_agree_px`` of their
     median displacement. Overlapping windows agree because they share pixels; the joint
     window does not inherit that agreement, it measures the whole region at once (a look-alike
@@ -498,26 +503,8 @@ def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.
     big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
     if len(big) < cfg.screen_region_windows or all(id(s) in done for s in big):
         return []
-    parent = list(range(len(big)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, a in enumerate(big):
-        for j in range(i + 1, len(big)):
-            b = big[j]
-            if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
-                    np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree:
-                parent[root(i)] = root(j)
-    groups: dict[int, list[WindowShift]] = {}
-    for i, s in enumerate(big):
-        groups.setdefault(root(i), []).append(s)
-    h, w = pre.shape
     out: list[WindowShift] = []
-    for group in groups.values():
+    for group in displaced_groups(big, agree):
         if len(group) < cfg.screen_region_windows or all(id(s) in done for s in group):
             continue
         half = (win - 1) / 2
