@@ -19,7 +19,9 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   displacement above ``max_residual_px`` must be shared by a connected group of at least
   ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
   same wrong peak (a new building beside an old one, field rows), while a displaced region of the
-  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
+  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows. A
+  group that only overlapping windows see is confirmed by one search of the rectangle it
+  covers (:func:`joint_regions`).
 * Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little
   evidence ("insufficient evidence"): too little of the textured area measured, fewer than
   ``screen_min_windows`` agreeing windows, or agreeing windows in fewer than
