@@ -20,10 +20,12 @@ from operators.io.storage import Store
 from operators.io.tables import envelope
 from operators.pairs.catalogue.band_stack import crop_clouds, lineage_columns, read_stacked_side
 from operators.pairs.imagery.radiometry import to_uint8
-from operators.pairs.imagery.raster_io import common_grid, grid_bbox, read_at, read_window_anywhere
+from operators.pairs.imagery.raster_io import (common_grid, grid_bbox, grid_to_scene, read_at,
+                                               read_at_scene, read_window_anywhere)
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, confidence_inliers,
                                                        crop_match_support, crop_offset,
-                                                       crop_positions_on_grid, feature_grey, homography_problem,
+                                                       crop_positions_on_grid, crop_to_grid, feature_grey,
+                                                       homography_positions, homography_problem,
                                                        nodata_fraction, remap_bands)
 from operators.pairs.registration.config import SchedulingConfig, without_later_defaults
 from operators.pairs.screening.screening import rescue_field, rescued_homography, screen_alignment
@@ -161,14 +163,20 @@ def read_registered_post(row: dict, H: np.ndarray, cfg: RegistrationConfig):
     """
     window = [int(v) for v in row["window"]]
     off = crop_offset(window[2], cfg.crop_size)
+    resample = lambda data, valid, mx, my: remap_bands(data, valid, mx, my, cfg.resampling)  # noqa: E731
+    if not row.get("post_stack"):
+        to_scene = grid_to_scene(row["post_uri"], common_grid(row))
+        if to_scene is not None:
+            # Same CRS: crop pixel -> scene pixel is one homography, evaluated once.
+            px, py = homography_positions(to_scene @ crop_to_grid(H, window, off), cfg.crop_size)
+            return read_at_scene(row["post_uri"], row["bands_post"], px, py, resample)
     gx, gy = crop_positions_on_grid(H, window, off, cfg.crop_size)
     if row.get("post_stack"):
         box = grid_bbox(gx, gy)
         data, valid = read_stacked_side(row, "post", box, common_grid(row))
         return remap_bands(data, valid, (gx - box[0]).astype(np.float32),
                            (gy - box[1]).astype(np.float32), cfg.resampling)
-    return read_at(row["post_uri"], row["bands_post"], common_grid(row), gx, gy,
-                   lambda data, valid, mx, my: remap_bands(data, valid, mx, my, cfg.resampling))
+    return read_at(row["post_uri"], row["bands_post"], common_grid(row), gx, gy, resample)
 
 
 # ---- records ----------------------------------------------------------------------------------

@@ -161,6 +161,22 @@ def scene_positions(uri: str, grid: Grid, grid_x: np.ndarray, grid_y: np.ndarray
     return (_interp2(ys, xs, px, fine_y, fine_x), _interp2(ys, xs, py, fine_y, fine_x))
 
 
+def grid_to_scene(uri: str, grid: Grid) -> np.ndarray | None:
+    """The 3 x 3 affine matrix taking ``grid`` pixel positions to the scene's own pixel
+    positions (centres at integers, as :func:`scene_positions`) when the scene shares the
+    grid's CRS, else None (a reprojection is no matrix). Composed with a homography into the
+    grid, the positions of a whole crop come from one evaluation instead of three maps."""
+    with rasterio.Env(**gdal_env()):
+        with rasterio.open(gdal_path(uri)) as src:
+            src_crs, inv = src.crs, ~src.transform
+    if src_crs != CRS.from_user_input(grid.crs):
+        return None
+    half = np.array([[1, 0, 0.5], [0, 1, 0.5], [0, 0, 1]], np.float64)
+    back = np.array([[1, 0, -0.5], [0, 1, -0.5], [0, 0, 1]], np.float64)
+    m = inv * grid.affine
+    return back @ np.array([[m.a, m.b, m.c], [m.d, m.e, m.f], [0, 0, 1]], np.float64) @ half
+
+
 def _to_pixels(inv: Affine, wx: np.ndarray, wy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """World -> pixel-centre coordinates (centres at integers) under an inverse affine."""
     return (inv.a * wx + inv.b * wy + inv.c - 0.5, inv.d * wx + inv.e * wy + inv.f - 0.5)
@@ -177,15 +193,25 @@ def read_at(uri: str, bands: Sequence[int], grid: Grid, grid_x: np.ndarray, grid
     """The scene sampled at (H, W) positions given in ``grid`` pixel coordinates, resampling its
     own pixels once (``resample(data, valid, map_x, map_y)``, e.g. ``registration.remap_bands``)."""
     px, py = scene_positions(uri, grid, grid_x, grid_y)
+    return read_at_scene(uri, bands, px, py, resample)
+
+
+def read_at_scene(uri: str, bands: Sequence[int], px: np.ndarray, py: np.ndarray,
+                  resample) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`read_at` with the positions given in the scene's own pixels (centres at
+    integers)."""
     finite = np.isfinite(px) & np.isfinite(py)
     if not finite.any():
-        return np.zeros((len(bands),) + grid_x.shape, np.uint8), np.zeros(grid_x.shape, bool)
+        return np.zeros((len(bands),) + px.shape, np.uint8), np.zeros(px.shape, bool)
     sigma = antialias_sigma(sample_step(px, py))
     margin = 2 + int(np.ceil(3 * sigma))  # interpolation (and prefilter) support
-    c0 = int(np.floor(px[finite].min())) - margin
-    r0 = int(np.floor(py[finite].min())) - margin
-    c1 = int(np.ceil(px[finite].max())) + margin + 1
-    r1 = int(np.ceil(py[finite].max())) + margin + 1
+    # A homography's positions are finite everywhere (no copy of a million positions to skip
+    # the odd non-finite one).
+    fx, fy = (px, py) if finite.all() else (px[finite], py[finite])
+    c0 = int(np.floor(fx.min())) - margin
+    r0 = int(np.floor(fy.min())) - margin
+    c1 = int(np.ceil(fx.max())) + margin + 1
+    r1 = int(np.ceil(fy.max())) + margin + 1
     data, valid = read_window_anywhere(uri, (c0, r0, c1 - c0, r1 - r0), bands)
     if sigma > 0:
         data = prefilter(data, valid, sigma)

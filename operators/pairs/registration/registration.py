@@ -368,21 +368,30 @@ def translation(dx: float, dy: float) -> np.ndarray:
     return np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
 
 
-def crop_positions_on_grid(H: np.ndarray, window: Sequence[int], offset: int,
-                           crop_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(H, W) common-grid positions of the post pixels each kept-crop pixel takes its value from:
-    crop pixel -> pre slice (+ ``offset``) -> post slice (``H^-1``) -> grid (+ slice origin).
-
-    The three steps are one homography ``T``; each of its rows is linear in the crop column u
-    and row v, so it is an outer sum of two 1-D vectors and the only per-pixel work is two adds
-    and a divide (float64, ~20x cheaper than mapping every point through ``apply_homography``).
-    """
-    T = translation(window[0], window[1]) @ np.linalg.inv(np.asarray(H, np.float64)) @ \
+def crop_to_grid(H: np.ndarray, window: Sequence[int], offset: int) -> np.ndarray:
+    """The homography taking a kept-crop pixel to the common-grid position of the post pixel it
+    takes its value from: crop pixel -> pre slice (+ ``offset``) -> post slice (``H^-1``) ->
+    grid (+ slice origin)."""
+    return translation(window[0], window[1]) @ np.linalg.inv(np.asarray(H, np.float64)) @ \
         translation(offset, offset)
-    u = np.arange(crop_size, dtype=np.float64)
+
+
+def homography_positions(T: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(size, size) positions T(u, v) of the pixels of a square: each row of ``T`` is linear in
+    the column u and row v, so it is an outer sum of two 1-D vectors and the only per-pixel work
+    is two adds and a divide (float64, ~20x cheaper than mapping every point through
+    ``apply_homography``)."""
+    u = np.arange(size, dtype=np.float64)
     x, y, w = ((T[i, 0] * u)[None, :] + (T[i, 1] * u + T[i, 2])[:, None] for i in range(3))
     with np.errstate(divide="ignore", invalid="ignore"):
         return x / w, y / w
+
+
+def crop_positions_on_grid(H: np.ndarray, window: Sequence[int], offset: int,
+                           crop_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(H, W) common-grid positions of the post pixels each kept-crop pixel takes its value from
+    (:func:`crop_to_grid`, evaluated by :func:`homography_positions`)."""
+    return homography_positions(crop_to_grid(H, window, offset), crop_size)
 
 
 def remap_bands(data: np.ndarray, valid: np.ndarray, map_x: np.ndarray, map_y: np.ndarray,

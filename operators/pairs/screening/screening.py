@@ -19,7 +19,9 @@ the pixels themselves (pre crop vs registered post crop), not the matches the ho
   displacement above ``max_residual_px`` must be shared by a connected group of at least
   ``REGION_WINDOWS`` windows: on real pairs years apart, two windows now and then latch onto the
   same wrong peak (a new building beside an old one, field rows), while a displaced region of the
-  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows.
+  scale screened for (at least 1/8 of the crop, at half-window steps) spans several windows. A
+  group that only overlapping windows see is confirmed by one search of the rectangle it
+  covers (:func:`joint_regions`).
 * Rejections: a displaced region above ``max_residual_px``, a corner above it, or too little
   evidence ("insufficient evidence"): too little of the textured area measured, fewer than
   ``screen_min_windows`` agreeing windows, or agreeing windows in fewer than
@@ -137,18 +139,42 @@ def peak_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
     the surface stays above half way down from the peak to the surface's median (the peak's own
     width, whatever the window size), at least 2 and at most ``cap``."""
     top = float(surface[py, px])
-    half = 0.5 * (top + float(np.median(surface)))
-    h, w = surface.shape
+    half = 0.5 * (top + _median(surface))
     width = 2
-    for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-        x, y, k = px, py, 0
-        while k < cap:
-            x, y = x + dx, y + dy
-            if not (0 <= x < w and 0 <= y < h) or float(surface[y, x]) < half:
-                break
-            k += 1
+    # The four rays from the peak, at most ``cap`` px each (the surface's edge ends them).
+    for ray in (surface[py, px + 1:px + 1 + cap], surface[py, max(0, px - cap):px][::-1],
+                surface[py + 1:py + 1 + cap, px], surface[max(0, py - cap):py, px][::-1]):
+        below = ray < np.float64(half)   # compared in float64, as the surface values were
+        k = int(np.argmax(below)) if below.any() else ray.size
         width = max(width, k + 1)
     return min(width, max(2, cap))
+
+
+def _median(a: np.ndarray) -> float:
+    """``np.median`` of an array (the same value), without its generic machinery: a correlation
+    surface's median is taken once per window searched."""
+    flat = a.ravel()
+    n = flat.size
+    k = n // 2
+    if n % 2:
+        return float(np.partition(flat, k)[k])
+    part = np.partition(flat, (k - 1, k))
+    return float(np.mean(part[k - 1:k + 1]))
+
+
+def _cov_eigvals(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+    """Eigenvalues (ascending) of the sample covariance of the points (xs, ys), as
+    ``np.linalg.eigvalsh(np.cov(...))`` gives them, in closed form (a 2 x 2 symmetric matrix):
+    a peak's region is measured once per window searched, and numpy's generic machinery cost
+    more than the correlation."""
+    x = xs.astype(np.float64)
+    y = ys.astype(np.float64)
+    x -= x.mean()
+    y -= y.mean()
+    f = 1.0 / (xs.size - 1)
+    a, b, d = float(x @ x) * f, float(x @ y) * f, float(y @ y) * f
+    m, r = 0.5 * (a + d), float(np.hypot(0.5 * (a - d), b))
+    return m - r, m + r
 
 
 def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
@@ -167,6 +193,11 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
     enlarged scene, soft land cover at 1024 px crops) gives peaks 10-20 px wide, whose flanks a
     fixed box of a few px took for rival maxima; a rival here must be a separate region."""
     top = float(surface[py, px])
+    if peak_margin <= 0 and test.sigma <= 0 and surface.size >= (2 * max(1, test.box_px) + 1) ** 2 + 8:
+        # The backward check's lenient test: the maximum is never below the mean of the rest,
+        # and the box leaves at least 8 values; only where the peak lies counts (no need to
+        # measure its width).
+        return True
     if peak_margin > 0:
         high = (surface > top - peak_margin).astype(np.uint8)
         n, labels = cv2.connectedComponents(high, connectivity=8)
@@ -174,7 +205,7 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
             return False
         ys, xs = np.nonzero(labels == labels[py, px])
         if xs.size >= 5:
-            ev = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
+            ev = _cov_eigvals(xs, ys)
             length = 2.0 * np.sqrt(3.0 * max(ev[1], 0.0))   # a uniform segment's length
             if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):
                 return False
@@ -184,10 +215,11 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
     rest = surface[outside]
     if rest.size < 8:           # nothing left to compare with: no evidence the peak is unique
         return False
-    return top >= float(rest.mean()) + test.sigma * float(rest.std())
+    mean = rest.mean()
+    return top >= float(mean) + test.sigma * float(rest.std(mean=mean))
 
 
-def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx: float,
+def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: float,
                dy: float, radius: int, min_ncc: float, peak_margin: float,
                test: PeakTest) -> bool:
     """The window shifted by the found offset: the post window there, searched back in ``pre``
@@ -197,9 +229,10 @@ def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win: int, dx
     near the pre window, as when one of a row of look-alike roofs is matched, does not return."""
     h, w = post.shape
     bx, by = x0 + int(round(dx)), y0 + int(round(dy))
-    if bx < 0 or by < 0 or bx + win > w or by + win > h:
+    wh, ww = (win, win) if np.isscalar(win) else win      # a region's joint window: (h, w)
+    if bx < 0 or by < 0 or bx + ww > w or by + wh > h:
         return True     # the shifted window leaves the crop: nothing to check it with
-    back = np.ascontiguousarray(post[by:by + win, bx:bx + win])
+    back = np.ascontiguousarray(post[by:by + wh, bx:bx + ww])
     # Where the post window's best match lies is what counts here, not how unique it is (the
     # forward search judged that): no margin, no sigma test.
     lenient = PeakTest(test.box_px, 0.0, 0.0)
@@ -218,12 +251,12 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     that the content sits farther away). The backward check searches ``back_radius`` px at
     most (the near search's radius)."""
     test = peak or PeakTest()
-    win = template.shape[0]
+    th, tw = template.shape
     h, w = post.shape
     sx0, sy0 = max(0, x0 - radius), max(0, y0 - radius)
-    sx1, sy1 = min(w, x0 + win + radius), min(h, y0 + win + radius)
+    sx1, sy1 = min(w, x0 + tw + radius), min(h, y0 + th + radius)
     region = post[sy0:sy1, sx0:sx1]
-    if region.shape[0] < win or region.shape[1] < win:
+    if region.shape[0] < th or region.shape[1] < tw:
         return None, False
     surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
     cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
@@ -238,7 +271,7 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     fx, fy = _subpixel(surface, py, px)
     dx, dy = sx0 + fx - x0, sy0 + fy - y0
     if pre is not None and test.confirm_px > 0 and \
-            not round_trip(pre, post, x0, y0, win, dx, dy, min(radius, back_radius), min_ncc,
+            not round_trip(pre, post, x0, y0, (th, tw), dx, dy, min(radius, back_radius), min_ncc,
                            peak_margin, test):
         return None, False
     return (dx, dy, float(top)), False
@@ -380,28 +413,28 @@ def supported(shifts: list[WindowShift], agree_px: float = AGREE_PX) -> list[Win
 
 def window_stats(img: np.ndarray, valid: np.ndarray, ys: list[int], xs: list[int],
                  win: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(usable pixel count, mean, std over usable pixels) of every window, by integral images."""
-    v = valid.astype(np.float64)
-    x = img.astype(np.float64) * v
-    n_i, s_i, q_i = (cv2.integral(a) for a in (v, x, x * x))
+    """(usable pixel count, mean, std over usable pixels) of every window, by integral images
+    (sum and sum of squares in one pass, in float64; a fully valid crop needs no count image)."""
     y0, x0 = np.asarray(ys)[:, None], np.asarray(xs)[None, :]
 
     def box(ii):
         return ii[y0 + win, x0 + win] - ii[y0, x0 + win] - ii[y0 + win, x0] + ii[y0, x0]
 
-    n = box(n_i)
+    full = bool(np.all(valid))
+    x = img if full else img.astype(np.float64) * valid
+    s_i, q_i = cv2.integral2(np.ascontiguousarray(x), sdepth=cv2.CV_64F, sqdepth=cv2.CV_64F)
+    n = np.full((len(ys), len(xs)), float(win * win)) if full else \
+        box(cv2.integral(valid.astype(np.float64)))
     safe = np.maximum(n, 1.0)
     mean = box(s_i) / safe
     var = np.maximum(box(q_i) / safe - mean * mean, 0.0)
     return n, mean, np.sqrt(var)
 
 
-def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
-              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
-    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
-    share: groups of windows within two grid steps of each other agreeing within ``AGREE_PX``."""
-    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
-    group = {id(s): i for i, s in enumerate(big)}
+def displaced_groups(big: list[WindowShift], agree_px: float = AGREE_PX) -> list[list[WindowShift]]:
+    """``big`` split into groups: windows within two grid steps of each other agreeing within
+    ``agree_px``, joined transitively."""
+    parent = list(range(len(big)))
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -409,17 +442,88 @@ def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_P
             i = parent[i]
         return i
 
-    parent = list(range(len(big)))
     for i, a in enumerate(big):
         for j in range(i + 1, len(big)):
             b = big[j]
             if max(abs(a.row - b.row), abs(a.col - b.col)) <= 2 and \
                     np.hypot(a.dx - b.dx, a.dy - b.dy) <= agree_px:
                 parent[root(i)] = root(j)
-    sizes: dict[int, int] = {}
-    for i in range(len(big)):
-        sizes[root(i)] = sizes.get(root(i), 0) + 1
-    return [s for s in shifts if id(s) not in group or sizes[root(group[id(s)])] >= region_windows]
+    groups: dict[int, list[WindowShift]] = {}
+    for i, s in enumerate(big):
+        groups.setdefault(root(i), []).append(s)
+    return list(groups.values())
+
+
+def confirmed(shifts: list[WindowShift], limit: float, agree_px: float = AGREE_PX,
+              region_windows: int = REGION_WINDOWS) -> list[WindowShift]:
+    """``shifts`` without displacements above ``limit`` that fewer than ``REGION_WINDOWS`` windows
+    share (:func:`displaced_groups`)."""
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    lone = {id(s) for g in displaced_groups(big, agree_px) if len(g) < region_windows for s in g}
+    return [s for s in shifts if id(s) not in lone]
+
+
+def far_candidates(missed: dict[tuple[int, int], list[tuple[int, int]]],
+                   texture: np.ndarray) -> list[tuple[int, int]]:
+    """The windows the far search starts from: one per 2 x 2 cell of windows (a displaced region
+    of a quarter of the crop side holds a cell), given the windows of each cell the near search
+    missed (``missed``: cell -> (row, col) of its windows, in raster order). The cell's even
+    corner when it is one of them (a fixed every-other-window pick); else the most ``texture``d
+    of its missed windows that have a missed neighbour (a region spans adjacent windows; a lone
+    miss can find no support). Windows count only where both dates are textured, and a
+    displaced region takes its texture away from where it was: in a 192 px crop a 56 px patch
+    left textured only windows off the cells' even corners, and the every-other-window pick
+    alone searched none of them."""
+    every = {k for cands in missed.values() for k in cands}
+    out = []
+    for (ci, cj), cands in missed.items():
+        if cands[0] == (2 * ci, 2 * cj):
+            out.append(cands[0])
+            continue
+        near = [(i, j) for i, j in cands
+                if any((i + di, j + dj) in every for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                       if di or dj)]
+        if near:
+            out.append(max(near, key=lambda k: texture[k]))
+    return sorted(out)
+
+
+def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.ndarray,
+                  post: np.ndarray, win: int, far: int, near: int, cfg: RegistrationConfig,
+                  peak: PeakTest) -> list[WindowShift]:
+    """Windows of a displaced region too small or too sparsely textured for two of its windows
+    to share no pixels (so :func:`supported` gives them no support): at least
+    ``screen_region_windows`` windows within two grid steps of each other
+    (:func:`displaced_groups`, as :func:`confirmed` groups them) agreeing on one displacement
+    above the limit, some without support, confirmed by one search of the rectangle they cover (the region's own texture, from pre,
+    with the same peak tests and backward check) landing within ``screen_agree_px`` of their
+    median displacement. Overlapping windows agree because they share pixels; the joint
+    window does not inherit that agreement, it measures the whole region at once (a look-alike
+    two windows latch onto rarely spans the region with its context). Returns those windows."""
+    limit, agree = cfg.max_residual_px, cfg.screen_agree_px
+    done = {id(s) for s in agreed}
+    big = [s for s in shifts if np.hypot(s.dx, s.dy) > limit]
+    if len(big) < cfg.screen_region_windows or all(id(s) in done for s in big):
+        return []
+    out: list[WindowShift] = []
+    for group in displaced_groups(big, agree):
+        if len(group) < cfg.screen_region_windows or all(id(s) in done for s in group):
+            continue
+        half = (win - 1) / 2
+        x0, x1 = min(s.x for s in group) - half, max(s.x for s in group) + half + 1
+        y0, y1 = min(s.y for s in group) - half, max(s.y for s in group) + half + 1
+        sx, sy = int(round(x0)), int(round(y0))
+        template = np.ascontiguousarray(pre[sy:int(round(y1)), sx:int(round(x1))])
+        if float(template.std()) < cfg.screen_min_texture:
+            continue
+        hit, _ = search_window(template, post, sx, sy, far, cfg.screen_min_ncc,
+                               cfg.screen_peak_margin, pre, peak, near)
+        if hit is None:
+            continue
+        d = np.median([[s.dx, s.dy] for s in group], axis=0)
+        if np.hypot(hit[0] - d[0], hit[1] - d[1]) <= agree:
+            out.extend(s for s in group if id(s) not in done)
+    return out
 
 
 def lean_split(trusted: list[WindowShift], w: int, h: int,
@@ -493,7 +597,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     # Pass 1, every window: the near search (displacements up to twice the limit).
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
     found: dict[tuple[int, int], tuple[float, float, float]] = {}
-    far_queue: list[tuple[int, int]] = []
+    far_cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
     _, _, post_std = window_stats(post, valid, ys, xs, win)
@@ -509,11 +613,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
                                cfg.screen_peak_margin, pre, peak, near)
         if hit is not None:
             found[(i, j)] = hit
-        elif far > near and i % 2 == 0 and j % 2 == 0:
-            far_queue.append((i, j))
-    # Pass 2, the far search (the cost of screening): on every other window in each direction (a
-    # displaced region of a quarter of the crop side contains one), then around every window it
-    # finds displaced, step by step, until no new window shows the region.
+        elif far > near:
+            far_cells.setdefault((i // 2, j // 2), []).append((i, j))
+    far_queue = far_candidates(far_cells, pre_std)
+    # Pass 2, the far search (the cost of screening): one window per cell, then around every
+    # window it finds displaced, step by step, until no new window shows the region.
     searched: set[tuple[int, int]] = set()
     while far_queue:
         key = far_queue.pop()
@@ -534,6 +638,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
     agreed = supported(shifts, cfg.screen_agree_px)
+    agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
     lean = lean_split(trusted, w, h, cfg) if cfg.screen_lean else None

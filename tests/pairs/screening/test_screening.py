@@ -331,3 +331,62 @@ def test_textured_centre_only_is_insufficient_evidence(scene):
     assert r.reject_reason is not None and r.reject_reason.startswith("insufficient evidence")
     assert "covering" in r.reject_reason
     assert r.n_confident >= 6      # enough windows and quadrants: the spread is what is missing
+
+
+def island_pair(crop: int, seed: int = 0, sigma: float = 0.0325, move: int = 56):
+    """A crop pair whose displaced region only three adjacent windows can see: real NAIP texture
+    as registered ground, a flat lake, and in it an L of three windows (odd grid positions, off
+    every cell's even corner) of low-contrast texture whose content sits ``move`` px to the
+    right in the post date, other texture where it was. Windows of the lake that cover part of
+    the L are below the texture floor (3/4 of it: sigma x 0.87 < 0.03 <= sigma), so the three
+    are the region's only evidence and overlap one another (no support by :func:`supported`)."""
+    win = crop // 8
+    s = win // 2
+    grey = grey_from_bands(naip_rgb(), [[0, 255]] * 3)
+    scene = cv2.resize(grey, None, fx=1.5, fy=1.5, interpolation=cv2.INTER_CUBIC) \
+        if crop > 700 else grey
+    pre = np.ascontiguousarray(scene[:crop, :crop], np.float32)
+    k = 5 if crop > 700 else 3
+    k0, k1 = k * s, (k + 3) * s
+    pre[k0 - 2 * s:k1 + 2 * s, k0 - 2 * s:k1 + move + 2 * s] = 0.5       # the lake
+    rng = np.random.default_rng(seed)
+
+    def texture():
+        # Each s x s block at mean 0.5 and std sigma: a window over four blocks has std sigma,
+        # over three (and the lake) sigma x 0.87, by construction.
+        t = cv2.GaussianBlur(rng.standard_normal((3 * s, 3 * s)).astype(np.float32), (0, 0), 1.5)
+        for bi in range(3):
+            for bj in range(3):
+                b = t[bi * s:(bi + 1) * s, bj * s:(bj + 1) * s]
+                b[:] = 0.5 + sigma * (b - b.mean()) / b.std()
+        return t
+
+    island, other = texture(), texture()
+    ell = np.zeros((3 * s, 3 * s), bool)               # windows (k, k), (k, k+1), (k+1, k)
+    for di, dj in ((0, 0), (0, 1), (1, 0)):
+        ell[di * s:di * s + win, dj * s:dj * s + win] = True
+    post = pre.copy()
+    pre[k0:k1, k0:k1][ell] = island[ell]
+    post[k0:k1, k0:k1][ell] = other[ell]
+    post[k0:k1, k0 + move:k1 + move][ell] = island[ell]
+    return pre, post, k
+
+
+@pytest.mark.parametrize("crop", [1024, 192])
+def test_a_region_only_three_overlapping_windows_see_is_found_and_rejected(crop):
+    """Both safeguards for a displaced region with little evidence, at 128 px and 24 px
+    windows: the far search starts in every cell from a missed window with a missed neighbour
+    (the every-other-window pick searched none of the L's windows), and three adjacent
+    windows agreeing on the displacement are confirmed by one search of the rectangle they
+    cover (overlapping, they have no independent neighbour to support them)."""
+    pre, post, k = island_pair(crop)
+    cfg = RegistrationConfig(crop_size=crop)
+    r = screen_alignment(pre, post, np.ones(pre.shape, bool), cfg)
+    assert r.reject_reason is not None and r.reject_reason.startswith("displaced region"), \
+        r.reject_reason
+    assert abs(r.residual_px - 56) < 1.0
+    moved = {(s.row, s.col) for s in r.shifts if abs(s.dx - 56) < 1.0}
+    assert moved == {(k, k), (k, k + 1), (k + 1, k)}
+    # Without the displacement the same crop is accepted (the lake and the L are no obstacle).
+    same = pre.copy()
+    assert screen_alignment(pre, same, np.ones(pre.shape, bool), cfg).reject_reason is None
