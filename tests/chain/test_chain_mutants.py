@@ -16,3 +16,15 @@ def test_an_option_s_needs_belong_to_its_step_only_not_to_steps_named_before_it(
     for step in ("annotate", "annotate check", "alpha"):
         assert needs.missing(step, {"prelabel": "pca-kmeans"}) == [], step
     assert len(needs.missing("annotate export", {"prelabel": "pca-kmeans"})) == 1
+
+
+def test_a_boolean_option_whose_own_name_starts_with_no_is_not_read_as_a_negation():
+    # `--no-llm/--no-no-llm`: "no-llm" is the positive flag (the first option string), kept as given;
+    # only "no-no-llm" is its negation (an empty slice for `[:1]` would turn no-llm: true into llm: false).
+    import argparse
+
+    from operators.chain.options import normalise_booleans
+    ap = argparse.ArgumentParser(prog="job", exit_on_error=False)
+    ap.add_argument("--no-llm", action=argparse.BooleanOptionalAction, default=False)
+    assert normalise_booleans(ap, {"no-llm": True}, "step") == {"no-llm": True}
+    assert normalise_booleans(ap, {"no-no-llm": True}, "step") == {"no-llm": False}
