@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.pairs.screening.screening import AGREE_PX, WindowShift, supported
+from operators.pairs.screening.screening import AGREE_PX, WindowShift, confirmed, supported
 from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
 
@@ -48,3 +48,15 @@ def test_a_corner_bound_exactly_at_the_limit_is_accepted(scene, monkeypatch):  #
         assert (r.reject_reason is None) is accepted, (bound, r.reject_reason)
         if not accepted:
             assert r.reject_reason.startswith("residual") and "at a crop corner" in r.reject_reason
+
+
+def test_a_group_is_windows_near_in_both_grid_directions_not_a_remainder_of_them():
+    # Three agreeing displacements above the limit in one row (or one column), six grid steps apart: no
+    # two are within two steps, so no region (`a.col % b.col` for the difference would join 1, 7, 13).
+    calm = [w(r, c, 0.3, -0.2) for r in (0, 4, 8) for c in (0, 4, 8)]
+    along_a_row = [w(3, 1, 12.0), w(3, 7, 12.2), w(3, 13, 11.8)]
+    along_a_column = [w(1, 3, 12.0), w(7, 3, 12.2), w(13, 3, 11.8)]
+    assert confirmed(calm + along_a_row, 8.0) == calm
+    assert confirmed(calm + along_a_column, 8.0) == calm
+    near = [w(3, 1, 12.0), w(3, 3, 12.2), w(3, 5, 11.8)]      # two steps apart each: one group
+    assert confirmed(calm + near, 8.0) == calm + near
