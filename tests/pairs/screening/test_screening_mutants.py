@@ -60,3 +60,19 @@ def test_a_group_is_windows_near_in_both_grid_directions_not_a_remainder_of_them
     assert confirmed(calm + along_a_column, 8.0) == calm
     near = [w(3, 1, 12.0), w(3, 3, 12.2), w(3, 5, 11.8)]      # two steps apart each: one group
     assert confirmed(calm + near, 8.0) == calm + near
+
+
+def test_holes_in_the_mask_do_not_pull_the_windows_to_zero(scene):  # noqa: F811
+    # Masked pixels (clouds, nodata) sit at the same place in both dates: left at 0 in a window's
+    # template they would match the post's 0s at no shift. Filled with the window's mean, the windows
+    # measure the crop's real shift. A 16 px hole every 64 px: each window is 94 % usable.
+    from operators.pairs.registration.registration import translation
+    from tests.pairs.screening.test_screening import X0, Y0, post_from
+    valid = np.ones((C, C), bool)
+    for y in range(24, C, 64):
+        for x in range(24, C, 64):
+            valid[y:y + 16, x:x + 16] = False
+    r = screen(pre_of(scene), post_from(scene, translation(X0 + 3, Y0 + 4)), valid)
+    measured = [float(np.hypot(s.dx, s.dy)) for s in r.shifts]
+    assert len(measured) >= 20
+    assert abs(float(np.median(measured)) - 5.0) < 0.5, np.median(measured)
