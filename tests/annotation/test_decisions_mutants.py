@@ -195,5 +195,17 @@ def test_the_tolerance_disk_is_round_at_every_radius():
         assert dc._disk(r).shape == (2 * r + 1, 2 * r + 1)
 
 
+
+def test_with_three_annotators_and_an_expert_the_first_two_are_annotator_and_checker():
+    # A third drawing (a re-annotation) does not stop the first two's agreement being measured.
+    a, b, c, e = rect(0, 10, 0, 10), rect(0, 10, 0, 10), rect(20, 30, 20, 30), rect(2, 12, 2, 12)
+    rows = [row(1, "a", a, 1, project=4), row(2, "b", b, 2, project=5), row(3, "c", c, 3, project=6),
+            row(9, "e", e, 9, project=7, task=3, queue="review")]
+    d = decide_pair("p", rows, masks_of, CFG)
+    assert (d.status, d.annotator, d.checker, d.batch, d.agreement) == ("expert", "a", "b", 5, 1.0)
+    assert d.annotations == 4 and np.array_equal(d.masks["new"], e)
+
+
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
+# equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used

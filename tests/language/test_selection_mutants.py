@@ -104,3 +104,33 @@ def test_draw_types_is_the_seeded_draw_in_the_papers_order_within_bounds():
     for k in (0, 9, -1):
         with pytest.raises(ValueError, match=f"--qa-per-pair must be between 1 and 8, got {k}"):
             qa.draw_types("p", 1, k=k)
+
+
+def test_a_mode_read_from_the_command_line_is_compared_by_value():
+    # argparse hands over the argv string, not the interned literal: `is` for `==` would miss it.
+    s = scores(3, (9, 10, 6, 7), overall="6")
+    built = {m: "".join(list(m)) for m in captions.OVERALL_MODES}
+    assert all(built[m] == m and built[m] is not m for m in built)
+    assert [overall_score(s, built[m]) for m in ("criteria", "judge", "mean", "min")] == [3, 6, 7.0, 3]
+    # unknown modes on either side of the known ones (alphabetically) are refused, not read as the nearest
+    for mode in ("best", "sum", "top", "zeta"):
+        with pytest.raises(ValueError, match=f"unknown overall mode '{mode}'"):
+            overall_score(s, mode)
+
+
+def test_the_cut_with_one_passing_and_with_other_keeps():
+    # one passing candidate, fewer than keep: it is the cut (an index past it would raise)
+    out = select_captions([8.0, 5.0])
+    assert [(o.selected, o.reason) for o in out] == [(True, "selected: rank 1 of 1 passing"),
+                                                     (False, "rejected: overall 5 below 7")]
+    # three passing, keep 4: all kept, the lowest too (the cut is the last passing one, not the second)
+    assert [o.selected for o in select_captions([9.0, 8.0, 7.5], keep=4)] == [True, True, True]
+    # keep 2 and keep 4 of more: the cut is the keep-th best (keep ^ 1 would be the third / the fifth)
+    out = select_captions([9.0, 8.5, 8.0, 7.5, 7.2, 7.1], keep=2)
+    assert [o.selected for o in out] == [True, True, False, False, False, False]
+    assert out[2].reason == "not in top 2: overall 8 below the cut 8.5"
+    out = select_captions([9.0, 8.5, 8.0, 7.5, 7.2, 7.1], keep=4)
+    assert [o.selected for o in out] == [True, True, True, True, False, False]
+
+
+# equivalent mutant: core/ReplaceComparisonOperator_GtE_Gt on `cut = passing[keep - 1] if len(passing) >= keep else (passing[-1] if passing else None)`: with exactly keep passing, passing[keep - 1] is passing[-1], the other branch's cut

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.pairs.screening.screening import AGREE_PX, WindowShift, supported
+from operators.pairs.screening.screening import AGREE_PX, WindowShift, confirmed, supported
 from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
 
@@ -48,3 +48,31 @@ def test_a_corner_bound_exactly_at_the_limit_is_accepted(scene, monkeypatch):  #
         assert (r.reject_reason is None) is accepted, (bound, r.reject_reason)
         if not accepted:
             assert r.reject_reason.startswith("residual") and "at a crop corner" in r.reject_reason
+
+
+def test_a_group_is_windows_near_in_both_grid_directions_not_a_remainder_of_them():
+    # Three agreeing displacements above the limit in one row (or one column), six grid steps apart: no
+    # two are within two steps, so no region (`a.col % b.col` for the difference would join 1, 7, 13).
+    calm = [w(r, c, 0.3, -0.2) for r in (0, 4, 8) for c in (0, 4, 8)]
+    along_a_row = [w(3, 1, 12.0), w(3, 7, 12.2), w(3, 13, 11.8)]
+    along_a_column = [w(1, 3, 12.0), w(7, 3, 12.2), w(13, 3, 11.8)]
+    assert confirmed(calm + along_a_row, 8.0) == calm
+    assert confirmed(calm + along_a_column, 8.0) == calm
+    near = [w(3, 1, 12.0), w(3, 3, 12.2), w(3, 5, 11.8)]      # two steps apart each: one group
+    assert confirmed(calm + near, 8.0) == calm + near
+
+
+def test_holes_in_the_mask_do_not_pull_the_windows_to_zero(scene):  # noqa: F811
+    # Masked pixels (clouds, nodata) sit at the same place in both dates: left at 0 in a window's
+    # template they would match the post's 0s at no shift. Filled with the window's mean, the windows
+    # measure the crop's real shift. A 16 px hole every 64 px: each window is 94 % usable.
+    from operators.pairs.registration.registration import translation
+    from tests.pairs.screening.test_screening import X0, Y0, post_from
+    valid = np.ones((C, C), bool)
+    for y in range(24, C, 64):
+        for x in range(24, C, 64):
+            valid[y:y + 16, x:x + 16] = False
+    r = screen(pre_of(scene), post_from(scene, translation(X0 + 3, Y0 + 4)), valid)
+    measured = [float(np.hypot(s.dx, s.dy)) for s in r.shifts]
+    assert len(measured) >= 20
+    assert abs(float(np.median(measured)) - 5.0) < 0.5, np.median(measured)
