@@ -28,6 +28,7 @@ as is the usage of a request one of whose attempts may have been billed unreport
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -325,7 +326,14 @@ def prompt_schema(schema: dict) -> tuple[str, bool]:
     longer than a reference to it (a judge's review entry, once per candidate; a score, once per
     criterion) is stated once under ``$defs`` and referred to by ``$ref``. The schema is repeated in every
     request after the shared prefix, so each of its tokens is paid in full every time. For the model's
-    reading only: replies are checked against the full ``schema``."""
+    reading only: replies are checked against the full ``schema``. Computed once per schema: every
+    attempt of every request in JSON mode states one."""
+    return _stated_schema(json.dumps(schema))
+
+
+@functools.lru_cache(maxsize=256)
+def _stated_schema(schema_json: str) -> tuple[str, bool]:
+    schema = json.loads(schema_json)   # key order kept: the statement lists properties as given
     closed = _closed_objects(schema)
 
     def trim(node):
