@@ -248,8 +248,25 @@ def build_parser(cls: type, help_texts: dict, prog: str, description: str,
 
 def parse_args(argv: list[str] | None, cls: type, help_texts: dict, prog: str, description: str,
                choices: dict | None = None):
-    args = parse_job_args(build_parser(cls, help_texts, prog, description, choices), argv)
+    parser = build_parser(cls, help_texts, prog, description, choices)
+    args = parse_job_args(parser, argv)
+    for name in ("generate_template", "judge_template"):
+        problem = template_problem(getattr(args, name), args.prompts_dir)
+        if problem:
+            parser.error(f"{FLAGS.get(name, '--' + name.replace('_', '-'))}: {problem}")
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def template_problem(name: str, prompts_dir: str = "") -> str | None:
+    """Why ``name`` names no template in ``prompts_dir`` (default: the packaged ones), or None: a
+    mistyped template fails before any work, not at the first pair."""
+    import importlib.resources
+    folder = prompts_dir or str(importlib.resources.files("prompts"))
+    if os.path.isfile(os.path.join(folder, f"{name}.txt")):
+        return None
+    there = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".txt")) if os.path.isdir(folder) else []
+    close = [t for t in there if t.split(".")[0] == name.split(".")[0]]
+    return f"{name!r}: no such template in {folder}" + (f" (there: {', '.join(close)})" if close else "")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
