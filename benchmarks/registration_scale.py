@@ -20,10 +20,12 @@ per-slice sample, for the regional method on the same slices, and on all slices.
     speedup=<per-slice CPU s per slice / regional> scene_px=<side> slices=<n> per_slice_cpu_s=<per slice> regional_cpu_s=<per slice> median_corner_error_px=<regional, same slices> per_slice_median_corner_error_px=<per-slice>
 
 Goal (issue 34): speedup >= 5 at a median error <= 0.5 px and <= the per-slice recipe's + 0.1 px.
-Work: about 8 CPU-minutes (scene build ~1, the 4 sampled per-slice slices ~1.5, the regional
-method ~6), so about 5 minutes of wall time on 2 otherwise idle cores; wall time grows with the
-machine's foreign load (at a load average of 20-38 on 2 cores, 6 sampled slices and
-``--baseline``, a run took 54 minutes), the CPU figures do not. ``--quick`` is about 40 % of it.
+Work: about 3 CPU-minutes on an idle 2-core machine (scene build ~0.5, the 4 sampled per-slice
+slices ~0.5, the regional method ~2), about 2 minutes of wall time. Foreign load stretches the
+wall time (at a load average of 20-38, 6 sampled slices and ``--baseline``: 54 minutes) and
+inflates the CPU figures too, the regional method's more than the per-slice recipe's (4.41x at a
+load average of 10-20, 6.0-6.2x idle): a run under load says so in a note before the last line.
+``--quick`` is about 40 % of it.
 """
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ def main(argv=None) -> None:
         pre, post, warp = write_pair(os.path.join(work, "scenes"), args.size)
         rows = slice_rows(pre, post, args.size, args.slice_size, args.stride)
         sample = sample_rows(rows, args.sample)
-        print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs; CPU seconds "
+        load_before = os.getloadavg()[0]
+        print(f"load average before: {load_before:.1f} ({os.cpu_count()} CPUs; CPU seconds "
               "below are the tasks' own, wall seconds are inflated by foreign load)")
         print(f"scene {args.size}x{args.size} uint16 built in {time.perf_counter() - t0:.0f} s: "
               f"real images of data/ (NAIP, Sentinel-2, Landsat-8) in a 3 x 3 mosaic, each "
@@ -166,6 +169,14 @@ def main(argv=None) -> None:
         reasons = sorted({r["reject_reason"] for r in ps_recs + rg_recs if r["reject_reason"]})
         if reasons:
             print(f"reject reasons: {reasons[:5]}")
+        load = os.getloadavg()[0]
+        if max(load, load_before) > (os.cpu_count() or 1):
+            # Thread CPU time still grows under contention (shared caches, memory bandwidth,
+            # SMT siblings), and not evenly: at a load average of 10-20 on 2 cores this scene
+            # gave 4.41x (14.93 against 3.39 CPU s per slice), 6.0-6.2x on the idle machine.
+            print(f"note: load average {load_before:.1f} before, {load:.1f} after, on "
+                  f"{os.cpu_count()} CPUs: contention inflates both methods' CPU seconds, the "
+                  f"regional method's more; take the figure from an idle machine")
         print(f"speedup={ps_per / rg_per:.2f} scene_px={args.size} slices={len(rows)} "
               f"per_slice_cpu_s={ps_per:.2f} regional_cpu_s={rg_per:.2f} "
               f"median_corner_error_px={rg_err_same:.3f} "
