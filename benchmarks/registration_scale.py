@@ -23,8 +23,8 @@ Goal (issue 34): speedup >= 5 at a median error <= 0.5 px and <= the per-slice r
 Work: about 3 CPU-minutes on an idle 2-core machine (scene build ~0.5, the 4 sampled per-slice
 slices ~0.5, the regional method ~2), about 2 minutes of wall time. Foreign load stretches the
 wall time (at a load average of 20-38, 6 sampled slices and ``--baseline``: 54 minutes) and
-inflates the CPU figures too, the regional method's more than the per-slice recipe's (4.41x at a
-load average of 10-20, 6.0-6.2x idle): a run under load says so in a note before the last line.
+inflates the CPU figures too, unevenly between the methods (4.41x at a load average of 10-20,
+6.0-6.2x idle): a run under load says so in a note before the last line.
 ``--quick`` is about 40 % of it.
 """
 from __future__ import annotations
@@ -172,11 +172,13 @@ def main(argv=None) -> None:
         load = os.getloadavg()[0]
         if max(load, load_before) > (os.cpu_count() or 1):
             # Thread CPU time still grows under contention (shared caches, memory bandwidth,
-            # SMT siblings), and not evenly: at a load average of 10-20 on 2 cores this scene
-            # gave 4.41x (14.93 against 3.39 CPU s per slice), 6.0-6.2x on the idle machine.
+            # SMT siblings), unevenly between the methods, which run at different times: at a
+            # load average of 10-20 on 2 cores this scene gave 4.41x, 6.0-6.2x on the idle
+            # machine; a --quick run whose load rose from 1.6 to 4.8 gave 7.55x.
             print(f"note: load average {load_before:.1f} before, {load:.1f} after, on "
-                  f"{os.cpu_count()} CPUs: contention inflates both methods' CPU seconds, the "
-                  f"regional method's more; take the figure from an idle machine")
+                  f"{os.cpu_count()} CPUs: contention inflates the CPU seconds of the two methods "
+                  f"unevenly (they run at different times); take the figure from an idle "
+                  f"machine")
         print(f"speedup={ps_per / rg_per:.2f} scene_px={args.size} slices={len(rows)} "
               f"per_slice_cpu_s={ps_per:.2f} regional_cpu_s={rg_per:.2f} "
               f"median_corner_error_px={rg_err_same:.3f} "
