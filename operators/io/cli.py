@@ -247,7 +247,13 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides):
         elif hasattr(args, f.name):
             values[f.name] = getattr(args, f.name)
     values.update(overrides)
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        # A combination of settings the group's own checks refuse: one line, before any work (exit
+        # 2, as argparse's own errors), not a traceback.
+        print(f"{os.path.basename(sys.argv[0]) or 'changeforge'}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # Ray deletes freed objects in batches, once a second by default. At the language jobs' rate a second

@@ -206,6 +206,19 @@ def test_with_three_annotators_and_an_expert_the_first_two_are_annotator_and_che
     assert d.annotations == 4 and np.array_equal(d.masks["new"], e)
 
 
+def test_the_expert_who_edited_last_decides_not_the_one_who_started_last():
+    # Two experts review a pair: the first revises hers after the second submitted. The pair follows the
+    # review edited last (updated_at), not the one created last (a key of made_order alone).
+    first = row(1, "expert-a", rect(0, 8, 0, 8), 1, gt=True, queue="review", edited="2026-01-01T00:30:00Z")
+    second = row(2, "expert-b", rect(10, 20, 10, 20), 5, gt=True, queue="review")
+    for rows in ([first, second], [second, first]):
+        d = decide_pair("p", rows, masks_of, CFG)
+        assert (d.status, d.expert) == ("expert", "expert-a"), d
+        assert np.array_equal(d.masks["new"], first["mask"])
+
+
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if sa == 0 or sb == 0:`: (sb <= 0) sb is np.count_nonzero of a mask, never below 0.
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if len(drawings) == 1:`: (<= 1) decide_pair has returned "unannotated" just before when there is no drawing, so len(drawings) >= 1 here.

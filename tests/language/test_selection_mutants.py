@@ -134,3 +134,15 @@ def test_the_cut_with_one_passing_and_with_other_keeps():
 
 
 # equivalent mutant: core/ReplaceComparisonOperator_GtE_Gt on `cut = passing[keep - 1] if len(passing) >= keep else (passing[-1] if passing else None)`: with exactly keep passing, passing[keep - 1] is passing[-1], the other branch's cut
+
+
+def test_every_candidate_tied_at_the_cut_is_labelled_tied_whatever_float_object_it_is():
+    # Scores are computed per candidate (overall_score), so equal scores are distinct float objects:
+    # a tie is equality, not identity (`s is cut` labelled only the one object sorted into the cut).
+    overall = [float("9"), float("8"), float("8"), float("8"), float("6.5")]
+    got = select_captions(overall, threshold=7.0, keep=3)
+    assert [g.selected for g in got] == [True, True, True, True, False]
+    assert [g.reason.endswith("(tied at the top-3 cut)") for g in got] == [False, True, True, True, False]
+
+
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `tie = s == cut and sum(1 for p in passing if p >= cut) > keep`: (s <= cut) the branch holds only candidates with s >= cut, where s <= cut means s == cut.

@@ -116,6 +116,14 @@ def test_defined_values_on_edge_cases():
 def test_a_size_mismatch_names_both_sizes():
     with pytest.raises(ValueError, match=r"^size mismatch: prediction 3x2, label 5x4$"):
         confusion_counts(np.zeros((2, 3), bool), np.zeros((4, 5), bool))
+    # The larger mask on either side (a shape compared by order would let one through to broadcasting).
+    with pytest.raises(ValueError, match=r"^size mismatch: prediction 5x4, label 4x4$"):
+        confusion_counts(np.zeros((4, 5), bool), np.zeros((4, 4), bool))
+    with pytest.raises(ValueError, match=r"^size mismatch: prediction 1x4, label 4x4$"):
+        confusion_counts(np.zeros((4, 1), bool), np.ones((4, 4), bool))   # would broadcast
+
+
+# equivalent mutant: core/ReplaceBinaryOperator_BitAnd_FloorDiv on `tp = int(np.count_nonzero(pred & label))`: (pred // label) on two masks of 0/1 (or 0/255) values p // l is non-zero exactly where both are (1 // 1, 255 // 255; x // 0 gives 0), so the count is the same.
 
 
 @pytest.mark.parametrize("counts", [(0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 1, 1, 1),

@@ -154,8 +154,9 @@ class ScreeningConfig:
     max_residual_m: float = _opt(0.0, "the screening limit in metres of the grid's CRS (0 = use "
                                       "max_residual_px); converted with each slice's pixel size, "
                                       "ignored for a geographic CRS", min=0)
-    screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8); they "
-                                    "tile the whole crop at half-window steps")
+    screen_window_px: int = _opt(0, "side of the screening windows (0 = crop_size / 8, at least "
+                                    "16); they tile the whole crop at half-window steps; at least "
+                                    "8 when set", lo=0)
     screen_search_px: int = _opt(128, "largest displacement a window searches for when the "
                                       "nearby search finds no confident match")
     screen_min_ncc: float = _opt(0.3, "normalised cross-correlation a window's match needs (real "
@@ -166,7 +167,8 @@ class ScreeningConfig:
     screen_min_texture: float = _opt(0.03, "grey standard deviation (unit range, after the "
                                            "crop's percentile stretch) both windows need")
     screen_min_assessed: float = _opt(0.15, "fraction of the textured windows that must be "
-                                           "measured confidently; below: insufficient evidence")
+                                           "measured confidently; below: insufficient evidence",
+                                      lo=0.0, hi=1.0)
     screen_min_windows: int = _opt(6, "agreeing windows screening needs to accept a crop (an "
                                       "affine field over the crop needs 6); fewer: insufficient "
                                       "evidence")
@@ -224,6 +226,10 @@ class ScreeningConfig:
     def __post_init__(self):
         if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
             raise ValueError("screen_min_quadrants must be within [1, 4] and screen_min_windows >= 1")
+        if 0 < self.screen_window_px < 8:
+            # A correlation over fewer than 64 pixels measures noise, not a displacement.
+            raise ValueError(f"--screen-window-px {self.screen_window_px}: must be 0 (automatic) "
+                             "or at least 8")
 
 
 @dataclass

@@ -124,3 +124,17 @@ def test_per_slice_keys_ignore_the_regional_only_later_settings():
         settings_key(row, old)
     assert settings_key(row, RegistrationConfig()) != \
         settings_key(row, RegistrationConfig(prior_features_per_tile=0))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--screen-window-px", "3"], "--screen-window-px 3: must be 0 (automatic) or at least 8"),
+    (["--screen-min-assessed", "1.5"], "--screen-min-assessed 1.5: must be at most 1"),
+])
+def test_a_screening_setting_out_of_range_stops_in_one_line_before_work(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _reg(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert _reg(["--screen-window-px", "8"]).screening.screen_window_px == 8
+    assert _reg(["--screen-window-px", "0"]).screen_window() == 128

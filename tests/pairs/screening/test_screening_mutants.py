@@ -76,3 +76,35 @@ def test_holes_in_the_mask_do_not_pull_the_windows_to_zero(scene):  # noqa: F811
     measured = [float(np.hypot(s.dx, s.dy)) for s in r.shifts]
     assert len(measured) >= 20
     assert abs(float(np.median(measured)) - 5.0) < 0.5, np.median(measured)
+
+
+def test_each_shift_is_placed_at_its_windows_centre(scene):  # noqa: F811
+    # The corner fields extrapolate from where the windows are: a centre half a pixel off
+    # ((win / 1) / 2 for (win - 1) / 2) moves every corner estimate. Pixel centres are integers, so
+    # a window starting at x covering win pixels is centred at x + (win - 1) / 2.
+    from operators.pairs.screening.screening import window_starts
+    r = screen(pre_of(scene), pre_of(scene))
+    win = CFG.screen_window()
+    starts = window_starts(C, win)
+    assert len(r.measured) > 20
+    for s in r.shifts + r.measured:
+        assert (s.x, s.y) == (starts[s.col] + (win - 1) / 2, starts[s.row] + (win - 1) / 2), s
+
+
+def test_nothing_measured_is_insufficient_evidence_even_when_no_share_is_asked(scene):  # noqa: F811
+    # With --screen-min-assessed 0 the share test cannot fail; a crop whose textured windows all find
+    # no match (an unrelated later date) must still be rejected for what it is: nothing assessed.
+    from dataclasses import replace
+    from operators.pairs.screening.screening import screen_alignment
+    pre = pre_of(scene)
+    post = np.random.default_rng(3).random((C, C), dtype=np.float32)
+    r = screen_alignment(pre, post, np.ones((C, C), bool), replace(CFG, screen_min_assessed=0.0))
+    assert r.n_windows > 0 and r.n_confident == 0
+    assert r.reject_reason.startswith("insufficient evidence: 0% of the textured area assessed"), \
+        r.reject_reason
+
+
+# equivalent mutant: core/ReplaceBinaryOperator_Add_LShift on `grid = np.full((rows.max() + 3, cols.max() + 3, 2), np.nan)`: (<< 3 for + 3) the rows and columns are offset by 2, so their maximum m >= 2 and 8 m >= m + 3: the grid only grows, with NaN (no window) in the extra cells.
+# equivalent mutant: core/ReplaceBinaryOperator_Mul_Pow on `if count[i, j] < win * win:     # unusable pixels take the window's mean`: (win ** win) the mean fill then runs on fully usable windows too, where np.where(valid, a, mean) with valid everywhere is a itself (same values, same dtype): only a copy more.
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_GtE on `if max(abs(dr), abs(dc)) == 2:`: (>= 2) dr and dc run over -2..2, so the larger of their sizes is never above 2.
+# equivalent mutant: core/NumberReplacer on `step = max(1, win // 2)`: (max(2, ...)) the two differ only for windows of 3 px or less, and there are none: --screen-window-px is 0 (automatic, at least 16 px) or at least 8 (tests/pairs/registration/test_registration_config.py); only a crop under 4 px, which has nothing to screen, would get such windows.
