@@ -32,6 +32,23 @@ FIXTURE_MARKERS = {
 HEAVY = set(FIXTURE_MARKERS.values()) | {"slow"}
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """On two or more workers (pytest -n, --dist loadfile as in pyproject.toml): a module's tests on one
+    worker, so its module fixtures run once, and all of tests/cluster on one, so its one cluster serves
+    them and the node-killing test still runs after the others. (pytest-xdist's own loadgroup cannot say
+    this under pytest 9: it renames the tests' ids, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/cluster/" if module.startswith("tests/cluster/") else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in FIXTURE_MARKERS.items():
@@ -41,6 +58,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("cluster")
         if not any(item.get_closest_marker(m) for m in HEAVY):
             item.add_marker("quick")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most four (each worker starts its own Ray, S3 server, test
+    server and, when a test asks for one, Label Studio: about 1.5 GiB)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(scope="session")

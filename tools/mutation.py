@@ -104,7 +104,7 @@ def copy_checkout(dest: Path) -> None:
 def test_command(module: Module) -> str:
     # -x: the first failure kills the mutant; no cache kept between runs; no plugins a mutant run never uses.
     return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", "quick", "-p", "no:cacheprovider",
-                     "-p", "no:xdist", "-p", "no:random_order", "--timeout", str(int(module.timeout_s)),
+                     "-n", "0", "-p", "no:random_order", "--timeout", str(int(module.timeout_s)),
                      *module.tests])
 
 

@@ -282,12 +282,13 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
     pairing = PairingConfig(reference_date="2021-01-01")
     reg = RegistrationConfig(crop_size=CROP)
     real_wait = ray.wait
-    seen = []
+    seen, in_flight = [], []
 
     def wait_then_die(refs, *args, **kw):
         ready, rest = real_wait(refs, *args, **kw)
         if sys._getframe(1).f_globals["__name__"] == "operators.pairs.regional.regional_ops" and ready:
             seen.extend(ready)
+            in_flight.extend(rest)
             raise _Killed("driver killed while the regional graph runs")
         return ready, rest
 
@@ -295,6 +296,11 @@ def test_run_killed_mid_graph_keeps_finished_rows_and_rerun_duplicates_nothing(t
     with pytest.raises(_Killed):  # one pair per window: three windows, two in flight
         run(small_job(archive, out, window_slices=6), pairing, reg)
     monkeypatch.setattr(ray, "wait", real_wait)
+    # The job cancelled the tasks still in flight; a cancellation lands asynchronously (on a loaded
+    # machine a running task can still finish its rows first), so the state is read once every one
+    # has ended, as it would be read after a real driver's death.
+    ended, _ = real_wait(in_flight, num_returns=len(in_flight), timeout=300)
+    assert len(ended) == len(in_flight), "a cancelled slice task had not ended after 300 s"
     store = Store(str(out))
     kept = read_table(store, "metadata")
     # Every slice task that had finished when the driver died left its rows (>= 1 slice each).

@@ -13,6 +13,7 @@ LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN=true), and serves local files from a docume
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import socket
@@ -40,11 +41,17 @@ def ensure_venv(log=print) -> Path:
     exe = venv / "bin" / "label-studio"
     if exe.exists() and (venv / "bin" / "python").exists():
         return venv
-    log(f"installing {', '.join(VERSIONS)} into {venv} (a few minutes, once)")
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    *VERSIONS], check=True)
+    # Two test workers (pytest -n) may both find it missing: one installs, the other waits for it.
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.exists() and (venv / "bin" / "python").exists():
+            return venv
+        log(f"installing {', '.join(VERSIONS)} into {venv} (a few minutes, once)")
+        if not (venv / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        *VERSIONS], check=True)
     return venv
 
 
@@ -56,7 +63,7 @@ def _snapshot(db: Path, target: Path) -> None:
     """Copy the freshly migrated database (users only, no projects) for later starts: the migrations
     are what makes the first start slow. sqlite's backup API copies a live database consistently."""
     import sqlite3
-    tmp = target.with_suffix(".tmp")
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")   # two workers may snapshot at once
     src, dst = sqlite3.connect(str(db)), sqlite3.connect(str(tmp))
     try:
         src.backup(dst)
