@@ -49,6 +49,36 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+# Generated-case tests (hypothesis): a small budget in the quick loop (`-m quick`, the mutation tool's runs),
+# a larger one in the full suite; HYPOTHESIS_PROFILE names another (e.g. `hunt` for a long search). A test
+# sets its own max_examples only relative to these (settings(parent=...)) or where its budget is stated.
+# deadline=None: the machine is shared and slow first calls (imports, JIT) are not failures.
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:   # the quick loop of an old venv; the [test] extra installs it
+        return
+    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("quick", max_examples=25, **common)
+    settings.register_profile("full", max_examples=200, **common)
+    settings.register_profile("hunt", max_examples=5000, **common)
+
+
+_register_hypothesis_profiles()
+
+
+def pytest_configure(config):
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    profile = os.environ.get("HYPOTHESIS_PROFILE")
+    if not profile:
+        markexpr = (config.getoption("markexpr", default="") or "").strip()
+        profile = "quick" if markexpr == "quick" else "full"
+    settings.load_profile(profile)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in FIXTURE_MARKERS.items():
