@@ -60,7 +60,7 @@ class PairsJobConfig:
     rgb_bands: tuple[int, ...] = field(default=(), metadata={"min": 1, "help": "1-based bands written as RGB (default: red, green and blue found by the bands' colour interpretation or descriptions, else the first three bands that are not alpha; single-band scenes are written grey)"})
     stretch_percentiles: tuple[int, ...] = field(default=(2, 98), metadata={"range": (0, 100), "length": 2, "increasing": True, "help": "per-scene percentiles mapped to 0 and 255 in the 8-bit conversion"})
     labels: str = field(default="", metadata={"path": "dir", "flag": "label-maps", "old_flags": ("--labels",), "help": "folder or s3:// prefix with label1/<slice_id>.png (new buildings) and label2/<slice_id>.png (demolished); merged by union into label/"})
-    split_fractions: str = field(default="0.7,0.1,0.2", metadata={"fractions": 3, "help": "train,val,test fractions of locations (paper: 70/10/20)"})
+    split_fractions: str = field(default="0.7,0.1,0.2", metadata={"fractions": 3, "help": "train,val,test fractions of locations, summing to 1 (paper: 70/10/20)"})
     seed: int = field(default=0, metadata={"flag": "split-seed", "old_flags": ("--seed",), "help": "seed of the location-to-split draw (a hash of seed and location)"})
     rows_per_shard: int = field(default=2000, metadata={"min": 1, "help": "rows per Parquet shard of the streamed tables (tasks write small shards that the driver folds into shards of this size)"})
     window_slices: int = field(default=2000, metadata={"min": 1, "help": "regional method: slices (whole pairs) per window of the task graph; two windows are in flight, so driver memory stays flat"})

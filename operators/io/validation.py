@@ -10,7 +10,8 @@ Keys a field's metadata may hold (all optional; an empty or unset value is not c
   ``"increasing": True`` wants them in increasing order.
 - ``"path"``: ``"must_exist"`` (a file or a folder), ``"dir"`` or ``"file"``: a local path must be that
   (URIs with a scheme, ``s3://`` or ``https://``, are not looked up here).
-- ``"fractions": n``: ``n`` comma-separated non-negative numbers, not all 0 (split fractions).
+- ``"fractions": n``: ``n`` comma-separated non-negative numbers summing to 1 within
+  :data:`FRACTIONS_TOLERANCE` (split fractions; :func:`fractions_problem`).
 - ``"holds": (suffixes, "what")``: a local folder holds at least one such file (at any depth);
   ``"holds_except": (suffixes, "what")``: at least one file that is not such a one (sidecars);
   ``"json": "nonempty"``: a local file is JSON holding at least one entry (a Label Studio export).
@@ -35,6 +36,9 @@ from urllib.parse import urlsplit
 
 USAGE = 2          # a bad option: nothing was done
 NOTHING_DONE = 3   # the run ran, but every item failed or there was nothing it could do
+# Fractions must sum to 1 within this: room for the rounding of typed decimals (0.7+0.1+0.2 is
+# 0.9999999999999999), none for a typo such as 0.5,0.6,0.2 (rescaling it would hide the typo).
+FRACTIONS_TOLERANCE = 1e-6
 
 CHECK_KEYS = ("min", "max", "gt", "range", "length", "increasing", "fractions", "path", "holds", "holds_except",
               "json", "date", "url", "not_below", "conflicts", "requires")
@@ -89,12 +93,9 @@ def value_problem(checks: dict, value) -> str | None:
     if "gt" in checks and not value > checks["gt"]:
         return f"must be greater than {_num(checks['gt'])}"
     if checks.get("fractions"):
-        try:
-            parts = [float(v) for v in str(value).split(",")]
-        except ValueError:
-            parts = []
-        if len(parts) != checks["fractions"] or any(not v >= 0 for v in parts) or sum(parts) <= 0:
-            return f"needs {checks['fractions']} comma-separated fractions, none negative, not all 0"
+        problem = fractions_problem(value, checks["fractions"])
+        if problem:
+            return problem
     if checks.get("date"):
         try:
             dt.date.fromisoformat(str(value))
@@ -104,6 +105,22 @@ def value_problem(checks: dict, value) -> str | None:
             return "not a date (YYYY-MM-DD)"
     if checks.get("url"):
         return _url_problem(str(value))
+    return None
+
+
+def fractions_problem(value, n: int) -> str | None:
+    """Why ``value`` (``"a,b,c"`` or numbers) is not ``n`` non-negative fractions summing to 1, or None.
+    The one rule for the option check and for :func:`operators.pairs.selection.splits.parse_fractions`."""
+    try:
+        parts = [float(v) for v in (value.split(",") if isinstance(value, str) else value)]
+    except (TypeError, ValueError):
+        parts = []
+    if len(parts) != n or any(not v >= 0 for v in parts):   # `not >=` refuses nan too
+        return f"needs {n} comma-separated fractions, none negative"
+    total = sum(parts)
+    if not abs(total - 1) <= FRACTIONS_TOLERANCE:   # `not <=` refuses inf too
+        # .10g, not :g, so that a sum of 1.000002 is not shown as "1"
+        return f"must sum to 1, they sum to {total:.10g}"
     return None
 
 

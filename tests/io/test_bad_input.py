@@ -69,6 +69,8 @@ CASES = [
     ("pairs-lookback-0", P + ["--lookback-years", "0"], "--lookback-years 0: must be greater than 0"),
     ("pairs-date", P + ["--reference-date", "2021-13-01"], "--reference-date 2021-13-01: not a date"),
     ("pairs-split-fractions", P + ["--split-fractions", "0.7,0.3"], "--split-fractions 0.7,0.3: needs 3"),
+    ("pairs-split-fractions-sum", P + ["--split-fractions", "0.5,0.6,0.2"],
+     "--split-fractions 0.5,0.6,0.2: must sum to 1, they sum to 1.3"),
     ("pairs-percentiles-order", P + ["--stretch-percentiles", "98,2"], "--stretch-percentiles 98,2: must be in increasing order"),
     ("pairs-percentile-range", P + ["--stretch-percentiles", "2,101"], "--stretch-percentiles 2,101: 101: must be between 0 and 100"),
     ("pairs-rgb-bands-type", P + ["--rgb-bands", "r,g,b"], "--rgb-bands r,g,b: not a comma-separated list"),

@@ -11,14 +11,20 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable, Sequence
 
+from operators.io.validation import fractions_problem
+
 SPLITS = ("train", "val", "test")
 
 
 def parse_fractions(text: str | Sequence[float]) -> tuple[float, float, float]:
+    """train,val,test fractions: three non-negative numbers summing to 1 (within 1e-6), else ValueError.
+    The command line refuses the same values before any work (the same rule, ``"fractions": 3``)."""
+    problem = fractions_problem(text, 3)
+    if problem:
+        raise ValueError(f"split fractions {text!r}: {problem}")
     values = [float(v) for v in (text.split(",") if isinstance(text, str) else text)]
-    if len(values) != 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(f"split fractions must be three non-negative numbers, got {text!r}")
     total = sum(values)
+    # Only rounding is left to divide out, so the recorded fractions and the draw are as before.
     return tuple(v / total for v in values)  # type: ignore[return-value]
 
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import event, example, given
+from hypothesis import strategies as st
 
+from operators.io.validation import value_problem
 from operators.pairs.selection.pairing import PairingConfig, select_pairs
 from operators.pairs.selection.slicing import slice_rows
 from operators.pairs.selection.splits import assign_splits, list_files, parse_fractions
@@ -58,7 +61,56 @@ def test_splits_by_location_seeded():
     assert a != assign_splits(locs, (0.7, 0.1, 0.2), seed=2)
     # A location's split does not depend on which other locations are assigned with it.
     assert assign_splits(locs[:10], (0.7, 0.1, 0.2), seed=1) == {k: a[k] for k in locs[:10]}
-    assert parse_fractions("7,1,2") == pytest.approx((0.7, 0.1, 0.2))
+    assert parse_fractions("0.7,0.1,0.2") == pytest.approx((0.7, 0.1, 0.2))
     with pytest.raises(ValueError):
         parse_fractions("1,2")
     assert list_files([("b", "test"), ("a", "train")]) == {"train": ["a.png"], "val": [], "test": ["b.png"]}
+
+
+# -- split fractions must sum to 1 (issue 48): refused, never rescaled ---------------------------------
+def _reference_accepts(parts) -> bool:
+    """The rule as the issue states it: three non-negative fractions with |sum - 1| <= 1e-6."""
+    return len(parts) == 3 and all(p >= 0 for p in parts) and abs(sum(parts) - 1) <= 1e-6
+
+
+_fraction = st.floats(min_value=0, max_value=1)
+
+
+@st.composite
+def _three_fractions(draw):
+    """Three non-negative fractions: any, or two and a third that brings the sum to 1 plus a small
+    error on either side of the 1e-6 limit (free draws almost never land near a sum of 1)."""
+    a, b = draw(_fraction), draw(_fraction)
+    if draw(st.booleans()):
+        return a, b, draw(_fraction)
+    error = draw(st.floats(min_value=-3, max_value=3)) * 1e-6   # in units of the limit: 1.0, 2.0, 0.5 come often
+    return a, b, max(0.0, 1 - a - b + error)
+
+
+@given(_three_fractions())
+@example((0.5, 0.3, 0.2 + 2e-6))     # sum 1 + 2e-6: just outside
+@example((0.5, 0.3, 0.2 + 5e-7))     # sum 1 + 5e-7: just inside
+@example((0.5, 0.6, 0.2))            # the issue's typo
+@example((1.0, 0.0, 0.0))
+def test_split_fractions_are_accepted_exactly_when_they_sum_to_1_within_1e_6(parts):
+    text = ",".join(repr(p) for p in parts)          # repr round-trips, so the job reads these floats
+    accepted = _reference_accepts(parts)
+    event("accepted" if accepted else "refused")      # both sides are drawn: --hypothesis-show-statistics
+    # The option check (the command line, run and chain files) and the job's own parse agree with it.
+    assert (value_problem({"fractions": 3}, text) is None) == accepted, text
+    if accepted:
+        assert parse_fractions(text) == pytest.approx(parts, abs=2e-6)
+    else:
+        with pytest.raises(ValueError, match="must sum to 1"):
+            parse_fractions(text)
+
+
+def test_split_fractions_at_the_limit_and_valid_input_as_before():
+    assert value_problem({"fractions": 3}, "0.5,0.3,0.200002") == "must sum to 1, they sum to 1.000002"
+    assert value_problem({"fractions": 3}, "0.5,0.3,0.2000005") is None
+    assert value_problem({"fractions": 3}, "0.5,0.6,0.2") == "must sum to 1, they sum to 1.3"
+    assert value_problem({"fractions": 3}, "7,1,2") == "must sum to 1, they sum to 10"   # no longer rescaled
+    assert value_problem({"fractions": 3}, "-0.1,0.6,0.5") == "needs 3 comma-separated fractions, none negative"
+    assert parse_fractions("0.7,0.1,0.2") == pytest.approx((0.7, 0.1, 0.2), abs=1e-12)
+    assert parse_fractions("1,0,0") == (1.0, 0.0, 0.0)
+    assert parse_fractions((0.7, 0.1, 0.2)) == pytest.approx((0.7, 0.1, 0.2), abs=1e-12)
