@@ -96,9 +96,18 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
     sample = by_pair["test_102_0512_0000"][0]
     assert pairs["test_102_0512_0000"]["change_region"].split(" areas")[0] in sample["caption"]
 
-    # Usage: one row per request, tokens and cost.
-    assert len(t["usage"]) == 22 and all(u["status"] == "ok" and not u["cached"] for u in t["usage"])
-    assert summary["usage"]["cost_usd"] > 0 and summary["usage"]["prompt_tokens"] > 0
+    # Usage: one row per request, its tokens as the server billed them and its cost at this test's prices
+    # (0.5 and 1.5 USD per million tokens in and out); the run summary adds them up.
+    usage = t["usage"]
+    assert len(usage) == 22 and all(u["status"] == "ok" and not u["cached"] for u in usage)
+    assert all(u["prompt_tokens"] > 0 and u["completion_tokens"] > 0 for u in usage)
+    for u in usage:
+        assert u["cost_usd"] == pytest.approx((u["prompt_tokens"] * 0.5 + u["completion_tokens"] * 1.5) / 1e6)
+    prompt, completion = sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage)
+    # The server charges each request its prompt plus the completion cap it was sent (no reply was cut off).
+    assert sum(tokens for _, tokens in stats["charges"]) == prompt + 22 * CaptionJobConfig.max_tokens
+    assert (summary["usage"]["prompt_tokens"], summary["usage"]["completion_tokens"]) == (prompt, completion)
+    assert summary["usage"]["cost_usd"] == pytest.approx((prompt * 0.5 + completion * 1.5) / 1e6)
 
     # LEVIR-CC file from the tables.
     doc = json.loads((out / LEVIR_CC_FILE).read_text())

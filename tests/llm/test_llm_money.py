@@ -1,8 +1,10 @@
 """Money in the LLM layer: a request the provider may have billed is never booked as free nor sent more
 than twice; a quota stops the pool; a storm's pause ends with one probe; late permits are bounded;
 the cache key leaves the completion cap out (and old caches stay readable); provider batches answer
-through the cache. Against the test server (no Ray; the limiter's core in-process)."""
+through the cache, and a batch never done stops the job at its maximum wait; the run summary counts
+every request that did not succeed as failed. Against the test server (no Ray; the limiter's core in-process)."""
 import asyncio
+import functools
 import time
 
 import pytest
@@ -69,6 +71,25 @@ def test_cached_and_reasoning_tokens_are_recorded_and_reasoning_effort_is_sent(o
     assert first.cached_tokens == 0 and second.cached_tokens >= 1024
     assert second.reasoning_tokens == 7
     assert all(r.get("reasoning_effort") == "low" for r in openai_server.stats()["requests"])
+
+
+def test_the_run_summary_counts_a_rejected_request_as_failed(openai_server):
+    """The line a job prints at its end: a request the endpoint refused (its usage row's status is
+    ``error``, not ``failed``) is counted among the failed, not lost between ok and failed."""
+    from operators.llm.stage import StageSpec, usage_record
+    from operators.llm.usage import format_summary, summarize_usage
+    openai_server.configure(faults=[{"kind": "400", "rate": 1.0, "match": "m1"}])
+    results = run_all(openai_server, requests(3))
+    assert [r.ok for r in results] == [True, False, True] and results[1].error_type == "RequestRejected"
+    spec = StageSpec(name="caption_generate", input_table="t", build_request=None, handle_result=None,
+                     llm=LLMConfig(model="test-model"))
+    rows = [usage_record(spec, r) for r in results]
+    assert [u["status"] for u in rows] == ["ok", "error", "ok"]
+    summary = summarize_usage(rows)
+    first = format_summary(summary).splitlines()[0]
+    sent = openai_server.stats()["total"]
+    assert first == f"requests: 3 logical, {sent} sent over HTTP, 0 answered from cache, 1 failed"
+    assert summary["errors"] == 1
 
 
 # -- 2. quota --------------------------------------------------------------------------------------
@@ -263,15 +284,66 @@ def test_failed_lines_are_retried_once_then_error_rows_with_the_reason(openai_se
 
 
 def test_failed_lines_fall_back_to_real_time_once(openai_server, tmp_path):
+    """--batch-fallback realtime: a line its batch failed is submitted in a batch once and then sent once
+    in real time (booked at the real-time price), never a second batch nor a second real-time send."""
     openai_server.configure(batch_fail_rate=1.0)
     state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
     driver = driver_for(openai_server, state, fallback="realtime")
     batch_pass(openai_server, requests(3), state, cache)
-    driver.submit()
-    driver.wait()
+    assert len(driver.submit()) == 1
+    assert driver.wait() == {"completed": 0, "failed": 0, "retried": 3, "open": 0}
     results = batch_pass(openai_server, requests(3), state, cache)
-    assert all(r.ok and not r.batch_id for r in results) and openai_server.stats()["total"] == 3
-    assert driver.submit() == []
+    assert all(r.ok and not r.batch_id for r in results)
+    stats = openai_server.stats()
+    assert stats["total"] == 3 and sorted(stats["seen_by_key"].values()) == [1, 1, 1]
+    assert len(stats["batch_submissions"]) == 3 and set(stats["batch_submissions"].values()) == {1}
+    assert [r.cost_usd for r in results] == pytest.approx(                       # the real-time price, not half
+        [(r.prompt_tokens * 2.0 + r.completion_tokens * 8.0) / 1e6 for r in results])
+    assert driver.submit() == [] and driver.wait()["open"] == 0
+    again = batch_pass(openai_server, requests(3), state, cache)
+    assert all(r.cached for r in again) and openai_server.stats()["total"] == 3
+
+
+class _FakeTime:
+    """The batch driver's clock and sleep: a sleep moves the clock, nothing waits. A wait past
+    ``ceiling`` is refused at once (a runaway wait fails the test instead of polling for weeks)."""
+
+    def __init__(self, ceiling: float):
+        self.t, self.ceiling = 0.0, ceiling
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        assert self.t + s <= self.ceiling, f"still waiting at {self.t + s:.0f} s (--batch-max-wait-s was exceeded)"
+        self.t += s
+
+
+def test_a_batch_never_done_stops_the_job_at_its_maximum_wait(openai_server, tmp_path, monkeypatch):
+    """--batch-max-wait-s 600 with polls every 30 s: a batch the provider never finishes ends the
+    wait after 600 s (at most one poll more), as BatchesOpen with the rerun hint, its lines kept."""
+    from operators.io.storage import Store
+    from operators.llm import job_runner
+    from operators.llm.job_runner import BatchesOpen, LLMJobConfig, run_llm_job, stop_line
+    from operators.llm.stage import StageSpec
+    openai_server.configure(batch_hold=True)                   # the batch stays in progress
+    state, cache = BatchState(str(tmp_path), "caption"), ResponseCache(str(tmp_path))
+    batch_pass(openai_server, requests(2, tag="never"), state, cache)
+    assert len(driver_for(openai_server, state).submit()) == 1   # ... and the driver is killed here
+    max_wait, poll = 600.0, 30.0
+    fake = _FakeTime(ceiling=10 * max_wait)
+    monkeypatch.setattr(job_runner, "BatchDriver", functools.partial(BatchDriver, sleep=fake.sleep, clock=fake))
+    cfg = LLMJobConfig(output=str(tmp_path), model="test-model", base_url=openai_server.base_url, batch_api=True,
+                       batch_poll_s=poll, batch_max_wait_s=max_wait)
+    spec = StageSpec(name="caption_generate", input_table="pairs", build_request=None, handle_result=None,
+                     llm=LLMConfig(model="test-model", base_url=openai_server.base_url), api_key=Secret(KEY))
+    with pytest.raises(BatchesOpen) as stopped:
+        run_llm_job(cfg, [{"pair_id": "never0"}], None, {}, [spec], None, None, out=Store(str(tmp_path)),
+                    job="caption", run_id="r1")
+    assert max_wait <= fake.t <= max_wait + poll, fake.t
+    assert stop_line(stopped.value) == "stopped: 1 batches still open after --batch-max-wait-s; rerun to poll them"
+    assert [b["done"] for b in state.batches()] == [False] and len(state.keys("lines")) == 2   # a rerun polls it
+    assert set(openai_server.stats()["batch_submissions"].values()) == {1} and openai_server.stats()["total"] == 0
 
 
 def test_export_and_import_through_files(openai_server, tmp_path):

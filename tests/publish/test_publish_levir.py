@@ -32,8 +32,8 @@ def publishable() -> dict[str, str]:
     return out
 
 
-def split_layout(root):
-    for n in NAMES:
+def split_layout(root, names=NAMES):
+    for n in names:
         for role in ("A", "B", "label"):
             src = LEVIR / role / f"{n}.png"
             if src.exists():
@@ -133,3 +133,32 @@ def test_rerun_of_a_version_is_idempotent_and_drops_what_left(tmp_path):
     assert not any(gone in f for f in files) and third["stale_removed"] >= 4   # A, B, label, STAC item
     listed = {line.split("  ", 1)[1] for line in (release / "SHA256SUMS").read_text().splitlines()}
     assert listed == files - {"SHA256SUMS"}
+
+
+def test_a_pair_marked_unusable_in_a_split_folder_dataset_is_left_out_of_the_release(tmp_path):
+    """annotate ingest names a split folder's pair ``<split>/<stem>``: the summary's exclusion must find
+    it (the pair has a mask from the input, so only the summary keeps it out)."""
+    from operators.annotation.decisions import DecisionConfig
+    from operators.annotation.scheme import parse_classes
+    from operators.annotation.summary import SUMMARY_FILE, build_summary
+    from operators.io.layout import discover_pairs
+    kept = ["train_386_0512_0768", "val_27_0000_0256", "test_102_0512_0000"]
+    cloudy = "train_36_0512_0512"
+    inp = split_layout(tmp_path / "levir", [cloudy, *kept])
+    (inp / "licence.txt").write_text("CC0-1.0\n")
+    found = discover_pairs(str(inp))
+    cloudy_id = next(p["pair_id"] for p in found if p["pair_id"].endswith(cloudy))
+    assert cloudy_id == f"train/{cloudy}"                      # the id as annotation writes it
+    summary = build_summary(pairs=found, states={cloudy_id: {"status": "unusable", "reason": "cloud"}},
+                            history=[], exported=set(), classes=parse_classes("change:post"),
+                            cfg=DecisionConfig(), generated_at="2026-02-01T10:00:00Z")
+    (inp / SUMMARY_FILE).write_text(json.dumps(summary))
+    s = main(["--input", str(inp), "--output", str(tmp_path / "rel"), "--name", "t", "--version", "1.0.0",
+              "--date", "2026-01-01"])
+    release = tmp_path / "rel" / "1.0.0"
+    assert s["pairs"] == {"train": 1, "val": 1, "test": 1} and s["excluded"] == 1
+    published = {k: v["split"] for k, v in json.loads((release / "release.json").read_text())["pairs"].items()}
+    assert published == {n: n.split("_")[0] for n in kept}
+    assert not list(release.rglob(f"*{cloudy}*"))              # no image, mask or STAC item of it
+    excluded = json.loads((release / "excluded.json").read_text())
+    assert [(e["item"], e["status"], e["reason"]) for e in excluded] == [(cloudy, "unusable", "cloud")]
