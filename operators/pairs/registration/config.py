@@ -222,6 +222,16 @@ class ScreeningConfig:
     screen_lean_spread_deg: float = _opt(20.0, "leaning windows' displacements from the ground "
                                                "field must lie within this angle of their mean "
                                                "direction (one view direction)", lo=0.0, hi=90.0)
+    screen_lean_max_roof: float = _opt(0.16, "widest roof a lean may move, as a share of the crop "
+                                             "side (164 px at 1024: an 80 m building at 0.5 m); "
+                                             "content moved together over a wider area is a "
+                                             "displaced region of ground, not a lean", lo=0.0,
+                                       hi=1.0)
+    screen_repeat_ncc: float = _opt(0.8, "a window whose texture matches itself this well one "
+                                         "period away (an orchard, a solar farm, a parking lot) "
+                                         "cannot measure a shift by whole periods: it is left "
+                                         "unmeasured, and a region of such windows is "
+                                         "insufficient evidence (1 = off)", lo=0.0, hi=1.0)
 
     def __post_init__(self):
         if not 1 <= self.screen_min_quadrants <= 4 or self.screen_min_windows < 1:
@@ -295,7 +305,8 @@ LATER_DEFAULTS = {"tile_block": 1, "prior_features_per_tile": 0, "prior_sample_m
                   "screen_peak_sigma": 2.0, "screen_confirm_px": 3.0,
                   "screen_agree_px": 2.0, "screen_region_windows": 3, "screen_min_usable": 0.9,
                   "screen_near_factor": 2.0, "screen_far_fraction": 1.0,
-                  "screen_lean": True, "screen_lean_spread_deg": 20.0}
+                  "screen_lean": True, "screen_lean_spread_deg": 20.0,
+                  "screen_lean_max_roof": 0.16, "screen_repeat_ncc": 0.8}
 
 
 # Later settings only the regional method reads: a per-slice run's keys leave them out whatever

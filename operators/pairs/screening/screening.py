@@ -73,6 +73,13 @@ class ScreeningResult:
     corner_se_px: Optional[float] = None  # standard error of the corner value
     coverage: float = 0.0                 # share of the crop in the trusted windows' convex hull
     lean: Optional["Lean"] = None         # off-nadir lean of elevated objects, when found
+    reject_code: Optional[str] = None     # DISPLACED, CORNER or INSUFFICIENT (None: accepted)
+
+
+# Why a crop was rejected, as code reads it (the reason's text is for people).
+DISPLACED = "displaced_region"       # a region of windows displaced beyond the limit
+CORNER = "corner"                    # the displacement field beyond the limit at a crop corner
+INSUFFICIENT = "insufficient_evidence"   # too little measured to say either way
 
 
 @dataclass
@@ -82,6 +89,7 @@ class Lean:
     max_px: float         # the largest
     deg: float            # its direction in crop pixels: 0 = +x (east on a north-up grid), 90 = +y
     windows: int          # leaning windows (left out of the ground field's evidence)
+    share: float = 0.0    # share of the crop seen moving with the roofs (their moved layer)
 
 def window_starts(size: int, window: int) -> list[int]:
     """Window starts along a side at half-window steps, the last flush with the far edge."""
@@ -357,15 +365,15 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
         if order and best is not None and all(
                 np.all(np.abs(A[t]) <= k * sig * np.sqrt(max(inv[t, t], 0.0))) for t in extra):
             continue            # no curvature the windows show beyond their noise
-        at = xy
+        T = _field_terms(xy, w, h, order)
         if order == 2:
             # Curvature extrapolates unstably (on real 192 px crops a quadratic put corners of
-            # crops under 1 px true error 20 px off): the quadratic field speaks for the span of
-            # the windows only, the corners of their centres' bounding box.
+            # crops under 1 px true error 20 px off; carried on along its slope, 20.6 px on a
+            # real NAIP crop of 0.5 px): the quadratic field speaks for the windows' span only,
+            # the corners of their centres' bounding box (a known gap: docs/registration.md).
             cx = [min(s.x for s in shifts), max(s.x for s in shifts)]
             cy = [min(s.y for s in shifts), max(s.y for s in shifts)]
-            at = np.array([[x, y] for y in cy for x in cx])
-        T = _field_terms(at, w, h, order)
+            T = _field_terms(np.array([[x, y] for y in cy for x in cx]), w, h, order)
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
         bound = value + k * se
@@ -526,55 +534,186 @@ def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.
     return out
 
 
-def lean_split(trusted: list[WindowShift], w: int, h: int,
-               cfg: RegistrationConfig) -> Optional[tuple[list[WindowShift], Lean]]:
-    """Separate a coherent ground field from elevated objects leaning one way (off-nadir).
-
-    Between two views, a tall building's roof moves against the ground along the view direction
-    by an amount that grows with its height: windows on roofs disagree with the ground, all in
-    one direction, amid ground that agrees. The windows above the limit are taken as leaning
-    when
-
-    * the others (the ground: at least as many) fit an affine field (:func:`field_fit`);
-    * every one's displacement from that field lies within ``screen_lean_spread_deg`` of their
-      mean direction;
-    * they are interleaved with the ground: at least ``screen_region_windows`` ground windows
-      lie inside the hull of their grid cells (streets and yards between roofs). A patch moved
-      as a whole covers its extent and is a displaced region, whatever its direction.
-
-    Returns (the ground windows, the lean), else None. The ground windows then face every check
-    of an acceptance on their own (evidence, displaced region, corners)."""
-    limit = cfg.max_residual_px
-    big = [s for s in trusted if np.hypot(s.dx, s.dy) > limit]
-    ground = [s for s in trusted if np.hypot(s.dx, s.dy) <= limit]
-    if len(big) < cfg.screen_region_windows or len(ground) < len(big):
+def ground_field(shifts: list[WindowShift], agree_px: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The crop's ground field: the affine field (crop px -> where the content sits in the post
+    crop) most windows agree with within ``agree_px`` (RANSAC, seeded), and which windows do.
+    Robust where a least-squares fit is pulled by roofs or a moved region."""
+    if len(shifts) < 6:
         return None
-    got = field_fit(ground, w, h, 0, cfg.screen_agree_px)
+    src = np.array([[s.x, s.y] for s in shifts], np.float64)
+    dst = src + np.array([[s.dx, s.dy] for s in shifts])
+    cv2.setRNGSeed(0)
+    M, inl = cv2.estimateAffine2D(src.reshape(-1, 1, 2), dst.reshape(-1, 1, 2), method=cv2.RANSAC,
+                                  ransacReprojThreshold=agree_px, maxIters=2000,
+                                  confidence=0.999)
+    if M is None or inl is None or not np.all(np.isfinite(M)):
+        return None
+    return M, inl.ravel().astype(bool)
+
+
+def moved_layer(pre: np.ndarray, post: np.ndarray, valid: np.ndarray, win: int,
+                windows: list[tuple[WindowShift, np.ndarray]]) -> np.ndarray:
+    """Pixels of the pre crop that sit where their window's displacement says rather than where
+    the ground field says: within each window, the pre content compared with the post content at
+    both offsets (absolute differences averaged over a small box), a pixel counted as moved when
+    the window's own offset explains it clearly better (error under ``MOVED_GAIN`` of the
+    ground's). A roof that leans is such a layer within its window; a displaced region of ground
+    is one across windows."""
+    h, w = pre.shape
+    out = np.zeros((h, w), bool)
+    k = max(3, win // 16) | 1
+    half = (win - 1) / 2
+    for s, g in windows:
+        x0, y0 = int(round(s.x - half)), int(round(s.y - half))
+        a = pre[y0:y0 + win, x0:x0 + win]
+        e = []
+        for dx, dy in ((s.dx, s.dy), (g[0], g[1])):
+            b = cv2.getRectSubPix(post, (win, win), (float(s.x + dx), float(s.y + dy)))
+            e.append(cv2.blur(np.abs(a - b), (k, k)))
+        out[y0:y0 + win, x0:x0 + win] |= (e[0] < MOVED_GAIN * e[1]) & valid[y0:y0 + win, x0:x0 + win]
+    return out
+
+
+MOVED_GAIN = 0.6    # a pixel is moved when its window's offset leaves under 60 % of the ground's error
+
+
+def wide_areas(moved: np.ndarray, width_px: float) -> np.ndarray:
+    """The parts of ``moved`` (speckle opened away) belonging to an area no roof makes: one that
+    holds a disc of ``width_px`` diameter, or one the crop's edge cuts that reaches farther than
+    twice that along a row or a column (a region mostly outside the crop shows as a sliver whose
+    width cannot be seen). Roofs are narrower; ground moved as a whole is not."""
+    k = max(3, int(width_px) // 12) | 1
+    disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k))
+    clean = cv2.morphologyEx(moved.astype(np.uint8), cv2.MORPH_OPEN, disc)
+    if not clean.any():
+        return clean.astype(bool)
+    dist = cv2.distanceTransform(clean, cv2.DIST_L2, 5)
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(clean, connectivity=8)
+    x, y = stats[:, cv2.CC_STAT_LEFT], stats[:, cv2.CC_STAT_TOP]
+    bw, bh = stats[:, cv2.CC_STAT_WIDTH], stats[:, cv2.CC_STAT_HEIGHT]
+    H, W = moved.shape
+    cut = (x == 0) | (y == 0) | (x + bw == W) | (y + bh == H)    # its width may lie outside
+    long = np.flatnonzero(cut & (np.maximum(bw, bh) > 2 * width_px))
+    wide = np.union1d(np.unique(labels[dist >= width_px / 2]), long)
+    wide = wide[wide > 0]
+    return np.isin(labels, wide)
+
+
+def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
+               win: int, w: int, h: int,
+               cfg: RegistrationConfig) -> Optional[tuple[list[WindowShift], Lean]]:
+    """Separate the ground from elevated objects leaning one way (off-nadir), at any magnitude.
+
+    Between two views a tall building's roof moves against the ground along the view direction,
+    by an amount that grows with its height: its windows disagree with the ground field, in one
+    direction. The windows off the ground field (:func:`ground_field`, by more than
+    ``screen_agree_px``) are taken as leaning when
+
+    * what moved in them is roof-sized: the content their offset explains (:func:`moved_layer`)
+      belongs to no area wider than ``screen_lean_max_roof`` of the crop side
+      (:func:`wide_areas`); a region of ground moved as a whole, convex, L-shaped, a ring or two
+      patches, is wider and stays evidence of displacement;
+    * at least ``screen_region_windows`` of them remain, the ground keeps at least as many;
+    * their displacements from the ground field lie within ``screen_lean_spread_deg`` of their
+      mean direction (one view direction);
+    * they are interleaved with the ground: at least ``screen_region_windows`` ground windows
+      lie inside the hull of their grid cells.
+
+    Returns (the crop's other windows: the ground, and any displaced region, which face every
+    check of an acceptance; the lean), else None."""
+    got = ground_field(trusted, cfg.screen_agree_px)
     if got is None:
         return None
-    A = got[0]
-    X = _field_terms(np.array([[s.x, s.y] for s in big]), w, h, 0)
-    v = np.array([[s.dx, s.dy] for s in big]) - X @ A
+    M, _ = got
+    xy = np.array([[s.x, s.y] for s in trusted])
+    field = xy @ M[:, :2].T + M[:, 2] - xy
+    dev = np.array([[s.dx, s.dy] for s in trusted]) - field
+    off = np.hypot(*dev.T) > cfg.screen_agree_px
+    if not off.any():
+        return None
+    idx = np.flatnonzero(off)
+    moved = moved_layer(pre, post, valid, win, [(trusted[i], field[i]) for i in idx])
+    wide = wide_areas(moved, cfg.screen_lean_max_roof * min(w, h))
+    half = (win - 1) / 2
+    lean_idx = []
+    for i in idx:
+        s = trusted[i]
+        x0, y0 = int(round(s.x - half)), int(round(s.y - half))
+        if not wide[y0:y0 + win, x0:x0 + win].any():
+            lean_idx.append(i)
+    if len(lean_idx) < cfg.screen_region_windows or len(trusted) - len(lean_idx) < len(lean_idx):
+        return None
+    v = dev[lean_idx]
     mag = np.hypot(*v.T)
-    mean = (v / np.maximum(mag, 1e-9)[:, None]).mean(axis=0)
+    mean = (v / mag[:, None]).mean(axis=0)
     if np.hypot(*mean) < 1e-9:
         return None
     u = mean / np.hypot(*mean)
-    spread = np.degrees(np.arccos(np.clip((v @ u) / np.maximum(mag, 1e-9), -1.0, 1.0)))
+    spread = np.degrees(np.arccos(np.clip((v @ u) / mag, -1.0, 1.0)))
     if spread.max() > cfg.screen_lean_spread_deg:
         return None
     along = v @ u
-    # Interleaved with the ground: roofs stand between streets and yards that stay registered,
-    # a region moved as a whole covers its extent. Ground windows strictly inside the hull of
-    # the leaning windows' grid cells tell them apart.
-    cells = np.array([[s.col, s.row] for s in big], np.float32).reshape(-1, 1, 2)
-    hull = cv2.convexHull(cells)
+    leaning = set(lean_idx)
+    ground = [s for i, s in enumerate(trusted) if i not in leaning]
+    # Interleaved with the ground: roofs stand between streets and yards that stay registered;
+    # ground windows strictly inside the hull of the leaning windows' grid cells show it (a
+    # periodic region's moved rim, thin like roofs, encloses no such ground of its own).
+    cells = np.array([[trusted[i].col, trusted[i].row] for i in lean_idx], np.float32)
+    hull = cv2.convexHull(cells.reshape(-1, 1, 2))
     inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
                  for s in ground)
     if inside < cfg.screen_region_windows:
         return None
     deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
-    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(big))
+    roofs = moved & ~wide
+    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(lean_idx),
+                        float(roofs.mean()))
+
+
+def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: float) -> bool:
+    """Whether the pre window at (x, y) matches its own surroundings within ``reach`` px as well
+    as ``ncc`` somewhere apart from its own peak: the surface above ``ncc`` is more than the one
+    region about the window's own place (smooth texture's wide peak is one region; a period's
+    rival is another). True for repeated texture (an orchard, a solar farm, a parking lot), whose
+    shift by whole periods no correlation can see. At half resolution for windows of 64 px and
+    more (periods of 8 px and up stay resolved)."""
+    h, w = pre.shape
+    sx0, sy0 = max(0, x - reach), max(0, y - reach)
+    sx1, sy1 = min(w, x + win + reach), min(h, y + win + reach)
+    region = pre[sy0:sy1, sx0:sx1]
+    tmpl = pre[y:y + win, x:x + win]
+    f = 2 if win >= 64 else 1
+    if f == 2:
+        region = cv2.resize(region, (region.shape[1] // 2, region.shape[0] // 2),
+                            interpolation=cv2.INTER_AREA)
+        tmpl = cv2.resize(tmpl, (win // 2, win // 2), interpolation=cv2.INTER_AREA)
+    surface = cv2.matchTemplate(region, tmpl, cv2.TM_CCOEFF_NORMED)
+    cv2.patchNaNs(surface, -1.0)
+    high = (surface >= ncc).astype(np.uint8)
+    n, _ = cv2.connectedComponents(high, connectivity=8)
+    return n > 2             # background + the window's own peak: anything more repeats it
+
+
+# Windows under this side hold too few pixels for the repeated-texture test: natural texture in
+# 16-24 px windows matches itself at 0.8 somewhere near by chance (real NAIP crops were lost).
+REPEAT_MIN_WINDOW = 64
+
+
+def repeated_region(cells: set[tuple[int, int]], need: int) -> Optional[list[tuple[int, int]]]:
+    """The largest group of grid-adjacent windows in ``cells``, when it holds ``need`` or more."""
+    left, best = set(cells), []
+    while left:
+        stack, group = [left.pop()], []
+        while stack:
+            i, j = stack.pop()
+            group.append((i, j))
+            for di in (-1, 0, 1):
+                for dj in (-1, 0, 1):
+                    if (i + di, j + dj) in left:
+                        left.discard((i + di, j + dj))
+                        stack.append((i + di, j + dj))
+        best = max(best, group, key=len)
+    return best if len(best) >= need else None
 
 
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
@@ -603,8 +742,14 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     _, _, post_std = window_stats(post, valid, ys, xs, win)
     usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
+    repeated: set[tuple[int, int]] = set()
+    reach = max(near, win // 2)
     for i, j in zip(*np.nonzero(usable)):
         i, j, y, x = int(i), int(j), ys[i], xs[j]
+        if win >= REPEAT_MIN_WINDOW and cfg.screen_repeat_ncc < 1.0 and repeats_itself(pre, x, y, win, reach,
+                                                          cfg.screen_repeat_ncc):
+            repeated.add((i, j))     # a shift by whole periods would look like none
+            continue
         a = pre[y:y + win, x:x + win]
         if count[i, j] < win * win:     # unusable pixels take the window's mean
             a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
@@ -641,7 +786,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
-    lean = lean_split(trusted, w, h, cfg) if cfg.screen_lean else None
+    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) if cfg.screen_lean else None
     if lean is not None:
         # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
         # region test and the corner fields.
@@ -650,11 +795,21 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         agreed = [s for s in agreed if id(s) not in leaning]
     n = len(trusted)
     fraction = n / n_textured if n_textured else 0.0
+    orchard = repeated_region(repeated, cfg.screen_region_windows)
+    if orchard is not None:
+        ci = float(np.mean([ys[i] for i, _ in orchard])) + (win - 1) / 2
+        cj = float(np.mean([xs[j] for _, j in orchard])) + (win - 1) / 2
+        return ScreeningResult(None, None, n_textured, n,
+                               f"insufficient evidence: repeated texture over {len(orchard)} "
+                               f"windows near ({cj:.0f}, {ci:.0f}) of the crop (a shift by whole "
+                               f"periods cannot be seen)", fraction, trusted, shifts,
+                               reject_code=INSUFFICIENT)
     if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
         return ScreeningResult(None, None, n_textured, n,
                                f"insufficient evidence: {fraction:.0%} of the textured area "
                                f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
-                               f"{n_textured} windows)", fraction, trusted, shifts)
+                               f"{n_textured} windows)", fraction, trusted, shifts,
+                               reject_code=INSUFFICIENT)
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
     coverage = hull_share(trusted, w, h)
     if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants or \
@@ -664,7 +819,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
                                f"quadrant(s) covering {coverage:.0%} of the crop (needs "
                                f"{cfg.screen_min_windows} in {cfg.screen_min_quadrants}, "
                                f"covering {cfg.screen_min_coverage:.0%})", fraction, trusted,
-                               shifts)
+                               shifts, reject_code=INSUFFICIENT)
     mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
     worst = trusted[int(np.argmax(mags))]
     residual, median = float(mags.max()), float(np.median(mags))
@@ -673,27 +828,29 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     step = max(1, win // 2)
     corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px,
                              cfg.screen_agree_px, (win / step) ** 2)
-    reason = None
+    reason = code = None
     if residual > cfg.max_residual_px:
+        code = DISPLACED
         reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
                   f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
     elif corner is None:
+        code = INSUFFICIENT
         reason = (f"insufficient evidence: no displacement field fits the {len(agreed)} "
                   f"agreeing windows (the crop's corners are unknown)")
     elif corner.bound > cfg.max_residual_px:
+        code = CORNER
         reason = (f"residual {corner.value:.1f} px at a crop corner (standard error "
                   f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
                   f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
     found_lean = lean[1] if lean is not None else None
     if corner is None:
-        return ScreeningResult(None if reason.startswith("insufficient") else residual, median,
-                               n_textured, n, reason, fraction, trusted, shifts, None, coverage,
-                               found_lean)
+        return ScreeningResult(None if code == INSUFFICIENT else residual, median, n_textured, n,
+                               reason, fraction, trusted, shifts, None, coverage, found_lean, code)
     return ScreeningResult(max(residual, corner.value), median, n_textured, n, reason, fraction,
-                           trusted, shifts, corner.se, coverage, found_lean)
+                           trusted, shifts, corner.se, coverage, found_lean, code)
 
 
-RESCUABLE = ("displaced region", "residual")   # reasons a smooth field can explain
+RESCUABLE = (DISPLACED, CORNER)   # rejections a smooth field can explain
 
 
 def rescue_field(result: ScreeningResult, w: int, h: int,
@@ -708,8 +865,7 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
     of the one field. A displaced region (a building, a landslide, a wrong peak group) leaves
     windows the field cannot explain and is not rescued.
     """
-    if not cfg.rescue or not result.reject_reason or \
-            not result.reject_reason.startswith(RESCUABLE):
+    if not cfg.rescue or result.reject_code not in RESCUABLE:
         return None
     trusted = result.shifts
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})

@@ -1,0 +1,96 @@
+"""Screening against generated displacement fields with ground truth (``benchmarks/_fields.py``),
+one family at a time near the 8 px limit (9 px rejected, 7 px accepted and measured). The
+benchmark (``python -m benchmarks.screening_fields``) counts thousands; these keep each family's
+rule from sliding back. Real texture (NAIP, Sentinel-2) at the paper's 1024 px crop and at the
+small 192 px geometry."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks._fields import SHAPES, SMOOTH_KINDS, make_case, smooth_field
+from operators.pairs.registration.registration import RegistrationConfig
+from operators.pairs.screening.screening import DISPLACED, INSUFFICIENT, screen_alignment
+
+
+def screened(case, **settings):
+    return screen_alignment(case.pre, case.post, case.valid,
+                            RegistrationConfig(crop_size=case.crop, **settings))
+
+
+@pytest.mark.parametrize("kind", SHAPES)
+def test_a_region_moved_9_px_is_rejected_at_the_paper_geometry(kind):
+    """Convex, L-shaped, ring and random-polygon regions (one to four, often all one way, what a
+    lean looks like) moved 9 px: a displaced region, never taken for a building lean."""
+    for seed in range(2):
+        case = make_case("patches", 1024, seed, kind=kind, magnitude_px=9.0, overlays=False)
+        assert case.truth_px == pytest.approx(9.0, abs=0.01)
+        r = screened(case)
+        assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SHAPES)
+def test_a_region_moved_20_px_in_any_shape_is_no_lean(kind):
+    """The issue's cases: L-shaped, ring, polygon and several patches moved 20 px, one way like a
+    lean. What moved is wider than any roof, so no lean explains it. Broken once (every moved
+    area taken as roof-sized): L seeds 3, 4, 6, polygon 3 and convex 2 were accepted."""
+    for seed in range(7):
+        case = make_case("patches", 1024, seed, kind=kind, magnitude_px=20.0, overlays=False)
+        r = screened(case)
+        assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
+
+
+@pytest.mark.parametrize("kind", ["tilt", "saddle", "rotation"])
+def test_a_smooth_field_near_the_limit_at_the_corners(kind):
+    """A tilt, a saddle and a local rotation whose largest displacement (often at a crop corner)
+    is 9 px are rejected; at 7 px accepted, the residual within 1 px of the truth."""
+    for seed in range(3):
+        over = make_case("smooth", 192, seed, kind=kind, magnitude_px=9.0, overlays=False)
+        r = screened(over)
+        assert r.reject_reason is not None, (kind, seed, r.residual_px)
+        under = make_case("smooth", 192, seed, kind=kind, magnitude_px=7.0, overlays=False)
+        r = screened(under)
+        assert r.reject_reason is None, (kind, seed, r.reject_reason)
+        assert abs(r.residual_px - under.truth_px) <= 1.0
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: a bowl's corners are read at the windows' span "
+                                       "(docs/registration.md)")
+def test_a_bowl_reaching_9_px_at_the_corners_is_rejected():
+    rejected = [screened(make_case("smooth", 192, s, kind="bowl", magnitude_px=9.0,
+                                   overlays=False)).reject_reason is not None for s in range(3)]
+    assert all(rejected)
+
+
+def test_repeated_texture_moved_by_a_whole_period_is_not_accepted():
+    """An orchard, a solar farm or a parking lot moved by one period (18-64 px) with its edges
+    looks registered inside: its windows cannot measure, and a region of them is insufficient
+    evidence, not an acceptance (was: accepted with residual 0.02 px)."""
+    seen = 0
+    for seed in range(8):
+        case = make_case("periodic", 1024, seed, overlays=False)
+        if case.truth_px < 9.0:
+            continue
+        seen += 1
+        r = screened(case)
+        assert r.reject_reason is not None, (seed, case.params, r.residual_px)
+    assert seen >= 3
+    # The setting off (1): the same crops were accepted.
+    case = next(c for c in (make_case("periodic", 1024, s, overlays=False) for s in range(8))
+                if c.truth_px >= 9.0)
+    assert screened(case).reject_code == INSUFFICIENT
+    assert screened(case, screen_repeat_ncc=1.0).reject_reason is None
+
+
+@pytest.mark.parametrize("kind", SMOOTH_KINDS)
+def test_the_generator_s_truth_is_the_field_s_largest_displacement(kind):
+    """Truth the benchmark relies on: a smooth field's largest |d| over the crop's pixels is the
+    magnitude asked for, wherever it lies (corners included)."""
+    rng = np.random.default_rng(0)
+    for peak in (4.0, 9.0, 16.0):
+        dx, dy = smooth_field(kind, 96, peak, rng)
+        mag = np.hypot(dx, dy)
+        assert float(mag.max()) == pytest.approx(peak, rel=1e-4)
+    case = make_case("lean", 192, 0)
+    assert case.truth_px == 0.0 and case.lean_px[1] >= case.lean_px[0] > 0
