@@ -628,7 +628,7 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     xy = np.array([[s.x, s.y] for s in trusted])
     field = xy @ M[:, :2].T + M[:, 2] - xy
     dev = np.array([[s.dx, s.dy] for s in trusted]) - field
-    off = np.hypot(*dev.T) > cfg.screen_agree_px
+    off = np.hypot(*dev.T) > LEAN_OFF_FACTOR * cfg.screen_agree_px
     if not off.any():
         return None
     idx = np.flatnonzero(off)
@@ -641,18 +641,20 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
         x0, y0 = int(round(s.x - half)), int(round(s.y - half))
         if not wide[y0:y0 + win, x0:x0 + win].any():
             lean_idx.append(i)
-    if len(lean_idx) < cfg.screen_region_windows or len(trusted) - len(lean_idx) < len(lean_idx):
+    if len(lean_idx) < cfg.screen_region_windows:
         return None
     v = dev[lean_idx]
-    mag = np.hypot(*v.T)
-    mean = (v / mag[:, None]).mean(axis=0)
+    mean = v.sum(axis=0)            # the taller the roof, the surer its direction
     if np.hypot(*mean) < 1e-9:
         return None
     u = mean / np.hypot(*mean)
-    spread = np.degrees(np.arccos(np.clip((v @ u) / mag, -1.0, 1.0)))
-    if spread.max() > cfg.screen_lean_spread_deg:
-        return None
     along = v @ u
+    # One direction: each deviation within screen_lean_spread_deg of it, or (a small one, whose
+    # direction the windows' noise turns) within screen_agree_px of the line.
+    across = np.abs(v @ np.array([-u[1], u[0]]))
+    slack = np.maximum(cfg.screen_agree_px, along * np.sin(np.radians(cfg.screen_lean_spread_deg)))
+    if np.any(along <= 0) or np.any(across > slack):
+        return None
     leaning = set(lean_idx)
     ground = [s for i, s in enumerate(trusted) if i not in leaning]
     # Interleaved with the ground: roofs stand between streets and yards that stay registered;
@@ -662,12 +664,16 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     hull = cv2.convexHull(cells.reshape(-1, 1, 2))
     inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
                  for s in ground)
-    if inside < cfg.screen_region_windows:
+    if LEAN_HULL and inside < cfg.screen_region_windows:
         return None
     deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
     roofs = moved & ~wide
     return ground, Lean(float(np.median(along)), float(along.max()), deg, len(lean_idx),
                         float(roofs.mean()))
+
+
+LEAN_HULL = True
+LEAN_OFF_FACTOR = 1.0
 
 
 def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: float) -> bool:
