@@ -722,6 +722,29 @@ def repeated_region(cells: set[tuple[int, int]], need: int) -> Optional[list[tup
     return best if len(best) >= need else None
 
 
+def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray,
+               source: np.ndarray, found: dict, far: int, near: int, cfg: RegistrationConfig,
+               peak: PeakTest) -> None:
+    """The far search from ``queue`` (one window per cell, :func:`far_candidates`), then around
+    every window it finds displaced, step by step, until no new window shows the region; hits
+    into ``found``. ``templates`` are windows of ``source`` looked for in ``target``."""
+    searched: set[tuple[int, int]] = set()
+    while queue:
+        key = queue.pop()
+        if key in searched or key in found:
+            continue
+        searched.add(key)
+        a, x, y = templates[key]
+        hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
+                               source, peak, near)
+        if hit is None:
+            continue
+        found[key] = hit
+        if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
+            queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                         if (key[0] + di, key[1] + dj) in templates)
+
+
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
                      cfg: RegistrationConfig) -> ScreeningResult:
     """Measure the residual misregistration of a crop pair over the whole crop.
@@ -766,26 +789,12 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
             found[(i, j)] = hit
         elif far > near:
             far_cells.setdefault((i // 2, j // 2), []).append((i, j))
-    far_queue = far_candidates(far_cells, pre_std)
-    # Pass 2, the far search (the cost of screening): one window per cell, then around every
-    # window it finds displaced, step by step, until no new window shows the region.
-    searched: set[tuple[int, int]] = set()
-    while far_queue:
-        key = far_queue.pop()
-        if key in searched or key in found:
-            continue
-        searched.add(key)
-        a, x, y = templates[key]
-        hit, _ = search_window(a, post, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
-                               pre, peak, near)
-        if hit is None:
-            continue
-        found[key] = hit
-        if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
-            far_queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
-                             if (key[0] + di, key[1] + dj) in templates)
+    # Pass 2, the far search (the cost of screening).
+    far_search(far_candidates(far_cells, pre_std), templates, post, pre, found, far, near, cfg,
+               peak)
     n_textured = len(templates)
-    shifts = [WindowShift(x + (win - 1) / 2, y + (win - 1) / 2, dx, dy, ncc, i, j)
+    half = (win - 1) / 2
+    shifts = [WindowShift(x + half, y + half, dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
               for (_, x, y) in [templates[(i, j)]]]
     agreed = supported(shifts, cfg.screen_agree_px)
