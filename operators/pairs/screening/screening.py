@@ -366,21 +366,51 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
                 np.all(np.abs(A[t]) <= k * sig * np.sqrt(max(inv[t, t], 0.0))) for t in extra):
             continue            # no curvature the windows show beyond their noise
         T = _field_terms(xy, w, h, order)
+        value = np.hypot(*(T @ A).T)
+        se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
         if order == 2:
             # Curvature extrapolates unstably (on real 192 px crops a quadratic put corners of
             # crops under 1 px true error 20 px off; carried on along its slope, 20.6 px on a
-            # real NAIP crop of 0.5 px): the quadratic field speaks for the windows' span only,
-            # the corners of their centres' bounding box (a known gap: docs/registration.md).
+            # real NAIP crop of 0.5 px). Where the windows show curvature, each corner is read
+            # from its own neighbourhood instead: an affine field over the windows nearest it,
+            # carried the last half window to the corner (a bowl that reaches the limit there
+            # grows over it).
+            # A corner whose neighbourhood is too sparse to read it (its standard error over
+            # LOCAL_MAX_SE_PX: real NAIP crops gave 13.6 +- 7.2 px at a corner of 0.5 px) keeps
+            # the quadratic's reading at the windows' span.
             cx = [min(s.x for s in shifts), max(s.x for s in shifts)]
             cy = [min(s.y for s in shifts), max(s.y for s in shifts)]
-            T = _field_terms(np.array([[x, y] for y in cy for x in cx]), w, h, order)
-        value = np.hypot(*(T @ A).T)
-        se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
+            Tb = _field_terms(np.array([[x, y] for y in cy for x in cx]), w, h, order)
+            value = np.hypot(*(Tb @ A).T)
+            se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", Tb, inv, Tb), 0))
+            for c, got in enumerate(local_corner(shifts, p, w, h, agree_px) for p in xy):
+                if got is not None and max(got[1], noise_px) * inflate <= LOCAL_MAX_SE_PX:
+                    value[c], se[c] = got[0], max(got[1], noise_px) * inflate
         bound = value + k * se
         i = int(np.argmax(bound))
         if best is None or bound[i] > best.bound:
             best = CornerEstimate(float(value.max()), float(se[i]), float(bound[i]))
     return best
+
+
+LOCAL_CORNER_WINDOWS = 12   # windows nearest a crop corner that read it (3 x 3 and their next)
+LOCAL_MAX_SE_PX = 1.0       # a corner read locally with a larger standard error is not read so
+
+
+def local_corner(shifts: list[WindowShift], corner: np.ndarray, w: int, h: int,
+                 agree_px: float = AGREE_PX) -> Optional[tuple[float, float]]:
+    """|d| at ``corner`` from an affine field over the ``LOCAL_CORNER_WINDOWS`` windows nearest
+    it, and the prediction's standard error per unit of the windows' scatter (times that
+    scatter); None when they do not span a plane."""
+    pts = np.array([[s.x, s.y] for s in shifts])
+    near = np.argsort(((pts - corner) ** 2).sum(axis=1))[:LOCAL_CORNER_WINDOWS]
+    got = field_fit([shifts[i] for i in near], w, h, 0, agree_px)
+    if got is None:
+        return None
+    A, inv, sigma = got
+    T = _field_terms(np.asarray(corner, float)[None], w, h, 0)
+    se = float(np.sqrt(max(float(T[0] @ inv @ T[0]), 0.0))) * sigma
+    return float(np.hypot(*(T @ A)[0])), se
 
 
 def hull_share(shifts: list[WindowShift], w: int, h: int) -> float:

@@ -44,22 +44,35 @@ def test_a_region_moved_20_px_in_any_shape_is_no_lean(kind):
 @pytest.mark.parametrize("kind", ["tilt", "saddle", "rotation"])
 def test_a_smooth_field_near_the_limit_at_the_corners(kind):
     """A tilt, a saddle and a local rotation whose largest displacement (often at a crop corner)
-    is 9 px are rejected; at 7 px accepted, the residual within 1 px of the truth."""
+    is 9 px are rejected; at 6 px (the limit less 2 px, where a false reject counts) accepted,
+    the residual within 1 px of the truth. (At 7 px a corner read from few windows plus twice
+    its standard error may pass the limit: rejected, by design, on the safe side.)"""
     for seed in range(3):
         over = make_case("smooth", 192, seed, kind=kind, magnitude_px=9.0, overlays=False)
         r = screened(over)
         assert r.reject_reason is not None, (kind, seed, r.residual_px)
-        under = make_case("smooth", 192, seed, kind=kind, magnitude_px=7.0, overlays=False)
+        under = make_case("smooth", 192, seed, kind=kind, magnitude_px=6.0, overlays=False)
         r = screened(under)
         assert r.reject_reason is None, (kind, seed, r.reject_reason)
         assert abs(r.residual_px - under.truth_px) <= 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a bowl's corners are read at the windows' span "
-                                       "(docs/registration.md)")
-def test_a_bowl_reaching_9_px_at_the_corners_is_rejected():
-    rejected = [screened(make_case("smooth", 192, s, kind="bowl", magnitude_px=9.0,
-                                   overlays=False)).reject_reason is not None for s in range(3)]
+def test_a_bowl_reaching_9_px_at_a_corner_is_read_from_the_corner_s_neighbourhood():
+    """A bowl at the paper's geometry whose 9 px lie at a crop corner: the quadratic read at the
+    windows' span said 8.0 px and the crop was accepted (seed 0); read from the windows nearest
+    the corner, carried the last half window, it is rejected."""
+    for seed in (0, 1):
+        case = make_case("smooth", 1024, seed, kind="bowl", magnitude_px=9.0, overlays=False)
+        assert screened(case).reject_reason is not None, seed
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: a bowl whose curvature the windows do not show "
+                                       "beyond their noise is read by the affine and bilinear "
+                                       "fields (docs/registration.md)")
+def test_every_bowl_reaching_9_px_at_the_corners_is_rejected():
+    rejected = [screened(make_case("smooth", crop, s, kind="bowl", magnitude_px=9.0,
+                                   overlays=False)).reject_reason is not None
+                for crop in (192, 1024) for s in range(3)]
     assert all(rejected)
 
 
