@@ -280,11 +280,16 @@ def overlay(pre: np.ndarray, post: np.ndarray, valid: np.ndarray, rng: np.random
 
 # --- cases --------------------------------------------------------------------------------------
 
-def magnitude(rng: np.random.Generator, limit: float, lo: float, hi: float) -> float:
-    """Half the cases within 3 px of the limit, where a screen errs; the rest anywhere."""
-    if rng.random() < 0.5:
+def magnitude(rng: np.random.Generator, limit: float, lo: float, hi: float,
+              regime: int) -> float:
+    """A case's magnitude by its regime (drawn once per case, so all of a case's parts share it):
+    0 under the limit less 2 px (where a reject is false), 1 within 3 px of the limit (where a
+    screen errs), 2 over the limit plus 1 px (where an accept is false)."""
+    if regime == 0:
+        return float(rng.uniform(lo, max(lo, limit - 2)))
+    if regime == 1:
         return float(rng.uniform(max(lo, limit - 3), min(hi, limit + 3)))
-    return float(rng.uniform(lo, hi))
+    return float(rng.uniform(min(hi, limit + 1), hi))
 
 
 def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
@@ -302,6 +307,7 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
     pre = np.ascontiguousarray(src[y0:y0 + crop, x0:x0 + crop]).copy()
     valid = np.ones((crop, crop), bool)
     params: dict = {"source": source, "x0": x0, "y0": y0}
+    regime = int(rng.integers(3))
     lean_px = lean_deg = None
     scale = crop / 1024.0
     if family == "patches":
@@ -318,7 +324,7 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
             # leaves none of its content where it was, and screening, which looks for each pre
             # window in the post date, sees only duplicated ground (docs/registration.md).
             v = magnitude_px if (magnitude_px is not None and i == 0) else \
-                magnitude(rng, limit, 6.0, min(60.0, MIN_REGION * crop))
+                magnitude(rng, limit, 6.0, min(60.0, MIN_REGION * crop), regime)
             if magnitude_px is not None and i > 0:
                 v = min(v, magnitude_px)       # the fixed magnitude stays the case's largest
             d = u if same else _unit(rng)
@@ -331,7 +337,8 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
         smooth = False
     elif family == "smooth":
         kind = kind or str(rng.choice(SMOOTH_KINDS))
-        peak = magnitude_px if magnitude_px is not None else magnitude(rng, limit, 4.0, 16.0)
+        peak = magnitude_px if magnitude_px is not None else \
+            magnitude(rng, limit, 4.0, 16.0, regime)
         dx, dy = smooth_field(kind, crop, peak, rng)
         post = _remap(src, x0, y0, dx, dy)
         truth_field = np.hypot(dx, dy)

@@ -556,7 +556,7 @@ def joint_regions(shifts: list[WindowShift], agreed: list[WindowShift], pre: np.
             continue
         hit, _ = search_window(template, post, sx, sy, far, cfg.screen_min_ncc,
                                cfg.screen_peak_margin, pre, peak, near)
-        if hit is None:
+        if hit is None or stayed_put(pre, post, sx, sy, template.shape, hit, near, cfg):
             continue
         d = np.median([[s.dx, s.dy] for s in group], axis=0)
         if np.hypot(hit[0] - d[0], hit[1] - d[1]) <= agree:
@@ -752,6 +752,31 @@ def repeated_region(cells: set[tuple[int, int]], need: int) -> Optional[list[tup
     return best if len(best) >= need else None
 
 
+def stayed_put(pre: np.ndarray, post: np.ndarray, x: int, y: int, shape: tuple,
+               hit: tuple, near: int, cfg: RegistrationConfig) -> bool:
+    """The two-sided shift-back test of a far hit (AROSICS-style): the post content where the
+    window was found, compared with the pre content at that same place. Moved content left its
+    place (the two differ); a look-alike was there all along (a row of similar roofs, terraces,
+    one period of an orchard): when they correlate at least as well as the forward match less
+    ``screen_peak_margin``, the hit is a look-alike. Hits within ``near`` and flat places are
+    left as they are (the near search's own tests judge them; a flat place says nothing)."""
+    dx, dy, ncc = hit
+    if np.hypot(dx, dy) <= near:
+        return False
+    wh, ww = shape
+    bx, by = x + int(round(dx)), y + int(round(dy))
+    h, w = post.shape
+    if bx < 0 or by < 0 or bx + ww > w or by + wh > h:
+        return False
+    a = post[by:by + wh, bx:bx + ww].astype(np.float64)
+    b = pre[by:by + wh, bx:bx + ww].astype(np.float64)
+    if a.std() < cfg.screen_min_texture or b.std() < cfg.screen_min_texture:
+        return False
+    a, b = a - a.mean(), b - b.mean()
+    same = float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
+    return same >= ncc - cfg.screen_peak_margin
+
+
 def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray,
                source: np.ndarray, found: dict, far: int, near: int, cfg: RegistrationConfig,
                peak: PeakTest) -> None:
@@ -767,7 +792,7 @@ def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray
         a, x, y = templates[key]
         hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
                                source, peak, near)
-        if hit is None:
+        if hit is None or stayed_put(source, target, x, y, a.shape, hit, near, cfg):
             continue
         found[key] = hit
         if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:

@@ -107,3 +107,25 @@ def test_the_generator_s_truth_is_the_field_s_largest_displacement(kind):
         assert float(mag.max()) == pytest.approx(peak, rel=1e-4)
     case = make_case("lean", 192, 0)
     assert case.truth_px == 0.0 and case.lean_px[1] >= case.lean_px[0] > 0
+
+
+def test_a_look_alike_far_away_is_not_a_displaced_region():
+    """The documented Landsat false reject, generated: a block of the pre date has a twin 60 px
+    away (a row of similar roofs, terraces); in the post date the block itself changed (a
+    demolition) and the twin stayed. Searched far, the block's windows find the twin: a
+    'displaced region' of 60 px. The twin's post content matches the pre content at its own
+    place as well as the block does: it stayed put, a look-alike. Accepted (the change is no
+    misregistration); a region really moved 60 px is still rejected."""
+    from benchmarks._fields import scene
+    src = scene("naip", 192)
+    pre = np.ascontiguousarray(src[100:292, 100:292]).copy()
+    pre[60:108, 40:88] = pre[60:108, 100:148]                 # the twin, 60 px to the right
+    post = pre.copy()
+    rng = np.random.default_rng(3)
+    post[60:108, 40:88] = np.clip(0.5 + 0.2 * rng.standard_normal((48, 48)), 0, 1)   # changed
+    valid = np.ones_like(pre, bool)
+    cfg = RegistrationConfig(crop_size=192)
+    r = screen_alignment(pre, post.astype(np.float32), valid, cfg)
+    assert r.reject_reason is None, r.reject_reason
+    moved = make_case("patches", 192, 0, kind="convex", magnitude_px=30.0, overlays=False)
+    assert screened(moved).reject_code == DISPLACED
