@@ -42,6 +42,8 @@ if not __package__:  # run as `python jobs/caption.py`: make the repo root impor
 import logging
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
+
 from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
                                    build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
@@ -50,9 +52,8 @@ from operators.llm.job_runner import (HELP, BatchesOpen, LLMJobConfig, QuotaStop
                                       build_parser as _build_parser, configure_pipeline, ensure_ray,
                                       generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
                                       output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
-                                      run_stages,
-                                      run_usage, skipped_line, stop_line, summary_rows, summary_table,
-                                      validator_tally)
+                                      run_stages, run_usage, set_aside_no_mask, skipped_line, stop_line,
+                                      summary_rows, summary_table, validator_tally)
 from operators.llm.usage import format_summary
 from operators.io import console
 from operators.io.sources import write_source
@@ -98,8 +99,11 @@ def run(cfg: CaptionJobConfig) -> dict:
     todo = [p for p in pairs if p["pair_id"] not in done]
     n_found, n_todo = len(pairs), len(todo)
     del pairs, done   # the driver keeps only what is still to do (it goes to the work list)
+    # A pair without a mask: recorded once in errors/, sent nowhere, never counted as failed.
+    todo, no_mask = set_aside_no_mask(out, todo, JOB, run_id)
     delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
-    log.info("%d pairs found, %d already finished, %d to do (run %s)", n_found, n_found - n_todo, n_todo, run_id)
+    log.info("%d pairs found, %d already finished, %d without a mask, %d to do (run %s)", n_found,
+             n_found - n_todo, len(no_mask), len(todo), run_id)
 
     judge_model = cfg.judge_model or cfg.model
     gen_template, judge_template = output_templates(
@@ -131,6 +135,7 @@ def run(cfg: CaptionJobConfig) -> dict:
     finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
+            "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
@@ -149,11 +154,13 @@ def finish_captions_run(output: str, run_id: str, validators: str) -> dict:
     with out.open_output(LEVIR_CC_FILE) as f:
         write_levir_cc(row_batches(pair_table), f)
     del pair_table
-    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["item"])  # current state
+    # This run's rows in the current state (a rerun's pair without a mask keeps its earlier run's row).
+    errors_table = read_table(out, "errors", TABLE_SCHEMAS["errors"], columns=["run_id"])
     tally = validator_tally(summary_rows(out, "captions", ["validator_ok", "validator_violations"], run_id,
                                          schemas=TABLE_SCHEMAS), validators)
     return {**tally, "pairs_finished_total": finished,
-            "errors": 0 if errors_table is None else errors_table.num_rows, "usage": run_usage(out, run_id, TABLE_SCHEMAS),
+            "errors": 0 if errors_table is None else pc.sum(pc.equal(errors_table["run_id"], run_id)).as_py() or 0,
+            "usage": run_usage(out, run_id, TABLE_SCHEMAS),
             "assembly_peak_rss_mb": peak_rss_mb()}
 
 

@@ -30,7 +30,7 @@ from operators.llm.job_runner import HELP as LLM_HELP
 from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, account_limiter, build_parser as _build_parser,
                                       ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
                                       output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
-                                      run_usage,
+                                      run_usage, set_aside_no_mask,
                                       skipped_line, stop_line, summary_table, validator_tally)
 from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
@@ -134,9 +134,11 @@ def run(cfg: QAJobConfig) -> dict:
     todo = [p for p in pairs if p["pair_id"] not in done]
     n_found, n_todo, n_context = len(pairs), len(todo), sum(1 for p in pairs if p["context_captions"])
     del pairs, context, done   # the driver keeps only what is still to do (it goes to the work list)
+    # A pair without a mask: recorded once in errors/, sent nowhere, never counted as failed.
+    todo, no_mask = set_aside_no_mask(out, todo, JOB, run_id)
     delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
-    log.info("%d pairs found (%d with caption context), %d already finished, %d to do (run %s)", n_found,
-             n_context, n_found - n_todo, n_todo, run_id)
+    log.info("%d pairs found (%d with caption context), %d already finished, %d without a mask, %d to do "
+             "(run %s)", n_found, n_context, n_found - n_todo, len(no_mask), len(todo), run_id)
 
     judge_model = cfg.judge_model or cfg.model
     gen_template, judge_template = output_templates(
@@ -170,6 +172,7 @@ def run(cfg: QAJobConfig) -> dict:
     finished = run_on_worker(finish_qa_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
+            "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 

@@ -41,6 +41,25 @@ def is_pairs_output(store: Store) -> bool:
 
 NO_MASK_YET = "no change mask in label/ yet (not annotated)"
 
+# A pair of a LEVIR-CD dataset whose A and B exist but whose label/ mask does not: an input condition,
+# not a failure of the run. The captions and QA jobs record it once in errors/ (error type NO_MASK_ERROR,
+# stage "prepare", the message starting with NO_MASK), send it to no worker, and never count it among
+# the pairs a run failed (operators.io.console.llm_run_shortfall).
+NO_MASK = "no mask"
+NO_MASK_ERROR = "NoMask"
+
+
+def lacks_mask(pair: dict) -> bool:
+    """A pair whose images A and B were found but whose ``label/`` mask was not (a pair missing A or B
+    too is a broken pair: its error comes from preparing it)."""
+    return not pair.get("label_rel") and bool(pair.get("a_rel")) and bool(pair.get("b_rel"))
+
+
+def no_mask_message(pair: dict) -> str:
+    """The ``errors/`` message of a pair without a mask (names the condition first, then the file)."""
+    return (f"{NO_MASK}: missing change mask (label) for {pair.get('filename') or pair.get('pair_id')}; "
+            "the pair is left out until label/ has one")
+
 
 def find_dataset_pairs(input_uri: str, list_file: str | None = None,
                        default_split: str = "train") -> tuple[list[dict], dict[str, int]]:
@@ -51,7 +70,7 @@ def find_dataset_pairs(input_uri: str, list_file: str | None = None,
     pairs = discover_pairs(input_uri, list_file, default_split)
     if not is_pairs_output(Store(input_uri)):
         return pairs, {}
-    kept = [p for p in pairs if p["label_rel"] or not (p["a_rel"] and p["b_rel"])]
+    kept = [p for p in pairs if not lacks_mask(p)]
     skipped = len(pairs) - len(kept)
     return kept, ({NO_MASK_YET: skipped} if skipped else {})
 

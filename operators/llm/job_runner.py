@@ -459,6 +459,29 @@ def still_to_do(out: Store, todo: list[dict], run_id: str, spec: StageSpec, key:
     return [p for p in todo if p[key] not in done and p[key] not in failed]
 
 
+def set_aside_no_mask(out: Store, todo: list[dict], job: str, run_id: str) -> tuple[list[dict], list[str]]:
+    """(the pairs of ``todo`` that have a mask, the ids of those that have none).
+
+    A pair without a mask (:func:`operators.io.layout.lacks_mask`) is an input condition, not work:
+    it goes to no worker and asks the endpoint nothing. It is recorded in ``errors/`` once: a row
+    (stage ``prepare``, error type ``NoMask``) is written only when the pair's current error is not
+    already that row, so a rerun adds no duplicate. When its mask arrives, the pair is done like any
+    other and its success resolves the row. Run in the driver, before the work list is written."""
+    from operators.io.layout import NO_MASK_ERROR, lacks_mask, no_mask_message
+    from operators.io.tables import ERRORS_SCHEMA, error_record, write_table_shard
+    missing = [p for p in todo if lacks_mask(p)]
+    if not missing:
+        return todo, []
+    errors = read_table(out, "errors", ERRORS_SCHEMA, columns=["item", "stage", "error_type"])
+    recorded = set() if errors is None else {r["item"] for r in errors.to_pylist()
+                                             if r["stage"] == "prepare" and r["error_type"] == NO_MASK_ERROR}
+    rows = [error_record(p["pair_id"], "prepare", no_mask_message(p), error_type=NO_MASK_ERROR, job=job,
+                         run_id=run_id) for p in missing if p["pair_id"] not in recorded]
+    write_table_shard(out, "errors", rows, ERRORS_SCHEMA, run_id)
+    log.info("%d pairs without a mask set aside (%d newly recorded in errors/)", len(missing), len(rows))
+    return [p for p in todo if not lacks_mask(p)], [p["pair_id"] for p in missing]
+
+
 def check_quota(limiter) -> None:
     """Raise :class:`QuotaStop` if a request of this run found the account's quota exhausted."""
     if limiter is None:

@@ -74,7 +74,7 @@ def test_end_to_end_local_rerun_and_resume_from_cache(ray_session, openai_server
     assert accounted(t) == ALL_PAIRS
     assert len(t["pairs"]) == 11
     assert [(e["item"], e["stage"]) for e in t["errors"]] == [("test_113_0256", "prepare")]
-    assert "missing change mask" in t["errors"][0]["message"]
+    assert "missing change mask" in t["errors"][0]["message"] and t["errors"][0]["error_type"] == "NoMask"
 
     # Five judged candidates per pair; the stored selection follows the rule.
     assert len(t["captions"]) == 55
@@ -239,3 +239,56 @@ def test_a_rerun_after_an_upgrade_goes_on_with_the_outputs_templates_and_pays_no
     openai_server.reset()
     run(config(openai_server, LEVIR, tmp_path / "other", generate_template="caption_generate.v1"))
     assert json.loads((tmp_path / "other" / "prompts.json").read_text())["caption"]["generate"] == "caption_generate.v1"
+
+
+def run_main(cfg, monkeypatch, capsys) -> tuple[int, str]:
+    """The job as its command runs it (main: the end-of-run lines and the exit status), on ``cfg``."""
+    import jobs.caption as job
+    monkeypatch.setattr(job, "parse_args", lambda argv=None: cfg)
+    capsys.readouterr()
+    try:
+        code = job.main([])
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.timeout(600)   # three runs of the job
+def test_a_pair_without_a_mask_fails_no_run_and_is_recorded_once(ray_session, openai_server, tmp_path, monkeypatch,
+                                                                 capsys):
+    """Issue 44, item 5: the bundled pair without a mask is an input condition. A run whose pairs with a mask
+    all fail still exits 3; the run that finishes them exits 0; a plain rerun, whose only unfinished pair is
+    the one without a mask, asks nothing, exits 0 and names that pair once. errors/ holds one row for it
+    over all three runs."""
+    from operators.io.validation import NOTHING_DONE
+    out = tmp_path / "out"
+    no_mask = "test_113_0256"
+
+    # 1. The endpoint fails every request: every pair with a mask fails, and the run says so.
+    openai_server.configure(faults=[{"kind": "500", "rate": 1.0}])
+    code, text = run_main(config(openai_server, LEVIR, out, max_retries=1), monkeypatch, capsys)
+    assert code == NOTHING_DONE, text
+    assert "none of the 11 pair(s) with a mask to do finished" in text, text
+    assert text.count(no_mask) == 1, text
+    assert sorted(e["item"] for e in tables(out)["errors"]) == ALL_PAIRS
+
+    # 2. The endpoint answers: the eleven finish, their errors resolve; the pair without a mask asks nothing.
+    openai_server.restore_defaults()
+    openai_server.reset()
+    code, text = run_main(config(openai_server, LEVIR, out), monkeypatch, capsys)
+    assert code == 0, text
+    assert openai_server.stats()["total"] == 22 and no_mask not in openai_server.stats()["items_by_key"].values()
+    assert text.count(no_mask) == 1, text
+
+    # 3. A plain rerun into the same output: nothing left to do but the pair without a mask.
+    code, text = run_main(config(openai_server, LEVIR, out), monkeypatch, capsys)
+    assert code == 0, text
+    assert openai_server.stats()["total"] == 22                  # the LLM was asked nothing
+    assert text.count(no_mask) == 1, text                        # reported once
+    assert "0 errors in this run" in text, text
+    t = tables(out)
+    assert len(t["pairs"]) == 11
+    assert [(e["item"], e["stage"], e["error_type"]) for e in t["errors"]] == [(no_mask, "prepare", "NoMask")]
+    history = read_table(Store(str(out)), "errors", TABLE_SCHEMAS["errors"], current=False).to_pylist()
+    assert len([e for e in history if e["item"] == no_mask]) == 1, history   # no duplicate row

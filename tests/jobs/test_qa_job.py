@@ -109,10 +109,15 @@ def test_qa_job_end_to_end_rerun_sends_nothing(ray_session, openai_server, tmp_p
     assert set(img) == {"filename", "filepath", "split", "change_ratio", "qa"}
     assert set(img["qa"][0]) == {"type", "question", "answer"}
 
-    # A rerun sends nothing.
+    # A rerun sends nothing. The pair without a mask is set aside again (it does not make the rerun a failed
+    # one: operators.io.console.llm_run_shortfall), and its error row is the first run's, not a second one.
     second = run(config(openai_server, tmp_path / "captions", out))
     assert openai_server.stats()["total"] == 22
     assert second["pairs_skipped_finished"] == 11 and second["usage"]["logical_requests"] == 0
+    assert (second["pairs_no_mask"], second["pairs_no_mask_first"], second["errors"]) == (1, ["test_113_0256"], 0)
+    history = read_table(Store(str(out)), "errors", TABLE_SCHEMAS["errors"], current=False).to_pylist()
+    assert [(e["item"], e["error_type"], e["run_id"]) for e in history] == [
+        ("test_113_0256", "NoMask", summary["run_id"])]
 
 
 def test_reject_policy_on_a_plain_dataset(ray_session, openai_server, tmp_path):
