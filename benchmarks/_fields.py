@@ -318,8 +318,20 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
         dx = np.zeros((crop, crop), np.float32)
         dy = np.zeros_like(dx)
         mags = []
+        taken = np.zeros((crop, crop), np.uint8)
         for i in range(k):
-            m = region_mask(kind if i == 0 else str(rng.choice(SHAPES)), crop, rng)
+            # Regions apart (a gap of 8 px): one drawn over another would leave it a sliver
+            # thinner than the regions screening is meant to see. A region that finds no room
+            # in 20 draws is left out.
+            for _ in range(20):
+                m = region_mask(kind if i == 0 else str(rng.choice(SHAPES)), crop, rng)
+                if not (m & (taken > 0)).any():
+                    break
+            else:
+                if i > 0:
+                    continue
+            taken = cv2.dilate((taken > 0).astype(np.uint8) | m.astype(np.uint8),
+                               np.ones((17, 17), np.uint8))
             # At most the region's least extent: a region moved farther than its own width
             # leaves none of its content where it was, and screening, which looks for each pre
             # window in the post date, sees only duplicated ground (docs/registration.md).
@@ -332,7 +344,7 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
             mags.append(v)
         post = _remap(src, x0, y0, dx, dy)
         moved = np.hypot(dx, dy)
-        params.update(k=k, same_direction=bool(same), shifts=[round(v, 2) for v in mags])
+        params.update(k=len(mags), same_direction=bool(same), shifts=[round(v, 2) for v in mags])
         truth_field = moved
         smooth = False
     elif family == "smooth":

@@ -658,22 +658,27 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     xy = np.array([[s.x, s.y] for s in trusted])
     field = xy @ M[:, :2].T + M[:, 2] - xy
     dev = np.array([[s.dx, s.dy] for s in trusted]) - field
-    off = np.hypot(*dev.T) > LEAN_OFF_FACTOR * cfg.screen_agree_px
-    if not off.any():
+    size = np.hypot(*dev.T)
+    # Off the ground field by more than half the agreement: a roof's pull on a window mostly of
+    # ground is often 1-2 px, and left with the ground it would be reported as the ground's.
+    idx = np.flatnonzero(size > 0.5 * cfg.screen_agree_px)
+    if idx.size == 0:
         return None
-    idx = np.flatnonzero(off)
     moved = moved_layer(pre, post, valid, win, [(trusted[i], field[i]) for i in idx])
     wide = wide_areas(moved, cfg.screen_lean_max_roof * min(w, h))
     half = (win - 1) / 2
-    lean_idx = []
+    narrow = []
     for i in idx:
         s = trusted[i]
         x0, y0 = int(round(s.x - half)), int(round(s.y - half))
         if not wide[y0:y0 + win, x0:x0 + win].any():
-            lean_idx.append(i)
-    if len(lean_idx) < cfg.screen_region_windows:
+            narrow.append(i)
+    # The lean is judged on the windows clearly off the ground field (a smaller deviation's
+    # direction is the windows' noise); those nearer follow when they lean the same way.
+    core = [i for i in narrow if size[i] > cfg.screen_agree_px]
+    if len(core) < cfg.screen_region_windows:
         return None
-    v = dev[lean_idx]
+    v = dev[core]
     mean = v.sum(axis=0)            # the taller the roof, the surer its direction
     if np.hypot(*mean) < 1e-9:
         return None
@@ -685,25 +690,23 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     slack = np.maximum(cfg.screen_agree_px, along * np.sin(np.radians(cfg.screen_lean_spread_deg)))
     if np.any(along <= 0) or np.any(across > slack):
         return None
-    leaning = set(lean_idx)
+    leaning = set(core) | {i for i in narrow if size[i] <= cfg.screen_agree_px and dev[i] @ u > 0}
     ground = [s for i, s in enumerate(trusted) if i not in leaning]
     # Interleaved with the ground: roofs stand between streets and yards that stay registered;
     # ground windows strictly inside the hull of the leaning windows' grid cells show it (a
     # periodic region's moved rim, thin like roofs, encloses no such ground of its own).
-    cells = np.array([[trusted[i].col, trusted[i].row] for i in lean_idx], np.float32)
+    cells = np.array([[trusted[i].col, trusted[i].row] for i in core], np.float32)
     hull = cv2.convexHull(cells.reshape(-1, 1, 2))
     inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
                  for s in ground)
-    if LEAN_HULL and inside < cfg.screen_region_windows:
+    if inside < cfg.screen_region_windows:
         return None
     deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
     roofs = moved & ~wide
-    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(lean_idx),
+    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(leaning),
                         float(roofs.mean()))
 
 
-LEAN_HULL = True
-LEAN_OFF_FACTOR = 1.0
 
 
 def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: float) -> bool:
