@@ -36,6 +36,7 @@ by :func:`lean_split` and recorded, the crop judged on its ground.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 import cv2
@@ -866,61 +867,135 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         leaning = {id(s) for s in trusted} - {id(s) for s in lean[0]}
         trusted = lean[0]
         agreed = [s for s in agreed if id(s) not in leaning]
-    n = len(trusted)
-    fraction = n / n_textured if n_textured else 0.0
-    orchard = repeated_region(repeated, cfg.screen_region_windows)
-    if orchard is not None:
-        ci = float(np.mean([ys[i] for i, _ in orchard])) + (win - 1) / 2
-        cj = float(np.mean([xs[j] for _, j in orchard])) + (win - 1) / 2
-        return ScreeningResult(None, None, n_textured, n,
-                               f"insufficient evidence: repeated texture over {len(orchard)} "
-                               f"windows near ({cj:.0f}, {ci:.0f}) of the crop (a shift by whole "
-                               f"periods cannot be seen)", fraction, trusted, shifts,
-                               reject_code=INSUFFICIENT)
-    if n_textured == 0 or fraction < cfg.screen_min_assessed or n == 0:
-        return ScreeningResult(None, None, n_textured, n,
-                               f"insufficient evidence: {fraction:.0%} of the textured area "
-                               f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of "
-                               f"{n_textured} windows)", fraction, trusted, shifts,
-                               reject_code=INSUFFICIENT)
-    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
-    coverage = hull_share(trusted, w, h)
-    if n < cfg.screen_min_windows or quadrants < cfg.screen_min_quadrants or \
-            coverage < cfg.screen_min_coverage:
-        return ScreeningResult(None, None, n_textured, n,
-                               f"insufficient evidence: {n} agreeing windows in {quadrants} "
-                               f"quadrant(s) covering {coverage:.0%} of the crop (needs "
-                               f"{cfg.screen_min_windows} in {cfg.screen_min_quadrants}, "
-                               f"covering {cfg.screen_min_coverage:.0%})", fraction, trusted,
-                               shifts, reject_code=INSUFFICIENT)
-    mags = np.hypot([s.dx for s in trusted], [s.dy for s in trusted])
-    worst = trusted[int(np.argmax(mags))]
-    residual, median = float(mags.max()), float(np.median(mags))
-    # The corner fields take every agreed window: the fits' own outlier rejection keeps spurious
-    # ones out, and near a corner a real error may show in too few windows to form a region.
-    step = max(1, win // 2)
-    corner = corner_residual(agreed, w, h, cfg.screen_corner_k, cfg.screen_shift_noise_px,
-                             cfg.screen_agree_px, (win / step) ** 2)
-    reason = code = None
-    if residual > cfg.max_residual_px:
-        code = DISPLACED
-        reason = (f"displaced region: {residual:.1f} px > {cfg.max_residual_px:g} px near "
-                  f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
-    elif corner is None:
-        code = INSUFFICIENT
-        reason = (f"insufficient evidence: no displacement field fits the {len(agreed)} "
-                  f"agreeing windows (the crop's corners are unknown)")
-    elif corner.bound > cfg.max_residual_px:
-        code = CORNER
-        reason = (f"residual {corner.value:.1f} px at a crop corner (standard error "
-                  f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
-                  f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
     found_lean = lean[1] if lean is not None else None
+    ev = Evidence(w, h, win, trusted, agreed, shifts, n_textured, repeated, ys, xs, found_lean, cfg)
+    for test in SCREEN_TESTS:
+        verdict = test(ev)
+        if verdict is not None:
+            return ev.result(*verdict)
+    return ev.result(None, None)
+
+
+@dataclass
+class Evidence:
+    """What the windows measured, as the screen's tests read it."""
+    w: int
+    h: int
+    win: int
+    trusted: list            # windows whose displacement counts (the ground, when lean was set apart)
+    agreed: list             # windows with a neighbour's support (the corner fields read them)
+    shifts: list             # every window with a peak
+    n_textured: int
+    repeated: set            # grid cells of windows whose texture repeats itself
+    ys: list
+    xs: list
+    lean: Optional[Lean]
+    cfg: RegistrationConfig
+
+    @property
+    def fraction(self) -> float:
+        return len(self.trusted) / self.n_textured if self.n_textured else 0.0
+
+    @cached_property
+    def mags(self) -> np.ndarray:
+        return np.hypot([s.dx for s in self.trusted], [s.dy for s in self.trusted])
+
+    @cached_property
+    def corner(self) -> Optional[CornerEstimate]:
+        # Every agreed window: the fits' own outlier rejection keeps spurious ones out, and near
+        # a corner a real error may show in too few windows to form a region.
+        step = max(1, self.win // 2)
+        return corner_residual(self.agreed, self.w, self.h, self.cfg.screen_corner_k,
+                               self.cfg.screen_shift_noise_px, self.cfg.screen_agree_px,
+                               (self.win / step) ** 2)
+
+    def result(self, code: Optional[str], reason: Optional[str]) -> ScreeningResult:
+        n = len(self.trusted)
+        if not self._measured:      # rejected before the residual was measured
+            return ScreeningResult(None, None, self.n_textured, n, reason, self.fraction,
+                                   self.trusted, self.shifts, reject_code=code)
+        residual, median = float(self.mags.max()), float(np.median(self.mags))
+        coverage = hull_share(self.trusted, self.w, self.h)
+        corner = self.corner
+        if corner is None:
+            return ScreeningResult(None if code == INSUFFICIENT else residual, median,
+                                   self.n_textured, n, reason, self.fraction, self.trusted,
+                                   self.shifts, None, coverage, self.lean, code)
+        return ScreeningResult(max(residual, corner.value), median, self.n_textured, n, reason,
+                               self.fraction, self.trusted, self.shifts, corner.se, coverage,
+                               self.lean, code)
+
+    _measured: bool = False   # set by the tests that got as far as measuring the residual
+
+
+# The screen's tests, in order: each returns None (passes) or (code, reason) (rejects).
+
+def repeated_texture(ev: Evidence) -> Optional[tuple[str, str]]:
+    """A region of windows whose texture repeats itself: a shift by whole periods is unseen."""
+    region = repeated_region(ev.repeated, ev.cfg.screen_region_windows)
+    if region is None:
+        return None
+    half = (ev.win - 1) / 2
+    ci = float(np.mean([ev.ys[i] for i, _ in region])) + half
+    cj = float(np.mean([ev.xs[j] for _, j in region])) + half
+    return INSUFFICIENT, (f"insufficient evidence: repeated texture over {len(region)} windows "
+                          f"near ({cj:.0f}, {ci:.0f}) of the crop (a shift by whole periods "
+                          f"cannot be seen)")
+
+
+def too_little_assessed(ev: Evidence) -> Optional[tuple[str, str]]:
+    """Too little of the textured area measured confidently."""
+    n, cfg = len(ev.trusted), ev.cfg
+    if ev.n_textured and n and ev.fraction >= cfg.screen_min_assessed:
+        return None
+    return INSUFFICIENT, (f"insufficient evidence: {ev.fraction:.0%} of the textured area "
+                          f"assessed (< {cfg.screen_min_assessed:.0%}; {n} of {ev.n_textured} "
+                          f"windows)")
+
+
+def too_little_spread(ev: Evidence) -> Optional[tuple[str, str]]:
+    """Too few agreeing windows, or windows that leave a quadrant or most of the crop unseen (a
+    scale or rotation error grows towards a far corner no window sees)."""
+    n, cfg = len(ev.trusted), ev.cfg
+    quadrants = len({(s.x >= ev.w / 2, s.y >= ev.h / 2) for s in ev.trusted})
+    coverage = hull_share(ev.trusted, ev.w, ev.h)
+    if n >= cfg.screen_min_windows and quadrants >= cfg.screen_min_quadrants and \
+            coverage >= cfg.screen_min_coverage:
+        return None
+    return INSUFFICIENT, (f"insufficient evidence: {n} agreeing windows in {quadrants} "
+                          f"quadrant(s) covering {coverage:.0%} of the crop (needs "
+                          f"{cfg.screen_min_windows} in {cfg.screen_min_quadrants}, covering "
+                          f"{cfg.screen_min_coverage:.0%})")
+
+
+def displaced_region(ev: Evidence) -> Optional[tuple[str, str]]:
+    """A confirmed window (a region of them) displaced beyond the limit."""
+    ev._measured = True
+    limit = ev.cfg.max_residual_px
+    if float(ev.mags.max()) <= limit:
+        return None
+    worst = ev.trusted[int(np.argmax(ev.mags))]
+    return DISPLACED, (f"displaced region: {float(ev.mags.max()):.1f} px > {limit:g} px near "
+                       f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
+
+
+def corner_beyond(ev: Evidence) -> Optional[tuple[str, str]]:
+    """The displacement field beyond the limit at a crop corner (value plus k standard errors),
+    or no field to say."""
+    corner, cfg = ev.corner, ev.cfg
     if corner is None:
-        return ScreeningResult(None if code == INSUFFICIENT else residual, median, n_textured, n,
-                               reason, fraction, trusted, shifts, None, coverage, found_lean, code)
-    return ScreeningResult(max(residual, corner.value), median, n_textured, n, reason, fraction,
-                           trusted, shifts, corner.se, coverage, found_lean, code)
+        return INSUFFICIENT, (f"insufficient evidence: no displacement field fits the "
+                              f"{len(ev.agreed)} agreeing windows (the crop's corners are "
+                              f"unknown)")
+    if corner.bound <= cfg.max_residual_px:
+        return None
+    return CORNER, (f"residual {corner.value:.1f} px at a crop corner (standard error "
+                    f"{corner.se:.1f} px; {corner.value:.1f} + {cfg.screen_corner_k:g} x "
+                    f"{corner.se:.1f} > {cfg.max_residual_px:g} px)")
+
+
+SCREEN_TESTS = (repeated_texture, too_little_assessed, too_little_spread, displaced_region,
+                corner_beyond)
 
 
 RESCUABLE = (DISPLACED, CORNER)   # rejections a smooth field can explain
