@@ -140,6 +140,13 @@ def pairs_job_stats(metadata: pd.DataFrame, candidate_pairs: pd.DataFrame | None
                         "p95": float(res.quantile(0.95)) if len(res) else None},
         "residual_px_accepted_median": float(acc["residual_px"].dropna().median()) if acc["residual_px"].notna().any() else None,
     }
+    if "lean_px" in metadata:
+        # Off-nadir lean, apart from the ground's residual (outputs before it have no column).
+        lean = acc["lean_px"].dropna().astype(float)
+        top = acc["lean_max_px"].dropna().astype(float) if "lean_max_px" in acc else lean
+        out["lean"] = {"accepted_with_lean": int(len(lean)),
+                       "median_px": float(lean.median()) if len(lean) else None,
+                       "max_px": float(top.max()) if len(top) else None}
     if candidate_pairs is not None:
         out["candidate_pairs"] = {str(k): int(v) for k, v in candidate_pairs["status"].value_counts().sort_index().items()}
     if labels is not None and len(labels):

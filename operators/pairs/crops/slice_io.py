@@ -80,6 +80,8 @@ METADATA_SCHEMA = pa.schema([
     ("lean_px", pa.float64()),                # off-nadir lean of elevated objects against the
     ("lean_deg", pa.float64()),               # ground field: median px, direction (0 = +x,
     ("lean_windows", pa.int64()),             # 90 = +y) and leaning windows; null: none found
+    ("lean_max_px", pa.float64()),            # the largest leaning window's displacement
+    ("lean_share", pa.float64()),             # share of the crop seen moving with the roofs
 ])
 
 # One row per screening window with a correlation peak (the shift field of a crop).
@@ -320,7 +322,9 @@ def lean_columns(screen) -> dict:
     lean = None if screen is None else screen.lean
     return {"lean_px": None if lean is None else lean.px,
             "lean_deg": None if lean is None else lean.deg,
-            "lean_windows": None if lean is None else lean.windows}
+            "lean_windows": None if lean is None else lean.windows,
+            "lean_max_px": None if lean is None else lean.max_px,
+            "lean_share": None if lean is None else lean.share}
 
 
 def _rgb(image: np.ndarray) -> np.ndarray:
