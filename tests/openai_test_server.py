@@ -51,7 +51,7 @@ cache); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET 
 lines answered as real-time requests would be; a share
 ``batch_fail_rate`` of its lines (drawn per custom_id and submission) goes to the error file, and the
 output lines come back in an order of their own. ``batch_submissions`` in the stats counts how often
-each custom_id was submitted.
+each custom_id was submitted, ``batch_polls`` how often each batch was asked for (``GET /v1/batches/{id}``).
 
 ``GET /control/stats`` returns request counts (total, by status, per request key, successful
 replies per key), arrival timestamps, the tokens charged per accepted request and each request's
@@ -138,12 +138,13 @@ class ServerState:
         self.batches: dict[str, dict] = {}
         self.batch_submissions: Counter = Counter()          # custom_id -> times submitted in a batch
         self.batch_lines_answered = 0
+        self.batch_polls: Counter = Counter()                # batch id -> GET /v1/batches/{id} received
         self.slow_sent = 0                                   # slow replies completed (billed)
 
     def money_stats(self) -> dict:
         return {"cached_tokens_total": self.cached_tokens_total, "batch_submissions": dict(self.batch_submissions),
                 "batches_created": len(self.batches), "batch_lines_answered": self.batch_lines_answered,
-                "slow_sent": self.slow_sent}
+                "batch_polls": dict(self.batch_polls), "slow_sent": self.slow_sent}
 
     def admit(self, now: float, tokens: int) -> float | None:
         """Count a request against RPM and TPM the provider's way; seconds to wait if it is over."""
@@ -611,6 +612,7 @@ async def get_batch(request: web.Request) -> web.Response:
     b = state.batches.get(request.match_info["batch_id"])
     if b is None:
         return _error(404, "no such batch")
+    state.batch_polls[b["id"]] += 1
     # "batch_hold": every batch stays in progress until the switch is off (a kill lands while one is open).
     if b["status"] == "in_progress" and time.time() >= b["_due"] and not state.config.get("batch_hold"):
         b["status"] = "finalizing"

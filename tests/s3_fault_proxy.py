@@ -6,6 +6,10 @@ request is forwarded unchanged. Clients point their endpoint at the proxy exactl
 a real S3 endpoint, so what is tested is their own retry configuration.
 
     python -m tests.s3_fault_proxy --upstream http://127.0.0.1:9000 --port 9100 --fraction 0.05
+
+Started from tests (``FaultProxyProcess``) it binds a port of its own (``--port 0``, the default) and
+prints it (``tests.equipment.announce``); the starter accepts it as ready only when the listener on
+that port is the process it started.
 """
 from __future__ import annotations
 
@@ -14,10 +18,14 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 
 from aiohttp import ClientSession, ClientTimeout, web
+
+try:
+    from tests.equipment import announce, listen_socket
+except ModuleNotFoundError:   # run as a script (python tests/s3_fault_proxy.py): its folder is on sys.path
+    from equipment import announce, listen_socket
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "content-length", "host"}
@@ -94,22 +102,16 @@ def make_app(upstream: str, fraction: float, seed: int) -> web.Application:
 
 
 class FaultProxyProcess:
-    """The proxy in its own process on 127.0.0.1, with its control endpoints."""
+    """The proxy in its own process on 127.0.0.1, with its control endpoints. It binds a port of its own
+    (port 0) and reports it; the port's listener is checked to be that process (``tests.equipment``)."""
 
     def __init__(self, upstream: str, fraction: float = 0.0, seed: int = 0, timeout_s: float = 20):
-        from tests.conftest import free_port, wait_for_port
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
+        from tests.equipment import start_announced
+        self.proc, self.port, self._log = start_announced(
             [sys.executable, "-m", "tests.s3_fault_proxy", "--upstream", upstream,
-             "--port", str(self.port), "--fraction", str(fraction), "--seed", str(seed)],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(self.port, timeout_s)
-        except RuntimeError:
-            self.close()
-            raise
+             "--port", "0", "--fraction", str(fraction), "--seed", str(seed)],
+            timeout=timeout_s, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def _call(self, path: str, payload: dict | None = None) -> dict:
         import urllib.request
@@ -127,19 +129,23 @@ class FaultProxyProcess:
         return self._call("/__faults__/set", cfg)
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        from tests.equipment import stop
+        stop(self.proc)
+        self._log.unlink(missing_ok=True)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="S3 fault-injecting proxy (test equipment)")
     ap.add_argument("--upstream", required=True)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0 (the default): a free port, printed at start")
     ap.add_argument("--fraction", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    web.run_app(make_app(args.upstream, args.fraction, args.seed), host="127.0.0.1",
-                port=args.port, print=None, access_log=None)
+    # The socket is bound here (port 0: one the kernel picks) and its port printed once it listens.
+    sock = listen_socket(args.host, args.port)
+    announce(sock)
+    web.run_app(make_app(args.upstream, args.fraction, args.seed), sock=sock, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ def proxy(s3_endpoint):
         p.close()
 
 
+def test_the_proxy_answers_on_a_port_it_bound_itself(proxy):
+    from tests.equipment import listener_pids
+    assert listener_pids(proxy.port) == {proxy.proc.pid}
+    assert proxy.stats()["requests"] == 0
+
+
 def client(endpoint: str, attempts: int, mode: str = "standard"):
     cfg = botocore.config.Config(retries={"total_max_attempts": attempts, "mode": mode},
                                  connect_timeout=2, read_timeout=10)

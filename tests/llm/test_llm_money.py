@@ -93,26 +93,48 @@ def test_the_run_summary_counts_a_rejected_request_as_failed(openai_server):
 
 
 # -- 2. quota --------------------------------------------------------------------------------------
-def test_insufficient_quota_stops_the_pool_at_once(openai_server):
+class _RecordedSleeps:
+    """``asyncio`` as one module sees it, with every ``sleep`` it asks for recorded (and still slept)."""
+
+    def __init__(self):
+        self.delays: list[float] = []
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay, *args, **kwargs):
+        self.delays.append(delay)
+        return await asyncio.sleep(delay, *args, **kwargs)
+
+
+def test_insufficient_quota_stops_the_pool_at_once(openai_server, monkeypatch):
+    import operators.llm.client as client_module
     openai_server.configure(faults=[{"kind": "quota", "rate": 1.0}])
     core = RateLimiterCore(RateLimits(max_in_flight=2))
+    waits = _RecordedSleeps()                                  # the caller's own waits: 429 waits, backoff
+    monkeypatch.setattr(client_module, "asyncio", waits)
 
     async def go():
         caller = caller_for(openai_server, lease=LeaseClient(core), max_rate_limit_retries=30)
         try:
-            started = time.monotonic()
             # Bounded: a quota taken for a rate limit waits through 30 retries per request.
             results = await asyncio.wait_for(asyncio.gather(*(caller.call(r) for r in requests(12))), 20)
             later = await caller.call(requests(1, "later")[0])
-            return results, later, time.monotonic() - started
+            return results, later
         finally:
             await caller.aclose()
-    results, later, took = asyncio.run(go())
+    results, later = asyncio.run(go())
     assert all(not r.ok and r.error_type == "QuotaExhausted" and "quota" in r.error for r in results)
-    assert openai_server.stats()["total"] <= 2                 # what was in flight; nothing retried
+    stats = openai_server.stats()
+    assert stats["total"] <= 2                                 # what was in flight; nothing retried
+    assert set(stats["seen_by_key"].values()) == {1}           # each request that went out, once
     assert later.error_type == "QuotaExhausted" and later.attempts == 0
     assert core.stopped and "insufficient_quota" in core.stopped
-    assert took < 10
+    # "At once": nothing waited. No request slept (a rate limit's wait or a backoff) before the pool
+    # stopped, and the pool was never paused for a 429; the rest, waiting for a permit, failed on the
+    # stop without being sent.
+    assert waits.delays == []
+    assert core.totals["throttled"] == 0
     core.start_job(core.limits)                                # the next job tries again
     assert core.lease([0.0])[0] == 1
 
@@ -154,6 +176,13 @@ def test_the_client_sends_one_probe_then_the_rest(openai_server):
     core = RateLimiterCore(RateLimits(max_in_flight=64, probe_wait_s=30))
     core.throttle(0.5)                                         # paused from now for 0.5 s
     openai_server.configure(latency_ms=300)
+    answered = []                                              # when the probe's answer reached the limiter
+    probe_answered = core.probe_answered
+
+    def record_answer(grant_id):
+        answered.append(time.time())
+        probe_answered(grant_id)
+    core.probe_answered = record_answer
 
     async def go():
         caller = caller_for(openai_server, lease=LeaseClient(core))
@@ -164,10 +193,18 @@ def test_the_client_sends_one_probe_then_the_rest(openai_server):
             await caller.aclose()
     results = asyncio.run(go())
     assert all(r.ok for r in results)
-    arrivals = openai_server.timestamps()
-    assert len(arrivals) == 6
-    assert arrivals[1] - arrivals[0] >= 0.25                   # the rest waited for the probe's reply
-    assert core.totals["probes"] == 1
+    arrivals = openai_server.timestamps()                      # the server's time.time(): the same clock
+    assert len(arrivals) == 6 and answered
+    assert sum(a < answered[0] for a in arrivals) == 1         # the rest waited for the probe's reply
+    assert len(answered) == 1 and core.totals["probes"] == 1
+
+
+async def until(condition, timeout_s: float) -> None:
+    """Until ``condition()`` holds, checked at each turn of the event loop; TimeoutError after ``timeout_s``."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(poll(), timeout_s)
 
 
 class _SlowHandle:
@@ -193,7 +230,8 @@ def test_late_permits_are_given_back_a_bounded_number_of_times_then_used():
 
     async def go():
         await asyncio.wait_for(client.acquire(0.0), 10)
-        await asyncio.sleep(0.05)
+        # The give-backs are sent in the background: until each has reached the limiter (bounded).
+        await until(lambda: core.totals["given_back"] >= client.stale, 10)
     asyncio.run(go())
     assert client.stale == 3 and core.totals["given_back"] == 3 and client.holding == 1
 

@@ -115,6 +115,14 @@ def test_permits_that_reach_a_starved_actor_late_are_given_back_and_no_minute_of
     assert len(sends) >= 0.5 * rpm * 200 / 60                 # 6 s of every 10 s running
 
 
+async def until(condition, timeout_s: float) -> None:
+    """Until ``condition()`` holds, checked at each turn of the event loop; TimeoutError after ``timeout_s``."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 class _Handle:
     """A Ray actor handle stand-in whose lease replies take ``delay`` seconds the first ``slow`` times."""
 
@@ -139,7 +147,8 @@ def test_the_client_gives_late_grants_back_and_asks_again():
 
     async def go():
         await asyncio.wait_for(asyncio.gather(*(client.acquire(0.0) for _ in range(3))), 10)
-        await asyncio.sleep(0.05)                                 # the give-backs are sent in the background
+        # The give-backs are sent in the background: until each has reached the limiter (bounded).
+        await until(lambda: core.totals["given_back"] >= client.stale, 10)
     asyncio.run(go())
     assert client.stale == 6 and core.totals["given_back"] == 6
     assert core.totals["granted"] == 9 and core.in_log[0] == 3   # only the grants used still count

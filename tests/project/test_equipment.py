@@ -44,6 +44,26 @@ def test_the_reported_port_is_the_servers_own():
         log.unlink()
 
 
+def test_label_studio_on_a_port_another_process_holds_fails_with_that_pid(label_studio_python, tmp_path):
+    """Label Studio, given a taken port, quietly starts on the next one; its start names the process on
+    the port instead of taking it for Label Studio, and stops the label-studio it started."""
+    import os
+
+    from tests.review.label_studio_env import LabelStudioServer
+    stranger = listen_socket()
+    port = stranger.getsockname()[1]
+    server = LabelStudioServer(tmp_path / "data", tmp_path, port=port, startup_s=120)
+    try:
+        with pytest.raises(RuntimeError, match=rf"port {port} is served by pid \[{os.getpid()}\], not by the "
+                                               r"server we started") as failed:
+            server.start()
+        assert f"(pid {server.proc.pid})" in str(failed.value)      # ours, named too, and stopped
+        assert server.proc.poll() is not None
+    finally:
+        server.stop()
+        stranger.close()
+
+
 def chat(base_url: str, i: int) -> None:
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"request {i}"}]}).encode()
     req = urllib.request.Request(base_url + "/chat/completions", data=body,

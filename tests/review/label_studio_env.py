@@ -16,12 +16,17 @@ import argparse
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+try:
+    from tests.equipment import free_port, wait_for_port
+except ModuleNotFoundError:   # run as a script (python tests/review/label_studio_env.py): the checkout on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.equipment import free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = ("label-studio==1.23.2", "label-studio-sdk==2.1.2")
@@ -73,19 +78,19 @@ def _snapshot(db: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LabelStudioServer:
     """``label-studio start`` on 127.0.0.1 with its data in ``data_dir`` and local files under
-    ``document_root``. Use as a context manager; ``url`` and ``token`` once started."""
+    ``document_root``. Use as a context manager; ``url`` and ``token`` once started.
+
+    Label Studio cannot bind port 0 and report the port, and when the port it is given is taken it
+    quietly moves to the next one. So the port is chosen here (free a moment ago), and the server is
+    ready only when the process listening on it is the one started here (or a child of it, from the
+    kernel's socket table: ``tests.equipment.wait_for_port``) and answers the API; another process on
+    the port fails the start with that process's pid instead of being taken for Label Studio."""
 
     def __init__(self, data_dir: Path, document_root: Path, port: int | None = None, startup_s: float = 300):
         self.data_dir, self.document_root = Path(data_dir), Path(document_root)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = TOKEN
         self.startup_s = startup_s
@@ -118,22 +123,36 @@ class LabelStudioServer:
              "--internal-host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir)],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(self.data_dir))
         deadline = time.time() + self.startup_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"label-studio exited ({self.proc.returncode}); see {self.log_path}:\n"
-                                   + self.log_path.read_text(errors="replace")[-3000:])
+        try:
+            # Ours listening on the port first (through the migrations of a first start): a stranger
+            # there is an error at once, naming its pid; then its API answering.
             try:
-                req = urllib.request.Request(f"{self.url}/api/projects", headers={"Authorization": f"Token {self.token}"})
-                with urllib.request.urlopen(req, timeout=2) as r:
-                    if r.status == 200:
-                        if fresh and not template.exists():
-                            _snapshot(self.data_dir / DB_NAME, template)
-                        return self
-            except OSError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"label-studio did not answer within {self.startup_s:.0f}s; see {self.log_path}")
+                wait_for_port(self.port, self.startup_s, proc=self.proc)
+            except RuntimeError as e:
+                raise RuntimeError(f"label-studio (pid {self.proc.pid}) on 127.0.0.1:{self.port}: {e}; "
+                                   f"see {self.log_path}:\n{self._log_tail()}") from None
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"label-studio exited ({self.proc.returncode}); see {self.log_path}:\n"
+                                       + self._log_tail())
+                try:
+                    req = urllib.request.Request(f"{self.url}/api/projects",
+                                                 headers={"Authorization": f"Token {self.token}"})
+                    with urllib.request.urlopen(req, timeout=2) as r:
+                        if r.status == 200:
+                            if fresh and not template.exists():
+                                _snapshot(self.data_dir / DB_NAME, template)
+                            return self
+                except OSError:
+                    pass
+                time.sleep(1.0)
+            raise RuntimeError(f"label-studio did not answer within {self.startup_s:.0f}s; see {self.log_path}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
