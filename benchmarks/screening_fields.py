@@ -20,7 +20,7 @@ is repeatable and ``--seed`` draws another set. Ends with
     false_accepts=<n> over_limit=<n> false_reject_rate=<share> false_reject_rate_without_repeated=<share> lean_accepted=<share> lean_residual_ok=<share> cpu_s_per_crop=<1024 px> cpu_s_per_crop_small=<192 px>
 
 Goal (issue 48): 0 false accepts in >= 2,000 over-limit crops at each geometry, false rejects
-<= 5 % of under-limit crops, lean accepted >= 90 % with the ground residual within 1 px.
+<= 5 % of under-limit crops, lean accepted >= 90 % with the ground residual within 1 px. Latest figures: docs/benchmarks/screening-fields.md.
 """
 from __future__ import annotations
 
