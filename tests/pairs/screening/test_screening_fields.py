@@ -5,6 +5,7 @@ rule from sliding back. Real texture (NAIP, Sentinel-2) at the paper's 1024 px c
 small 192 px geometry."""
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -128,3 +129,30 @@ def test_a_look_alike_far_away_is_not_a_displaced_region():
     assert r.reject_reason is None, r.reject_reason
     moved = make_case("patches", 192, 0, kind="convex", magnitude_px=30.0, overlays=False)
     assert screened(moved).reject_code == DISPLACED
+
+
+def test_what_moved_is_ground_when_wider_than_a_roof_or_cut_by_the_crop_edge():
+    """``wide_areas``: a roof-sized blob is not ground; a disc as wide as the widest roof is; a
+    thin strip inside the crop is a row of roofs' size (not ground) unless the crop's edge cuts
+    it, where its width may lie outside (a region mostly beyond the crop shows as a sliver)."""
+    from operators.pairs.screening.screening import wide_areas
+    width = 30.0
+    for edge in ("top", "left", "bottom", "right", None):
+        m = np.zeros((192, 192), bool)
+        m[90:110, 100:120] = True                        # a roof: 20 x 20
+        if edge == "top":
+            m[0:8, 20:100] = True                        # an 8 px sliver 80 px long at the edge
+        elif edge == "left":
+            m[20:100, 0:8] = True
+        elif edge == "bottom":
+            m[184:192, 20:100] = True
+        elif edge == "right":
+            m[20:100, 184:192] = True
+        else:
+            m[40:48, 20:100] = True                      # the same strip inside the crop
+        wide = wide_areas(m, width)
+        assert not wide[90:110, 100:120].any(), edge
+        assert wide.any() == (edge is not None), edge
+    disc = np.zeros((192, 192), np.uint8)
+    cv2.circle(disc, (96, 96), 17, 1, -1)                # 34 px across
+    assert wide_areas(disc.astype(bool), width).sum() > 0.9 * disc.sum()
