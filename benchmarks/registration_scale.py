@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -166,9 +167,13 @@ def main(argv=None) -> None:
                   + f"); {sum(r['status'] == 'accepted' for r in b_recs)}/{len(rows)} accepted, "
                   f"median corner error {b_err:.3f} px on the sampled slices; speedup "
                   f"{ps_per / (b_cpu / len(rows)):.2f}; wall {b_s:.0f} s")
-        reasons = sorted({r["reject_reason"] for r in ps_recs + rg_recs if r["reject_reason"]})
+        reasons: dict[str, int] = {}
+        for r in rg_recs:
+            if r["reject_reason"]:
+                key = re.sub(r"[\d.]+%?", "#", r["reject_reason"].split("[")[0]).strip()
+                reasons[key] = reasons.get(key, 0) + 1
         if reasons:
-            print(f"reject reasons: {reasons[:5]}")
+            print(f"regional reject reasons: {reasons}")
         load = os.getloadavg()[0]
         if max(load, load_before) > (os.cpu_count() or 1):
             # Thread CPU time still grows under contention (shared caches, memory bandwidth,

@@ -714,9 +714,9 @@ def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: f
     """Whether the pre window at (x, y) matches its own surroundings within ``reach`` px as well
     as ``ncc`` somewhere apart from its own peak: the surface above ``ncc`` is more than the one
     region about the window's own place (smooth texture's wide peak is one region; a period's
-    rival is another). True for repeated texture (an orchard, a solar farm, a parking lot), whose
-    shift by whole periods no correlation can see. At half resolution for windows of 64 px and
-    more (periods of 8 px and up stay resolved)."""
+    rival is another, with a twin the other way). True for repeated texture (an orchard, a solar
+    farm, a parking lot), whose shift by whole periods no correlation can see. At half
+    resolution for windows of 64 px and more (periods of 8 px and up stay resolved)."""
     h, w = pre.shape
     sx0, sy0 = max(0, x - reach), max(0, y - reach)
     sx1, sy1 = min(w, x + win + reach), min(h, y + win + reach)
@@ -730,13 +730,29 @@ def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: f
     surface = cv2.matchTemplate(region, tmpl, cv2.TM_CCOEFF_NORMED)
     cv2.patchNaNs(surface, -1.0)
     high = (surface >= ncc).astype(np.uint8)
-    n, _ = cv2.connectedComponents(high, connectivity=8)
-    return n > 2             # background + the window's own peak: anything more repeats it
+    n, labels = cv2.connectedComponents(high, connectivity=8)
+    if n <= 2:               # background + the window's own peak: nothing else matches
+        return False
+    # A period repeats both ways: a rival at +s has a twin at -s. Smooth texture (an image
+    # enlarged 4.5x) can hold a lone second region above ncc; it was read as an orchard and 14
+    # of 100 archive-scale crops were lost.
+    sh, sw = surface.shape
+    cx, cy = min(sw - 1, (x - sx0) // f), min(sh - 1, (y - sy0) // f)
+    own = labels[cy, cx]
+    for k in range(1, n):
+        if k == own:
+            continue
+        py, px = np.unravel_index(int(np.argmax(np.where(labels == k, surface, -2.0))), surface.shape)
+        ty, tx = 2 * cy - py, 2 * cx - px
+        if 0 <= ty < sh and 0 <= tx < sw and surface[ty, tx] >= ncc - REPEAT_TWIN_SLACK:
+            return True
+    return False
 
 
 # Windows under this side hold too few pixels for the repeated-texture test: natural texture in
 # 16-24 px windows matches itself at 0.8 somewhere near by chance (real NAIP crops were lost).
 REPEAT_MIN_WINDOW = 64
+REPEAT_TWIN_SLACK = 0.1   # a rival's twin one period the other way may match this much less
 
 
 def repeated_region(cells: set[tuple[int, int]], need: int) -> Optional[list[tuple[int, int]]]:
