@@ -156,3 +156,19 @@ def test_what_moved_is_ground_when_wider_than_a_roof_or_cut_by_the_crop_edge():
     disc = np.zeros((192, 192), np.uint8)
     cv2.circle(disc, (96, 96), 17, 1, -1)                # 34 px across
     assert wide_areas(disc.astype(bool), width).sum() > 0.9 * disc.sum()
+
+
+def test_smooth_enlarged_texture_is_not_taken_for_repeated_texture():
+    """Real texture enlarged 4.5x (as the archive-scale scene is made) can hold a lone second
+    region that matches a window at 0.8; a period repeats both ways. Of 675 windows of 128 px in
+    three 1024 px crops of NAIP so enlarged, at most 1 % may read as repeated (with the twin asked
+    for: 6 of 2,700 over nine crops; without it: 35)."""
+    from benchmarks._fields import texture
+    from operators.pairs.screening.screening import repeats_itself
+    big = cv2.resize(texture("naip"), None, fx=4.5, fy=4.5, interpolation=cv2.INTER_CUBIC)
+    seen = []
+    for y, x in ((200, 2300), (900, 200), (900, 2300)):
+        crop = np.ascontiguousarray(big[y:y + 1024, x:x + 1024])
+        seen += [repeats_itself(crop, wx, wy, 128, 64, 0.8)
+                 for wy in range(0, 897, 64) for wx in range(0, 897, 64)]
+    assert sum(seen) <= 0.01 * len(seen), sum(seen)
