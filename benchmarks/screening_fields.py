@@ -33,7 +33,6 @@ import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-import numpy as np
 
 print = functools.partial(print, flush=True)  # noqa: A001 - progress shows while runs go
 
