@@ -850,8 +850,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     reach = max(near, win // 2)
     for i, j in zip(*np.nonzero(usable)):
         i, j, y, x = int(i), int(j), ys[i], xs[j]
-        if win >= REPEAT_MIN_WINDOW and cfg.screen_repeat_ncc < 1.0 and repeats_itself(pre, x, y, win, reach,
-                                                          cfg.screen_repeat_ncc):
+        if win >= REPEAT_MIN_WINDOW and cfg.screen_repeat_ncc < 1.0 and \
+                repeats_itself(pre, x, y, win, reach, cfg.screen_repeat_ncc):
             repeated.add((i, j))     # a shift by whole periods would look like none
             continue
         a = pre[y:y + win, x:x + win]
@@ -885,11 +885,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         agreed = [s for s in agreed if id(s) not in leaning]
     found_lean = lean[1] if lean is not None else None
     ev = Evidence(w, h, win, trusted, agreed, shifts, n_textured, repeated, ys, xs, found_lean, cfg)
-    for test in SCREEN_TESTS:
+    for k, test in enumerate(SCREEN_TESTS):
         verdict = test(ev)
         if verdict is not None:
-            return ev.result(*verdict)
-    return ev.result(None, None)
+            return ev.result(*verdict, measured=k >= MEASURED_FROM)
+    return ev.result(None, None, measured=True)
 
 
 @dataclass
@@ -917,6 +917,10 @@ class Evidence:
         return np.hypot([s.dx for s in self.trusted], [s.dy for s in self.trusted])
 
     @cached_property
+    def coverage(self) -> float:
+        return hull_share(self.trusted, self.w, self.h)
+
+    @cached_property
     def corner(self) -> Optional[CornerEstimate]:
         # Every agreed window: the fits' own outlier rejection keeps spurious ones out, and near
         # a corner a real error may show in too few windows to form a region.
@@ -925,13 +929,16 @@ class Evidence:
                                self.cfg.screen_shift_noise_px, self.cfg.screen_agree_px,
                                (self.win / step) ** 2)
 
-    def result(self, code: Optional[str], reason: Optional[str]) -> ScreeningResult:
+    def result(self, code: Optional[str], reason: Optional[str],
+               measured: bool) -> ScreeningResult:
+        """The screening's result; ``measured``: the residual was measured (a rejection by the
+        evidence tests leaves it, and the corner fields, unknown)."""
         n = len(self.trusted)
-        if not self._measured:      # rejected before the residual was measured
+        if not measured:
             return ScreeningResult(None, None, self.n_textured, n, reason, self.fraction,
                                    self.trusted, self.shifts, reject_code=code)
         residual, median = float(self.mags.max()), float(np.median(self.mags))
-        coverage = hull_share(self.trusted, self.w, self.h)
+        coverage = self.coverage
         corner = self.corner
         if corner is None:
             return ScreeningResult(None if code == INSUFFICIENT else residual, median,
@@ -940,8 +947,6 @@ class Evidence:
         return ScreeningResult(max(residual, corner.value), median, self.n_textured, n, reason,
                                self.fraction, self.trusted, self.shifts, corner.se, coverage,
                                self.lean, code)
-
-    _measured: bool = False   # set by the tests that got as far as measuring the residual
 
 
 # The screen's tests, in order: each returns None (passes) or (code, reason) (rejects).
@@ -974,7 +979,7 @@ def too_little_spread(ev: Evidence) -> Optional[tuple[str, str]]:
     scale or rotation error grows towards a far corner no window sees)."""
     n, cfg = len(ev.trusted), ev.cfg
     quadrants = len({(s.x >= ev.w / 2, s.y >= ev.h / 2) for s in ev.trusted})
-    coverage = hull_share(ev.trusted, ev.w, ev.h)
+    coverage = ev.coverage
     if n >= cfg.screen_min_windows and quadrants >= cfg.screen_min_quadrants and \
             coverage >= cfg.screen_min_coverage:
         return None
@@ -986,7 +991,6 @@ def too_little_spread(ev: Evidence) -> Optional[tuple[str, str]]:
 
 def displaced_region(ev: Evidence) -> Optional[tuple[str, str]]:
     """A confirmed window (a region of them) displaced beyond the limit."""
-    ev._measured = True
     limit = ev.cfg.max_residual_px
     if float(ev.mags.max()) <= limit:
         return None
@@ -1012,6 +1016,7 @@ def corner_beyond(ev: Evidence) -> Optional[tuple[str, str]]:
 
 SCREEN_TESTS = (repeated_texture, too_little_assessed, too_little_spread, displaced_region,
                 corner_beyond)
+MEASURED_FROM = SCREEN_TESTS.index(displaced_region)   # the tests before it judge evidence only
 
 
 RESCUABLE = (DISPLACED, CORNER)   # rejections a smooth field can explain
