@@ -737,7 +737,9 @@ def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: f
     # enlarged 4.5x) can hold a lone second region above ncc; it was read as an orchard and 14
     # of 100 archive-scale crops were lost.
     sh, sw = surface.shape
-    cx, cy = min(sw - 1, (x - sx0) // f), min(sh - 1, (y - sy0) // f)
+    # The window lies inside the region, so its own place is a cell of the surface at either
+    # scale (floor(a/2) + floor(b/2) <= floor((a+b)/2)): no clamp needed.
+    cx, cy = (x - sx0) // f, (y - sy0) // f
     own = labels[cy, cx]
     for k in range(1, n):
         if k == own:
