@@ -212,13 +212,17 @@ async def run_shape(server, job, records, shape: str, context: dict, state: Batc
 
 def run_batch(server, job, records, work: Path, context: dict) -> Tally:
     """(c)'s requests through the Batch API: pass 1 defers the generations, pass 2 takes them and
-    defers the judgements, pass 3 takes those."""
+    defers the judgements, pass 3 takes those. The provider's prefix cache is taken to have expired
+    between the two rounds of batches (they run hours apart; OpenAI keeps a prefix minutes, at most an
+    hour): the server's is emptied before each round, so a judge line shares no prefix with its pair's
+    generation (lines of one round still share theirs)."""
     state = BatchState(str(work), job)
     driver = BatchDriver(state, BatchAPI(server.base_url, KEY), BatchSettings(poll_s=0.2))
     for _ in range(3):
         tally, outcome = asyncio.run(run_shape(server, job, records, "batch", context, state))
         if all(o == "" for o in outcome):
             return tally
+        server.configure(clear_prefix_cache=True)
         driver.submit()
         driver.wait()
     raise RuntimeError("batch passes did not finish")

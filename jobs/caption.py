@@ -10,7 +10,9 @@ so the key sits in no shell history, process list, actor argument or dashboard).
 and selected captions), ``usage/`` (tokens and cost per request), ``errors/`` (this run's failures),
 ``LevirCCcaptions.json`` (LEVIR-CC format) and ``_cache/llm/`` (answers, so reruns pay nothing twice);
 while it runs, ``_work/worklist/`` holds the pairs to do, which the workers read a batch at a time.
-A rerun skips pairs already in ``pairs/`` and answers the rest from the cache where it can.
+A rerun skips pairs already in ``pairs/`` whose rows were made from today's inputs (images, mask,
+templates, models, settings: each row's ``lineage``, operators.io.lineage), redoes the others, and
+answers the rest from the cache where it can.
 
 Real endpoints (the key is read from the environment only):
 
@@ -44,14 +46,14 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, CaptionPrompts, PrepareConfig, build_generate_request,
+from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, PrepareConfig, build_generate_request,
                                    build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
-from operators.language.captions import OVERALL_MODES, load_template, write_levir_cc
+from operators.language.captions import OVERALL_MODES, write_levir_cc
 from operators.llm.job_runner import (HELP, BatchesOpen, LLMJobConfig, QuotaStop, account_limiter,  # noqa: F401
                                       build_parser as _build_parser, configure_pipeline, ensure_ray,
                                       generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
+                                      require_endpoint, row_batches, run_llm_job, run_on_worker,
                                       run_stages, run_usage, set_aside_no_mask, skipped_line, stop_line,
                                       summary_rows, summary_table, validator_tally)
 from operators.llm.usage import format_summary
@@ -59,7 +61,9 @@ from operators.io import console
 from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists
-from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
+from operators.io import lineage
+from operators.io.tables import current_error_items, new_run_id, read_table, resolve_errors
+from operators.language.resume import job_lineage, plan as resume_plan, run_prompts
 
 log = logging.getLogger("changeforge.caption")
 
@@ -80,6 +84,25 @@ def parse_args(argv: list[str] | None = None) -> CaptionJobConfig:
     return _parse_args(argv, CaptionJobConfig, HELP, PROG, DESCRIPTION, {"overall": OVERALL_MODES})
 
 
+def plan_run(cfg: CaptionJobConfig, out: Store, run_id: str = "", record: bool = True):
+    """(prompts, resume plan, pairs found, pairs skipped by reason) of a run on ``out``: which pairs are
+    current, stale (and why) or missing. ``record=False`` writes nothing (``changeforge chain --explain``)."""
+    pairs, skipped = find_dataset_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    prompts = run_prompts(cfg, out, JOB, CaptionJobConfig, TABLE_SCHEMAS["pairs"], run_id, record)
+    # Resume by lineage: a finished pair is done again when its images, mask, templates, models or
+    # result-changing settings differ from what its rows were made from.
+    run_lineage = job_lineage(cfg, prompts)
+    return prompts, resume_plan(out, pairs, lambda p: run_lineage, TABLE_SCHEMAS["pairs"]), len(pairs), skipped
+
+
+def status(cfg: CaptionJobConfig) -> dict:
+    """What a run would do (operators.io.lineage.status), reading only: for ``changeforge chain --explain``
+    and for the chain's decision to run this step again."""
+    out = Store(cfg.output)
+    _, resume, _, _ = plan_run(cfg, out, record=False)
+    return lineage.status(resume, current_error_items(out))
+
+
 def run(cfg: CaptionJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
     base_url = require_endpoint(cfg, "caption")
@@ -92,28 +115,19 @@ def run(cfg: CaptionJobConfig) -> dict:
     run_id = new_run_id()
     # Which dataset was captioned, so that the QA job, the review and the report find it from here.
     write_source(out, JOB, input=cfg.input, dataset=cfg.input, list_file=cfg.list_file)
-    pairs, skipped = find_dataset_pairs(cfg.input, cfg.list_file or None, cfg.default_split)
+    prompts, resume, n_found, skipped = plan_run(cfg, out, run_id)
     for reason, n in skipped.items():
         log.info("%d pairs skipped: %s", n, reason)
-    done = finished_keys(out, "pairs", "pair_id")
-    todo = [p for p in pairs if p["pair_id"] not in done]
-    n_found, n_todo = len(pairs), len(todo)
-    del pairs, done   # the driver keeps only what is still to do (it goes to the work list)
+    todo = resume.todo
+    n_todo = len(todo)
     # A pair without a mask: recorded once in errors/, sent nowhere, never counted as failed.
     todo, no_mask = set_aside_no_mask(out, todo, JOB, run_id)
     delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
-    log.info("%d pairs found, %d already finished, %d without a mask, %d to do (run %s)", n_found,
-             n_found - n_todo, len(no_mask), len(todo), run_id)
+    log.info("%d pairs found, %d already finished and current, %d without a mask, %d to do (run %s)",
+             n_found, n_found - n_todo, len(no_mask), len(todo), run_id)
+    if resume.stale:
+        log.info("%s", lineage.redo_line(resume))
 
-    judge_model = cfg.judge_model or cfg.model
-    gen_template, judge_template = output_templates(
-        out, JOB, (cfg.generate_template, cfg.judge_template),
-        (CaptionJobConfig.generate_template, CaptionJobConfig.judge_template), TABLE_SCHEMAS["pairs"])
-    prompts = CaptionPrompts(generate=load_template(gen_template, cfg.prompts_dir),
-                             judge=load_template(judge_template, cfg.prompts_dir), detail=cfg.detail,
-                             max_image_side=cfg.max_image_side, image_format=cfg.image_format,
-                             overall_mode=cfg.overall, model=cfg.model,
-                             judge_model=judge_model, run_id=run_id, validators=cfg.validators)
     limiter, common = account_limiter(cfg, base_url, run_id, JOB, out.uri() if cfg.cache else None, out.uri())
     generate, judge = generate_and_judge_stages(
         cfg, base_url, common, prompts, ("caption_generate", "_generate", build_generate_request,
@@ -135,7 +149,7 @@ def run(cfg: CaptionJobConfig) -> dict:
     finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
+            "lineage": resume.counts(), "redone": lineage.redo_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
@@ -170,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(cfg)
     print(f"run {summary['run_id']}: {summary['pairs_found']} pairs, {summary['pairs_skipped_finished']} already "
           f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
+    if summary["redone"]:
+        print(summary["redone"])
     if summary["pairs_skipped"]:
         print(skipped_line(summary["pairs_skipped"]))
     print(f"validators ({summary['validators']}) caught per rule: "

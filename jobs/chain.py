@@ -22,9 +22,11 @@ parser, and an option a step requires that is neither given nor wired, or an opt
 that is not installed, is named (``--dry-run`` lists them all). Each step runs as its own process;
 ``<root>/chain_state.json`` records the finished ones with their command lines and, for the human
 steps (annotate ingest, review ingest), a fingerprint of their input (operators.chain.people). A rerun
-skips a finished step whose command line and input are unchanged, and runs every step after one that
-ran again. After annotate ingest the chain reads the dataset's ``annotation_summary.json``: while pairs
-are undecided it stops with exit status 3 ("waiting for annotators"), unless ``--partial``.
+skips a finished step whose command line and input are unchanged and, for caption and qa, whose pairs
+are all current by lineage (a redrawn mask re-runs them: operators.io.lineage), and runs every step
+after one that ran again. ``--explain`` says what each step would do, and why, without running. After
+annotate ingest the chain reads the dataset's ``annotation_summary.json``: while pairs are undecided it
+stops with exit status 3 ("waiting for annotators"), unless ``--partial``.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ import time
 
 from operators.chain import needs, people, plan
 from operators.chain import options as options_
-from operators.io import cli, validation
+from operators.io import cli, lineage, validation
 from operators.io.storage import Store
 
 log = logging.getLogger("changeforge.chain")
@@ -198,7 +200,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool = False) -> dict:
+def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool = False, explain: bool = False) -> dict:
     root_uri, steps = load_chain(config)
     from jobs.cli import JOBS
     # before any step: jobs, options and values here; the required options below (all of them at once)
@@ -207,6 +209,7 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
     names = [s for s, _ in steps]
     if from_step and from_step not in names:
         raise SystemExit(f"chain: --from-step {from_step!r} is not a step ({', '.join(names)})")
+    dry_run = dry_run or explain           # --explain runs nothing either
     problems = check(root, steps)          # every step's options and needs, before anything runs
     if problems and not dry_run:
         raise SystemExit(f"changeforge chain: {config}: nothing ran; " + "; ".join(problems))
@@ -241,12 +244,24 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
             print(f"[chain] {line}; save the project's JSON export there and run the chain again", flush=True)
             return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
         go, why = plan.must_run(done.get((i, step)), argv, fp, stale)
+        # Caption and QA resume by lineage: a finished step runs again when its pairs' inputs changed
+        # (read only when the step would otherwise be skipped, or to explain).
+        data = _data_status(module, command, parser, step, values) if (explain or not go) else None
+        if data is not None:
+            go, why = plan.must_run(done.get((i, step)), argv, fp, stale, data)
+        pairs_line = "" if data is None else "; pairs: " + (
+            f"cannot tell ({data['error']})" if "error" in data else lineage.status_line(data))
+        if explain:
+            print(f"[chain] explain: step {i + 1} {step}: {'would run' if go else 'current'} ({why}){pairs_line}",
+                  flush=True)
+            stale = stale or go
+            continue
         if not go:
             log.info("step %d %s: %s (%s), skipped", i + 1, step, why, done[(i, step)]["finished"])
             record.append(done[(i, step)])
         else:
             stale = True   # everything after a step that runs again reads its new output
-            print(f"[chain] step {i + 1}/{len(steps)} {step} ({why}): python {' '.join(argv)}", flush=True)
+            print(f"[chain] step {i + 1}/{len(steps)} {step} ({why}{pairs_line}): python {' '.join(argv)}", flush=True)
             if dry_run:
                 continue
             entry = {"index": i, "step": step, "argv": argv, "started": _now(),
@@ -278,6 +293,18 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
     return {"ran": ran, "failed": None, "returncode": 0}
 
 
+def _data_status(module: str, command: list[str], parser, step: str, values: dict) -> dict | None:
+    """A step's items by lineage (current, stale by cause, missing: the job's ``status``), for the steps
+    whose job resumes by lineage (caption, qa); None for the others. Reads only."""
+    job = importlib.import_module(module)
+    if command or not hasattr(job, "status"):
+        return None
+    try:
+        return job.status(job.parse_args(_tokens(parser, step, values)))
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an input that is not there yet: said, not fatal
+        return {"error": f"{type(exc).__name__}: {exc}"[:200], "needs_run": False}
+
+
 def _jobs() -> dict:
     from jobs.cli import JOBS
     return JOBS
@@ -292,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=False,
                     help="print the steps that would run with their command lines, and every option a step "
                          "needs but is not given, without running anything")
+    ap.add_argument("--explain", action=argparse.BooleanOptionalAction, default=False,
+                    help="without running anything, say per step whether it would run and why, and for the caption "
+                         "and QA steps how many pairs are current, stale (and why: mask, image, caption, template, "
+                         "model, options) or missing")
     ap.add_argument("--partial", action=argparse.BooleanOptionalAction, default=False,
                     help="go on past an annotate ingest whose pairs are not all decided: the later steps run "
                          f"on the decided pairs (without it the chain stops there with exit status {WAITING})")
@@ -305,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.prog = cli.PROG
     args = validation.make_strict(ap).parse_args(argv)
     try:
-        s = run(args.config, args.from_step, args.dry_run, args.partial)
+        s = run(args.config, args.from_step, args.dry_run, args.partial, args.explain)
     except SystemExit as exc:   # a wrong chain file or step: one line, nothing ran
         if isinstance(exc.code, int) or exc.code is None:
             raise

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.storage import Store
-from operators.publish import card, croissant, provenance, recipes
+from operators.publish import card, croissant, made_from, provenance, recipes
 from operators.publish.classes import ReleaseClasses, add_class_files, release_classes
 from operators.publish.layout import (STAC_ROLES, captions_document, prepare_pair, qa_document, release_path,
                                       stac_class_assets)
@@ -45,6 +45,9 @@ from operators.publish.versions import (changelog, changelog_entry, code_version
 from operators.pairs.selection.splits import SPLITS
 
 VERSIONS_FILE = "versions.json"
+VERIFY_HELP = ("changeforge publish --verify <release folder> [--sources <dataset> | --no-sources]: re-check a "
+               "finished release (every file against SHA256SUMS, no file beyond them; each pair's captions and QA made from the mask, "
+               "images and captions it ships; its sources unchanged, unless --no-sources) and exit 1 on any mismatch")
 
 
 @dataclass
@@ -68,7 +71,8 @@ class PublishConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jobs.publish", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.publish", description=__doc__.split("\n\n")[0],
+                                     epilog=VERIFY_HELP + ".")
     add_config_args(parser, PublishConfig, "release")
     return parser
 
@@ -123,7 +127,20 @@ def run(cfg: PublishConfig) -> dict:
     print(f"[publish] {cfg.name} {cfg.version}: {len(dataset.pairs)} pair(s) from {dataset.uri} ({dataset.kind}); "
           f"licence {licence}; writing {out.store.uri()}", flush=True)
 
-    rows, index, items, excluded, writers = _write_pairs(cfg, dataset, caps, qa, out, date, classes, summary)
+    earlier = out.store.exists("SHA256SUMS")      # this version was published before (a rerun of it)
+    rows, index, items, excluded, writers, made = _write_pairs(cfg, dataset, caps, qa, out, date, classes, summary)
+    unrecorded = made.pop(made_from.UNRECORDED, [])
+    if made:   # a caption or QA pair shipped with what it was not made from: no release at all
+        if not earlier:
+            for rel in out.hashes:
+                out.store.delete(rel)
+        raise SystemExit(f"publish: refused, {len(set().union(*made.values()))} pair(s) would ship language made from "
+                         "other inputs (rerun the caption/QA jobs: they redo exactly these pairs):\n  "
+                         + "\n  ".join(made_from.problem_lines(made))
+                         + (f"\n  {out.store.uri()} held this version before: its files are now mixed, publish it "
+                            "again once the language is current" if earlier else ""))
+    if unrecorded:
+        print(f"[publish] {made_from.problem_lines({made_from.UNRECORDED: unrecorded})[0]}: not checked", flush=True)
     if not rows:
         raise SystemExit(f"nothing to publish: every pair of {cfg.input} was excluded "
                          f"({len(excluded)}; first: {excluded[0]['message'] if excluded else 'no pairs'})")
@@ -144,7 +161,7 @@ def run(cfg: PublishConfig) -> dict:
     frame = pd.DataFrame(rows)
     stats, tables = card.statistics(frame, caps.table if caps else None, qa.table if qa else None,
                                     dataset.tables if dataset.kind == "pairs_job" else None)
-    review = recipes.review_summary(cfg.review) if cfg.review else None
+    review = recipes.review_summary(cfg.review, caps, qa) if cfg.review else None
     language = recipes.annotation_facts(caps, qa, review)
     has_two = classes.per_class and any(r.get(classes.pixels_column(classes.classes[0])) is not None for r in rows)
     if classes.declared:
@@ -206,7 +223,8 @@ def run(cfg: PublishConfig) -> dict:
 def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: str, classes: ReleaseClasses,
                  summary: dict | None):
     """Every pair in split order: read, checked and written by a thread pool, its Parquet row added to its
-    split's shards. Returns (rows without images, {id: split and digest}, STAC items, excluded, writers).
+    split's shards. Returns (rows without images, {id: split, digest, sources and what its language was made
+    from}, STAC items, excluded, writers, {lineage cause: pairs}: operators.publish.made_from).
     Pairs the annotators excluded (``unusable``) are listed with their reason and never read."""
     excluded = [dict(e) for e in dataset.errors]
     excluded += [{"item": p.pair_id, "stage": "inputs", "message": f"unknown split {p.split!r}"}
@@ -219,6 +237,8 @@ def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: s
     src = Store(dataset.uri)
     todo = sorted((p for p in dataset.pairs if p.split in SPLITS and p.pair_id not in by_people),
                   key=lambda p: (SPLITS.index(p.split), p.pair_id))
+    source_files = {p.pair_id: p.files for p in todo}
+    lineage_problems: dict[str, list[str]] = {}   # cause -> pairs (operators.publish.made_from)
 
     def prepare(p):
         """In a worker thread: read, check and encode one pair, and write its layout files."""
@@ -239,8 +259,18 @@ def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: s
                     continue
                 row, digest_files = _pair_row(out, prepared, caps, qa, classes, schema)
                 writers[prepared.split].add(row)
+                made = made_from.made_from(caps.by_pair.get(prepared.pair_id) if caps else None,
+                                           qa.by_pair.get(prepared.pair_id) if qa else None)
+                for cause in made_from.mismatches(prepared.lineage, row["captions"] if caps else None, made):
+                    lineage_problems.setdefault(cause, []).append(prepared.pair_id)
+                if (row["captions"] and "captions" not in made) or (row["qa"] and "qa" not in made):
+                    lineage_problems.setdefault(made_from.UNRECORDED, []).append(prepared.pair_id)
+                files = source_files[prepared.pair_id]
                 index[prepared.pair_id] = {"split": prepared.split, "digest": pair_digest(
-                    digest_files, prepared.split, row["captions"] or [], row["qa"] or [])}
+                    digest_files, prepared.split, row["captions"] or [], row["qa"] or []),
+                    "sources": prepared.lineage, "made_from": made,
+                    "source_files": {("mask" if r == "label" else r): files[r] for r in ("A", "B", "label")
+                                     if r in files}}
                 meta_row = {k: v for k, v in row.items() if k not in classes.image_columns()}
                 rows.append(meta_row)
                 paths = {r: release_path(prepared.split, r, prepared.pair_id) for r in prepared.files}
@@ -249,7 +279,7 @@ def _write_pairs(cfg: PublishConfig, dataset, caps, qa, out: "Recorder", date: s
                 items.append(stac_class_assets(item, paths, classes))
     for w in writers.values():
         w.flush()
-    return rows, index, items, excluded, writers
+    return rows, index, items, excluded, writers, lineage_problems
 
 
 def _label_classes(files: dict, classes: ReleaseClasses) -> tuple[list[str], list[dict]]:
@@ -284,8 +314,34 @@ def _pair_row(out: Recorder, p, caps, qa, classes: ReleaseClasses, schema) -> tu
     return row, digests
 
 
-def main(argv: list[str] | None = None) -> dict:
+def verify_main(argv: list[str]) -> int:
+    """``--verify <release>``: one line per cause (count and first items), exit 1 on any mismatch."""
+    ap = argparse.ArgumentParser(prog="changeforge publish --verify", description=VERIFY_HELP)
+    ap.add_argument("--verify", required=True, metavar="RELEASE", help="a release folder: <output>/<version>")
+    ap.add_argument("--sources", default="", metavar="DATASET",
+                    help="the release's dataset, to check its sources did not change since (default: the one "
+                         "release.json names, when it can be read from here: a release records it portably)")
+    ap.add_argument("--no-sources", action="store_true", help="check the release alone")
+    args = ap.parse_args(argv)
+    problems, counts = made_from.verify(Store(args.verify), check_sources=not args.no_sources,
+                                        dataset=args.sources or None)
+    for line in problems:
+        print(f"[publish --verify] {line}", flush=True)
+    if problems:
+        print(f"[publish --verify] {args.verify}: {len(problems)} kind(s) of mismatch", flush=True)
+        return 1
+    print(f"[publish --verify] {args.verify}: {counts['files']} files match SHA256SUMS; {counts['pairs']} pairs' "
+          f"captions and QA were made from what they ship; "
+          + (f"sources checked for {counts['sources_checked']} pairs" if counts["sources_checked"] else
+             f"sources not checked ({counts['sources_note']})"), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> dict | int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--verify" or a.startswith("--verify=") for a in argv):
+        return verify_main(argv)
     cfg = config_from_args(PublishConfig, parse_job_args(build_parser(), argv))
     s = run(cfg)
     print(f"[publish] done in {s['seconds']}s: {s['output']} ({sum(s['pairs'].values())} pairs: "
@@ -296,4 +352,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)

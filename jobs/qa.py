@@ -29,20 +29,21 @@ from dataclasses import dataclass
 from operators.llm.job_runner import HELP as LLM_HELP
 from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, account_limiter, build_parser as _build_parser,
                                       ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      output_templates, require_endpoint, row_batches, run_llm_job, run_on_worker,
+                                      require_endpoint, row_batches, run_llm_job, run_on_worker,
                                       run_usage, set_aside_no_mask,
                                       skipped_line, stop_line, summary_table, validator_tally)
 from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
+from operators.io import lineage
 from operators.io.storage import Store
-from operators.io.tables import finished_keys, new_run_id, read_table, resolve_errors
+from operators.io.tables import current_error_items, new_run_id, read_table, resolve_errors
 from operators.io.work_list import delete_stale_work_lists
 from operators.language.caption_ops import PrepareConfig, find_dataset_pairs
-from operators.language.captions import load_template
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write_vqa
-from operators.language.qa_ops import (JOB, TABLE_SCHEMAS, VALIDATOR_POLICIES, QAPrompts, build_generate_request,
+from operators.language.qa_ops import (JOB, MAX_CONTEXT_CAPTIONS, TABLE_SCHEMAS, VALIDATOR_POLICIES, build_generate_request,
                                        build_judge_request, context_for, handle_generate_result, handle_judge_result,
                                        load_caption_context, prepare_qa_pair)
+from operators.language.resume import job_lineage, plan as resume_plan, run_prompts
 from operators.llm.usage import format_summary
 
 log = logging.getLogger("changeforge.qa")
@@ -110,6 +111,37 @@ def resolve_inputs(cfg: QAJobConfig) -> tuple[str, str | None]:
     return dataset, cfg.captions or cfg.input
 
 
+def plan_run(cfg: QAJobConfig, out: Store, dataset: str, captions_source: str | None, run_id: str = "",
+             record: bool = True):
+    """(prompts, resume plan, pairs found, pairs with caption context, pairs skipped by reason) of a run on
+    ``out``. A QA pair's lineage adds the caption set it was grounded in: a pair whose selected captions
+    changed is asked again. ``record=False`` writes nothing (``changeforge chain --explain``)."""
+    context = load_caption_context(captions_source, limit=None) if captions_source else {}
+    pairs, skipped = find_dataset_pairs(dataset, cfg.list_file or None, cfg.default_split)
+    for p in pairs:
+        kept = context_for(p, context)
+        p["context_captions"] = kept[:MAX_CONTEXT_CAPTIONS]
+        p["captions_digest"] = lineage.caption_set_digest(kept) if captions_source else None
+    del context
+    prompts = run_prompts(cfg, out, JOB, QAJobConfig, TABLE_SCHEMAS["pairs"], run_id, record)
+    run_lineage = job_lineage(cfg, prompts, extra=("seed", "qa_per_pair"))
+
+    def lineage_of(p: dict) -> dict:
+        return {**run_lineage, **({"captions": p["captions_digest"]} if p.get("captions_digest") else {})}
+
+    resume = resume_plan(out, pairs, lineage_of, TABLE_SCHEMAS["pairs"])
+    return prompts, resume, len(pairs), sum(1 for p in pairs if p["context_captions"]), skipped
+
+
+def status(cfg: QAJobConfig) -> dict:
+    """What a run would do (operators.io.lineage.status), reading only: for ``changeforge chain --explain``
+    and for the chain's decision to run this step again."""
+    out = Store(cfg.output)
+    dataset, captions_source = resolve_inputs(cfg)
+    _, resume, _, _, _ = plan_run(cfg, out, dataset, captions_source, record=False)
+    return lineage.status(resume, current_error_items(out))
+
+
 def run(cfg: QAJobConfig) -> dict:
     """Run the job; returns a summary dict (also printed by ``main``)."""
     base_url = require_endpoint(cfg, "qa")
@@ -123,32 +155,19 @@ def run(cfg: QAJobConfig) -> dict:
 
     out = Store(cfg.output)
     run_id = new_run_id()
-    context = load_caption_context(captions_source) if captions_source else {}
     write_source(out, JOB, input=cfg.input, dataset=dataset, captions=captions_source, list_file=cfg.list_file)
-    pairs, skipped = find_dataset_pairs(dataset, cfg.list_file or None, cfg.default_split)
+    prompts, resume, n_found, n_context, skipped = plan_run(cfg, out, dataset, captions_source, run_id)
     for reason, n in skipped.items():
         log.info("%d pairs skipped: %s", n, reason)
-    for p in pairs:
-        p["context_captions"] = context_for(p, context)
-    done = finished_keys(out, "pairs", "pair_id")
-    todo = [p for p in pairs if p["pair_id"] not in done]
-    n_found, n_todo, n_context = len(pairs), len(todo), sum(1 for p in pairs if p["context_captions"])
-    del pairs, context, done   # the driver keeps only what is still to do (it goes to the work list)
+    todo = resume.todo
+    n_todo = len(todo)
     # A pair without a mask: recorded once in errors/, sent nowhere, never counted as failed.
     todo, no_mask = set_aside_no_mask(out, todo, JOB, run_id)
     delete_stale_work_lists(out, JOB)   # a killed driver never reached its own cleanup
-    log.info("%d pairs found (%d with caption context), %d already finished, %d without a mask, %d to do "
-             "(run %s)", n_found, n_context, n_found - n_todo, len(no_mask), len(todo), run_id)
-
-    judge_model = cfg.judge_model or cfg.model
-    gen_template, judge_template = output_templates(
-        out, JOB, (cfg.generate_template, cfg.judge_template),
-        (QAJobConfig.generate_template, QAJobConfig.judge_template), TABLE_SCHEMAS["pairs"])
-    prompts = QAPrompts(generate=load_template(gen_template, cfg.prompts_dir),
-                        judge=load_template(judge_template, cfg.prompts_dir), detail=cfg.detail,
-                        max_image_side=cfg.max_image_side, image_format=cfg.image_format,
-                        overall_mode=cfg.overall, model=cfg.model, judge_model=judge_model, run_id=run_id,
-                        validators=cfg.validators)
+    log.info("%d pairs found (%d with caption context), %d already finished and current, %d without a mask, "
+             "%d to do (run %s)", n_found, n_context, n_found - n_todo, len(no_mask), len(todo), run_id)
+    if resume.stale:
+        log.info("%s", lineage.redo_line(resume))
     counts: dict[str, int] = {}
     stopped = ""
     if todo:
@@ -172,7 +191,7 @@ def run(cfg: QAJobConfig) -> dict:
     finished = run_on_worker(finish_qa_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
+            "lineage": resume.counts(), "redone": lineage.redo_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
@@ -210,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     s = run(cfg)
     print(f"run {s['run_id']}: {s['pairs_found']} pairs, {s['pairs_skipped_finished']} already finished, "
           f"{s['pairs_finished_total']} finished in total, {s['errors']} errors in this run")
+    if s["redone"]:
+        print(s["redone"])
     if s["pairs_skipped"]:
         print(skipped_line(s["pairs_skipped"]))
     print(f"QA pairs in this run: {s['qa_candidates']} generated, {s['qa_selected']} selected; validators "

@@ -53,6 +53,7 @@ REVIEW_SCHEMA = pa.schema([
     ("stratum_sampled", pa.int64()), ("verdict", pa.string()), ("error_categories", pa.list_(pa.string())),
     ("corrected_text", pa.string()), ("human_judge_score", pa.int64()), ("annotator", pa.string()),
     ("annotated_at", pa.string()), ("run_id", pa.string()), ("source", pa.string()), ("ingest_run_id", pa.string()),
+    ("lineage", pa.string()),   # what the reviewed item was made from, and its text (operators.io.lineage)
 ])
 
 

@@ -239,6 +239,7 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
         ds = ray.data.from_items([judge_input(r) for r in todo], override_num_blocks=max(1, min(64, len(todo) // 16)))
         apply_llm_stage(ds, spec, PoolConfig()).write_datasink(sink)
 
+    from operators.llm.batch import BatchAPIError
     try:
         if not cfg.batch_api:
             judge_pass(rows)
@@ -258,8 +259,13 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
                     break
                 if driver.wait()["open"]:
                     raise SystemExit("jobs.score qa: batches still open; rerun to poll them")
+                if driver.quota:
+                    raise SystemExit(f"jobs.score qa: stopped: the provider's quota is exhausted ({driver.quota}); "
+                                     "rerun after a top-up")
                 done = judged()
                 todo = [r for r in rows if r["qid"] not in done]
+    except BatchAPIError as exc:    # read by its code (a quota, a refusal): one line, not a traceback
+        raise SystemExit(f"jobs.score qa: stopped: {exc}") from None
     finally:
         ray.kill(limiter)
     return judged()

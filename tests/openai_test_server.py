@@ -45,13 +45,25 @@ Money-side behaviour (the block "provider money" below): fault kinds ``"quota"``
 true`` reports ``usage.prompt_tokens_details.cached_tokens`` for the leading part of a request that
 matches an earlier request's (by a stable token estimate: text at 4 characters a token in 128-token
 chunks, images by the tile rule, at least ``prefix_cache_min`` tokens, in steps of 128, as OpenAI's
-cache); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET /v1/files/{id}/content``,
-``POST /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``; a batch completes
+cache; ``{"clear_prefix_cache": true}`` empties it, as a provider's expires); and the Batch API: ``POST /v1/files`` (multipart, purpose=batch), ``GET /v1/files/{id}/content``,
+``DELETE /v1/files/{id}``, ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``; a batch completes
 ``batch_delay_s`` after creation (and not while ``batch_hold`` is true: batches held in flight), its
 lines answered as real-time requests would be; a share
 ``batch_fail_rate`` of its lines (drawn per custom_id and submission) goes to the error file, and the
 output lines come back in an order of their own. ``batch_submissions`` in the stats counts how often
 each custom_id was submitted, ``batch_polls`` how often each batch was asked for (``GET /v1/batches/{id}``).
+
+Provider errors: ``"error_reply": {"status": 429, "body": {...}, "headers": {...}, "times": 1, "paths":
+["chat", "files", "batches"]}`` answers the next ``times`` requests on those paths (or "poll": ``GET /v1/batches/{id}``) with that reply (a
+provider's own error body, as documented); ``batch_fail_status`` (e.g. 400) makes a failed line a refused
+reply (``response.status_code`` and an error body with ``batch_fail_code``) instead of an unrun line;
+``batch_create_lost: N`` creates the next N batches and answers 504 (the reply lost); ``batch_status:
+"failed"`` with ``batch_errors`` fails whole batches with that reason (no line runs); ``GET /v1/batches``
+lists the batches, newest first, paged with ``limit`` and ``after``; ``batch_strip_images`` keeps only the
+first 200 characters of each data URL of an uploaded batch file (a benchmark's memory, not the answers');
+``batch_enqueued_limit``: tokens (prompt by this server's count, plus each line's cap) a model's batches in
+progress may hold; a batch that would go over is created and then failed with ``token_limit_exceeded``
+in its ``errors``, as OpenAI's enqueued-token limit does (``batches_refused``, ``enqueued_peak`` in the stats).
 
 ``GET /control/stats`` returns request counts (total, by status, per request key, successful
 replies per key), arrival timestamps, the tokens charged per accepted request and each request's
@@ -97,7 +109,10 @@ DEFAULT_CONFIG = {"latency_ms": 0.0, "reject_json_schema": False, "retry_after_s
                   "reasoning": False, "usage_values": {}, "default_max_tokens": 4096, "fault_seed": 0, "fault_draw": "independent",
                   # provider money (see the module doc)
                   "slow_s": 5.0, "prefix_cache": False, "prefix_cache_min": 1024, "batch_delay_s": 0.0,
-                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error", "batch_hold": False}
+                  "batch_fail_rate": 0.0, "batch_fail_code": "server_error", "batch_hold": False,
+                  # a provider's own error replies and lost answers (see "provider errors" below)
+                  "error_reply": None, "batch_fail_status": 0, "batch_create_lost": 0, "batch_status": "",
+                  "batch_errors": None, "batch_strip_images": False, "batch_enqueued_limit": 0}
 
 
 class ServerState:
@@ -140,11 +155,19 @@ class ServerState:
         self.batch_lines_answered = 0
         self.batch_polls: Counter = Counter()                # batch id -> GET /v1/batches/{id} received
         self.slow_sent = 0                                   # slow replies completed (billed)
+        self.error_replies: Counter = Counter()              # path -> configured error replies sent
+        self.creates_lost = 0                                # batches created whose answer was lost
+        self.batches_refused = 0                             # failed for the enqueued-token limit
+        self.files_deleted = 0                               # DELETE /v1/files/{id} answered
+        self.enqueued_peak = 0                               # most tokens in progress at once (accepted)
 
     def money_stats(self) -> dict:
         return {"cached_tokens_total": self.cached_tokens_total, "batch_submissions": dict(self.batch_submissions),
                 "batches_created": len(self.batches), "batch_lines_answered": self.batch_lines_answered,
-                "batch_polls": dict(self.batch_polls), "slow_sent": self.slow_sent}
+                "batch_polls": dict(self.batch_polls), "slow_sent": self.slow_sent,
+                "error_replies": dict(self.error_replies), "creates_lost": self.creates_lost,
+                "batches_refused": self.batches_refused, "enqueued_peak": self.enqueued_peak,
+                "files_stored": len(self.files), "files_deleted": self.files_deleted}
 
     def admit(self, now: float, tokens: int) -> float | None:
         """Count a request against RPM and TPM the provider's way; seconds to wait if it is over."""
@@ -316,6 +339,15 @@ def _fault_for(state: ServerState, key: str, seen: int, item: str, text: str) ->
     return None
 
 
+def _prompt_tokens(body: dict, cfg: dict) -> int:
+    """A request's prompt tokens: text at 4 characters a token, 8 a message, the images by the tile rule;
+    a structured-output schema is billed as prompt, as OpenAI bills it (it leads the prompt: see
+    _prefix_chunks)."""
+    messages = body.get("messages") or []
+    return sum(len(t) for t in _texts(messages)) // 4 + 8 * len(messages) + _schema_tokens(body) + \
+        _image_tokens(messages, int(cfg.get("image_base", 85)), int(cfg.get("image_per_tile", 170)))
+
+
 def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
     body = {"error": {"message": message, "type": "test_server_error", "code": status}}
     return web.json_response(body, status=status, headers=headers)
@@ -336,7 +368,23 @@ async def chat_completions(request: web.Request) -> web.Response:
         state.spans.append((arrival, time.time()))
 
 
+def _error_reply(state: ServerState, path: str) -> web.Response | None:
+    """The configured provider error reply (``error_reply``: {"status", "body", "headers", "times", "paths"}),
+    while its ``times`` last, on the paths it names (chat, files, batches; default all)."""
+    spec = state.config.get("error_reply")
+    if not spec or int(spec.get("times", 1)) <= 0 or path not in (spec.get("paths") or ("chat", "files", "batches")):
+        return None
+    spec["times"] = int(spec.get("times", 1)) - 1
+    state.by_status[int(spec["status"])] += 1
+    state.error_replies[path] += 1
+    return web.json_response(spec["body"], status=int(spec["status"]), headers=spec.get("headers") or {})
+
+
 async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.Response:
+    if not isinstance(request, _LineRequest):
+        refused = _error_reply(state, "chat")
+        if refused is not None:
+            return refused
     try:
         body = json.loads(raw)
     except ValueError:
@@ -378,9 +426,7 @@ async def _answer(state: ServerState, request: web.Request, raw: bytes) -> web.R
             state.by_status[400] += 1
             return _error(400, f"Invalid schema for response_format '{js.get('name')}': {problem}.")
     texts = _texts(messages)
-    # A structured-output schema is billed as prompt, as OpenAI bills it (it leads the prompt: see _prefix_chunks).
-    prompt_tokens = sum(len(t) for t in texts) // 4 + 8 * len(messages) + _schema_tokens(body) + \
-        _image_tokens(messages, int(cfg.get("image_base", 85)), int(cfg.get("image_per_tile", 170)))
+    prompt_tokens = _prompt_tokens(body, cfg)
     cap = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.get("default_max_tokens", 4096))
     wait = state.admit(time.time(), prompt_tokens + cap)
     if wait is not None:
@@ -455,6 +501,8 @@ async def post_reset(request: web.Request) -> web.Response:
 async def post_faults(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     update = await request.json()
+    if update.pop("clear_prefix_cache", False):   # the provider's prefix cache expired (e.g. hours later)
+        state.prefixes.clear()
     state.config.update(update)
     return web.json_response(state.config)
 
@@ -536,6 +584,9 @@ def _batch_object(b: dict) -> dict:
 
 async def post_file(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
+    refused = _error_reply(state, "files")
+    if refused is not None:
+        return refused
     reader = await request.multipart()
     purpose, content, filename = "", b"", "upload.jsonl"
     async for part in reader:
@@ -546,10 +597,28 @@ async def post_file(request: web.Request) -> web.Response:
             content = bytes(await part.read())
     if purpose != "batch":
         return _error(400, f"purpose must be batch, not {purpose!r}")
+    if state.config.get("batch_strip_images"):
+        content = _strip_images(content)
     file_id = f"file-{hashlib.sha256(content).hexdigest()[:12]}-{len(state.files)}"
     state.files[file_id] = content
     return web.json_response({"id": file_id, "object": "file", "bytes": len(content), "purpose": purpose,
                               "filename": filename, "created_at": int(time.time())})
+
+
+def _strip_images(content: bytes) -> bytes:
+    """A batch file with each data URL cut to its first 200 characters (its PNG header: the image still
+    counts at its size): a benchmark's thousands of 1024 px lines need not all sit in this server's memory."""
+    out = []
+    for raw in content.splitlines():
+        if not raw.strip():
+            continue
+        line = json.loads(raw)
+        for m in (line.get("body") or {}).get("messages") or []:
+            for p in m.get("content") if isinstance(m.get("content"), list) else []:
+                if isinstance(p, dict) and p.get("type") == "image_url" and isinstance(p.get("image_url"), dict):
+                    p["image_url"]["url"] = str(p["image_url"].get("url", ""))[:200]
+        out.append(json.dumps(line).encode())
+    return b"\n".join(out) + b"\n"
 
 
 async def get_file_content(request: web.Request) -> web.Response:
@@ -559,8 +628,20 @@ async def get_file_content(request: web.Request) -> web.Response:
     return web.Response(body=content, content_type="application/jsonl")
 
 
+async def delete_file(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    file_id = request.match_info["file_id"]
+    if state.files.pop(file_id, None) is None:
+        return _error(404, "no such file")
+    state.files_deleted += 1
+    return web.json_response({"id": file_id, "object": "file", "deleted": True})
+
+
 async def post_batch(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
+    refused = _error_reply(state, "batches")
+    if refused is not None:
+        return refused
     spec = await request.json()
     content = state.files.get(spec.get("input_file_id", ""))
     if content is None:
@@ -571,14 +652,51 @@ async def post_batch(request: web.Request) -> web.Response:
         return _error(400, "custom_id must be unique within a batch file")
     for cid in ids:
         state.batch_submissions[cid] += 1
+    cfg = state.config
+    tokens = sum(_prompt_tokens(line.get("body") or {}, cfg) + int((line.get("body") or {}).get("max_completion_tokens")
+                 or (line.get("body") or {}).get("max_tokens") or cfg.get("default_max_tokens", 4096)) for line in lines)
+    model = str((lines[0].get("body") or {}).get("model")) if lines else ""
+    enqueued = sum(b["_tokens"] for b in state.batches.values() if b["status"] == "in_progress" and b["_model"] == model)
+    limit = int(cfg.get("batch_enqueued_limit") or 0)
+    state.enqueued_peak = max(state.enqueued_peak, enqueued + tokens if not limit or enqueued + tokens <= limit else 0)
     batch_id = f"batch_{len(state.batches):04d}_{hashlib.sha256(content).hexdigest()[:8]}"
     state.batches[batch_id] = {
         "id": batch_id, "object": "batch", "endpoint": spec.get("endpoint"), "input_file_id": spec["input_file_id"],
         "completion_window": spec.get("completion_window", "24h"), "status": "in_progress",
         "created_at": int(time.time()), "metadata": spec.get("metadata") or {}, "output_file_id": None,
         "error_file_id": None, "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
-        "_lines": lines, "_due": time.time() + float(state.config.get("batch_delay_s", 0.0))}
+        "_lines": lines, "_due": time.time() + float(state.config.get("batch_delay_s", 0.0)),
+        "_tokens": tokens, "_model": model}
+    if limit and enqueued + tokens > limit:
+        # As OpenAI: created, then failed at validation, the reason in its errors; no line runs.
+        b = state.batches[batch_id]
+        b["status"], b["failed_at"], b["_tokens"] = "failed", int(time.time()), 0
+        b["errors"] = {"object": "list", "data": [{"code": "token_limit_exceeded", "line": None, "param": None,
+                       "message": f"Enqueued token limit reached for {model} in organization org-test. Limit: "
+                                  f"{limit:,} enqueued tokens. Please try again once some in_progress batches have "
+                                  "been completed."}]}
+        state.batches_refused += 1
+    if int(state.config.get("batch_create_lost") or 0) > 0:
+        # Created, and its answer lost on the way back (a gateway timeout): the client cannot know.
+        state.config["batch_create_lost"] = int(state.config["batch_create_lost"]) - 1
+        state.creates_lost += 1
+        return _error(504, "upstream request timeout")
     return web.json_response(_batch_object(state.batches[batch_id]))
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    """``GET /v1/batches?limit=&after=``: newest first, a page at a time (as OpenAI lists them)."""
+    state: ServerState = request.app["state"]
+    ordered = sorted(state.batches.values(), key=lambda b: b["id"], reverse=True)
+    after = request.query.get("after")
+    if after:
+        ids = [b["id"] for b in ordered]
+        ordered = ordered[ids.index(after) + 1:] if after in ids else []
+    limit = max(1, min(100, int(request.query.get("limit", 20))))
+    page = ordered[:limit]
+    return web.json_response({"object": "list", "data": [_batch_object(b) for b in page],
+                              "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
+                              "has_more": len(ordered) > limit})
 
 
 async def _finish_batch(state: ServerState, b: dict) -> None:
@@ -588,9 +706,15 @@ async def _finish_batch(state: ServerState, b: dict) -> None:
     for line in b["_lines"]:
         cid = line.get("custom_id")
         if _digest(cid, state.batch_submissions[cid], "batch_fail") % 10_000 < rate * 10_000:
-            errors.append({"id": f"batch_req_{cid[:12]}", "custom_id": cid, "response": None,
-                           "error": {"code": state.config.get("batch_fail_code", "server_error"),
-                                     "message": "the line failed (injected)"}})
+            code, status = state.config.get("batch_fail_code", "server_error"), int(state.config.get("batch_fail_status") or 0)
+            if status:   # answered with an error status, as the provider's error file carries a refused line
+                errors.append({"id": f"batch_req_{cid[:12]}", "custom_id": cid, "error": None,
+                               "response": {"status_code": status, "request_id": f"req_{cid[:8]}",
+                                            "body": {"error": {"message": "the line was refused (injected)",
+                                                               "type": code, "param": None, "code": code}}}})
+            else:
+                errors.append({"id": f"batch_req_{cid[:12]}", "custom_id": cid, "response": None,
+                               "error": {"code": code, "message": "the line failed (injected)"}})
             continue
         resp = await _answer(state, _LineRequest(cid), json.dumps(line.get("body") or {}).encode())
         state.batch_lines_answered += 1
@@ -613,10 +737,19 @@ async def get_batch(request: web.Request) -> web.Response:
     if b is None:
         return _error(404, "no such batch")
     state.batch_polls[b["id"]] += 1
+    refused = _error_reply(state, "poll")
+    if refused is not None:
+        return refused
     # "batch_hold": every batch stays in progress until the switch is off (a kill lands while one is open).
     if b["status"] == "in_progress" and time.time() >= b["_due"] and not state.config.get("batch_hold"):
-        b["status"] = "finalizing"
-        await _finish_batch(state, b)
+        if state.config.get("batch_status") == "failed":
+            # The whole batch refused (e.g. OpenAI's enqueued-token limit): no line ran; the reason in errors.
+            b["status"], b["failed_at"] = "failed", int(time.time())
+            b["errors"] = {"object": "list", "data": state.config.get("batch_errors") or []}
+            b["request_counts"] = {"total": len(b["_lines"]), "completed": 0, "failed": 0}
+        else:
+            b["status"] = "finalizing"
+            await _finish_batch(state, b)
     return web.json_response(_batch_object(b))
 
 
@@ -632,7 +765,9 @@ async def cancel_batch(request: web.Request) -> web.Response:
 def add_batch_routes(app: web.Application) -> None:
     app.router.add_post("/v1/files", post_file)
     app.router.add_get("/v1/files/{file_id}/content", get_file_content)
+    app.router.add_delete("/v1/files/{file_id}", delete_file)
     app.router.add_post("/v1/batches", post_batch)
+    app.router.add_get("/v1/batches", list_batches)
     app.router.add_get("/v1/batches/{batch_id}", get_batch)
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
 

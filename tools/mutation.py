@@ -264,15 +264,58 @@ def report(outcomes: list[Outcome], log=print) -> None:
                           and not d.startswith(("+++", "---"))))
 
 
+def verdict(outcomes: list[Outcome], fail_on_survivor: bool, min_score: float, min_judged: float) -> tuple[int, list[str]]:
+    """(exit status, lines) of a run. Judged mutants are the killed, survived and explained-equivalent ones;
+    a run whose mutants mostly timed out or were incompetent judged nothing and fails (a harness that
+    cannot run the tests must not pass as "no survivor")."""
+    killed = sum(o.killed for o in outcomes)
+    survived = sum(len(o.survived) for o in outcomes)
+    equivalent = sum(len(o.equivalent) for o in outcomes)
+    unjudged = sum(o.timeouts + o.incompetent for o in outcomes)
+    judged = killed + survived + equivalent
+    ran = judged + unjudged
+    lines = [f"[mutation] {ran} mutant(s) ran: {killed} killed, {survived} survived, {equivalent} equivalent, "
+             f"{unjudged} not judged (timeouts, incompetent); kill rate "
+             + (f"{killed / (killed + survived):.0%}" if killed + survived else "-")]
+    code = 0
+    if ran == 0 or judged < min_judged * ran:
+        lines.append(f"[mutation] only {judged} of {ran} mutants judged (at least {min_judged:.0%} required): "
+                     "the tests could not run against them")
+        code = 1
+    if fail_on_survivor and survived:
+        lines.append(f"[mutation] {survived} mutant(s) survived")
+        code = 1
+    low = [o.module for o in outcomes if o.score is not None and o.score < min_score]
+    if low:
+        lines.append(f"[mutation] score under {min_score:.0%}: {', '.join(low)}")
+        code = 1
+    return code, lines
+
+
+def commit_seed(root: Path = REPO) -> int:
+    """A seed from the checkout's commit (``GITHUB_SHA``/``CI_COMMIT_SHA`` if set, else ``git rev-parse``):
+    each commit draws its own sample, and the same commit draws the same one."""
+    sha = os.environ.get("GITHUB_SHA") or os.environ.get("CI_COMMIT_SHA")
+    if not sha:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    if not sha:
+        raise SystemExit("--seed commit: no commit found (not a git checkout and no GITHUB_SHA / CI_COMMIT_SHA)")
+    return int(sha[:8], 16)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=CONFIG, help="the module list (default: tools/mutation.toml)")
     ap.add_argument("--module", action="append", default=[], help="only this module path (repeatable)")
     ap.add_argument("--sample", type=int, default=None, help="mutants per module, drawn with --seed (default: all)")
-    ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--seed", default="35", help="an integer, or 'commit': a seed from the checkout's commit")
     ap.add_argument("--fail-on-survivor", action="store_true", help="exit 1 if any mutant survived")
     ap.add_argument("--min-score", type=float, default=0.0, help="exit 1 if a module's score is below (0-1)")
+    ap.add_argument("--min-judged", type=float, default=0.5,
+                    help="exit 1 if fewer than this share of the mutants run were judged (not timeouts or incompetent)")
     args = ap.parse_args(argv)
+    args.seed = commit_seed() if args.seed == "commit" else int(args.seed)
+    print(f"[mutation] seed {args.seed} (repeat this sample with --seed {args.seed})", flush=True)
     modules = load_modules(args.config)
     if args.module:
         unknown = set(args.module) - {m.path for m in modules}
@@ -284,15 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         copy_checkout(work)
         outcomes = [mutate(m, work, args.sample, args.seed) for m in modules]
     report(outcomes)
-    survived = sum(len(o.survived) for o in outcomes)
-    low = [o.module for o in outcomes if o.score is not None and o.score < args.min_score]
-    if args.fail_on_survivor and survived:
-        print(f"\n[mutation] {survived} mutant(s) survived", file=sys.stderr)
-        return 1
-    if low:
-        print(f"\n[mutation] score under {args.min_score:.0%}: {', '.join(low)}", file=sys.stderr)
-        return 1
-    return 0
+    code, lines = verdict(outcomes, args.fail_on_survivor, args.min_score, args.min_judged)
+    print("\n" + "\n".join(lines), file=sys.stderr if code else sys.stdout, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -98,9 +98,11 @@ def discover_pairs(input_uri: str, list_file: str | None = None, default_split: 
     for base, split in roots:
         prefix = f"{base}/" if base else ""
         files: dict[str, dict[str, str]] = {}
+        stamps: dict[str, dict[str, str]] = {}   # each file's stamp, for resuming by lineage
         for folder in ("A", "B", "label"):
-            for rel in store.list(f"{prefix}{folder}", suffixes=IMAGE_SUFFIXES):
+            for rel, stamp in store.stamps(f"{prefix}{folder}", suffixes=IMAGE_SUFFIXES).items():
                 files.setdefault(_stem(rel), {})[folder] = posixpath.basename(rel)
+                stamps.setdefault(_stem(rel), {})[folder] = stamp
         names = sorted(files) if wanted is None else sorted({_stem(w) for w in wanted})
         for stem in names:
             found = files.get(stem, {})
@@ -109,5 +111,6 @@ def discover_pairs(input_uri: str, list_file: str | None = None, default_split: 
                 "pair_id": f"{prefix}{stem}", "split": split or listed.get(stem) or _split_of(stem, default_split),
                 "filename": filename, "root": store.uri(),
                 **{f"{k.lower()}_rel": (f"{prefix}{k}/{found[k]}" if k in found else "") for k in ("A", "B", "label")},
+                **{f"{k.lower()}_stamp": stamps[stem][k] for k in ("A", "B", "label") if k in stamps.get(stem, {})},
             })
     return pairs

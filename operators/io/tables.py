@@ -290,6 +290,12 @@ def finished_keys(store: Store, table: str, key: str) -> set[str]:
     return set(v for v in t.column(key).to_pylist() if v is not None)
 
 
+def current_error_items(store: Store) -> set[str]:
+    """Items with a current (unresolved) error in ``errors/``."""
+    t = read_table(store, "errors", ERRORS_SCHEMA, columns=["item"])
+    return set() if t is None else {v for v in t.column("item").to_pylist() if v is not None}
+
+
 def resolve_errors(store: Store, items: Iterable[str], run_id: str, *, stages: Sequence[str] | None = None,
                    job: str = "") -> int:
     """Mark the current errors of ``items`` (optionally only those of ``stages``) as resolved: an

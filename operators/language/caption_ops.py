@@ -21,12 +21,14 @@ from operators.language.captions import (CRITERIA, PERSPECTIVES, PromptTemplate,
 from operators.llm.client import LLMRequest, LLMResult
 from operators.llm.images import content_hash, data_url, estimate_image_tokens, fit_max_side, image_part
 from operators.llm.usage import USAGE_SCHEMA
+from operators.io import lineage
+from operators.io.lineage import mask_digest
 from operators.language.mask_analysis import MaskAnalysisConfig, analyze_mask, binarize_mask
 from operators.language.validators import ValidatorConfig, mask_facts, validate_text, violations_json
 from operators.io.layout import (IMAGE_SUFFIXES, NO_MASK_YET, SPLITS, discover_pairs,  # noqa: F401 - re-exported
                                  find_dataset_pairs, is_pairs_output, split_lists)
 from operators.io.storage import Store
-from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope
+from operators.io.tables import ERRORS_SCHEMA, envelope, error_envelope, keyed
 
 JOB = "caption"
 
@@ -40,6 +42,7 @@ CAPTIONS_SCHEMA = pa.schema([
     ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
     ("validator_ok", pa.bool_()), ("validator_violations", pa.string()), ("validators", pa.string()),
+    ("lineage", pa.string()),
 ])
 
 PAIRS_SCHEMA = pa.schema([
@@ -51,8 +54,12 @@ PAIRS_SCHEMA = pa.schema([
     ("selected_captions", pa.list_(pa.string())), ("selected_perspectives", pa.list_(pa.string())),
     ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+    ("lineage", pa.string()),   # what the row was made from (operators.io.lineage)
 ])
 
+# Keyed: a pair redone because its inputs changed supersedes its earlier rows (the history keeps them).
+CAPTIONS_SCHEMA = keyed(CAPTIONS_SCHEMA, "pair_id", "candidate_index")
+PAIRS_SCHEMA = keyed(PAIRS_SCHEMA, "pair_id")
 TABLE_SCHEMAS = {"captions": CAPTIONS_SCHEMA, "pairs": PAIRS_SCHEMA, "usage": USAGE_SCHEMA,
                  "errors": ERRORS_SCHEMA}
 
@@ -118,6 +125,10 @@ def prepare_pair(item: dict, config: PrepareConfig = PrepareConfig(), run_id: st
             "change_region": stats.region, "cell_shares": stats.cell_shares,
             "mask_facts": mask_facts(mask, stats.components, config.mask.min_component_px),  # for the validators
             "hashes": {k: content_hash(v) for k, v in raw.items()},
+            # What the pair's rows are made from (operators.io.lineage): digests of what was just read,
+            # the stamps the driver listed, and the run's templates, models and settings.
+            "lineage": {"A": content_hash(raw["a_rel"]), "B": content_hash(raw["b_rel"]), "mask": mask_digest(mask),
+                        lineage.STAMPS: lineage.item_stamps(item), **(item.get("lineage_job") or {})},
             "a_url": data_url(a_s, config.image_format), "b_url": data_url(b_s, config.image_format),
             "mask_url": data_url(m_s, "png"),
             "image_tokens": estimate_image_tokens(w, h, config.detail),
@@ -240,7 +251,8 @@ def handle_judge_result(prompts: CaptionPrompts, record: dict, result: LLMResult
     selection = dict(zip(judged, select_captions([overall[p] for p in judged])))
     common = {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
               "generate_prompt_version": prompts.generate.version, "judge_prompt_version": prompts.judge.version,
-              "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
+              "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id,
+              "lineage": lineage.dumps(record["lineage"]) if record.get("lineage") else None}
     out = []
     for i, (p, caption, verdict) in enumerate(zip(PERSPECTIVES, record["captions"], verdicts)):
         row = {**common, "candidate_index": i, "perspective": p, "caption": caption, "overall_mode": prompts.overall_mode,

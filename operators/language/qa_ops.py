@@ -16,7 +16,8 @@ import json
 import pyarrow as pa
 
 from operators.io.storage import Store
-from operators.io.tables import ERRORS_SCHEMA, envelope, read_table
+from operators.io import lineage
+from operators.io.tables import ERRORS_SCHEMA, envelope, keyed, read_table
 from operators.language.caption_ops import (CAPTIONS_SCHEMA, CaptionPrompts, PrepareConfig, pair_messages, pair_values,
                                             prepare_pair, sends_mask)
 from operators.language.qa import (QA_CRITERIA, TYPE_GUIDES, TYPE_KEYS, draw_types, generation_schema, judge_schema,
@@ -39,6 +40,7 @@ QA_SCHEMA = pa.schema([
     ("validator_ok", pa.bool_()), ("validator_violations", pa.string()), ("validators", pa.string()),
     ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+    ("lineage", pa.string()),   # what the row was made from (operators.io.lineage)
 ])
 
 QA_PAIRS_SCHEMA = pa.schema([
@@ -52,16 +54,21 @@ QA_PAIRS_SCHEMA = pa.schema([
     ("n_selected", pa.int32()),
     ("generate_prompt_version", pa.string()), ("judge_prompt_version", pa.string()),
     ("model", pa.string()), ("judge_model", pa.string()), ("run_id", pa.string()),
+    ("lineage", pa.string()),   # what the row was made from (operators.io.lineage)
 ])
 
+# Keyed: a pair redone because its inputs changed supersedes its earlier rows (the history keeps them).
+QA_SCHEMA = keyed(QA_SCHEMA, "pair_id", "qa_index")
+QA_PAIRS_SCHEMA = keyed(QA_PAIRS_SCHEMA, "pair_id")
 TABLE_SCHEMAS = {"qa": QA_SCHEMA, "pairs": QA_PAIRS_SCHEMA, "usage": USAGE_SCHEMA, "errors": ERRORS_SCHEMA}
 
 
 # -- caption context -----------------------------------------------------------------------------------
-def load_caption_context(uri: str, limit: int = MAX_CONTEXT_CAPTIONS) -> dict[str, list[str]]:
+def load_caption_context(uri: str, limit: int | None = MAX_CONTEXT_CAPTIONS) -> dict[str, list[str]]:
     """Up to ``limit`` selected captions per pair from a captions job output (``captions/`` table: the
     selected ones, best overall first), else from a LEVIR-CC JSON file (or ``LevirCCcaptions.json``
-    inside the folder). Keys are pair ids for the table and file-name stems for the JSON."""
+    inside the folder). Keys are pair ids for the table and file-name stems for the JSON. ``limit=None``:
+    every selected caption (the caption set a QA pair's lineage digests)."""
     store = Store(uri)
     if uri.endswith(".json"):
         from operators.io.storage import read_uri
@@ -79,7 +86,7 @@ def load_caption_context(uri: str, limit: int = MAX_CONTEXT_CAPTIONS) -> dict[st
         by_pair: dict[str, list[str]] = {}
         for pid, caption in zip(table["pair_id"].to_pylist(), table["caption"].to_pylist()):
             kept = by_pair.setdefault(pid, [])
-            if len(kept) < limit:
+            if limit is None or len(kept) < limit:
                 kept.append(caption)
         return by_pair
     if store.exists("LevirCCcaptions.json"):
@@ -152,7 +159,8 @@ def build_generate_request(prompts: QAPrompts, record: dict) -> LLMRequest:
 def _common(prompts: QAPrompts, record: dict) -> dict:
     return {"pair_id": record["pair_id"], "split": record["split"], "filename": record["filename"],
             "generate_prompt_version": prompts.generate.version, "judge_prompt_version": prompts.judge.version,
-            "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id}
+            "model": prompts.model, "judge_model": prompts.judge_model, "run_id": prompts.run_id,
+            "lineage": lineage.dumps(record["lineage"]) if record.get("lineage") else None}
 
 
 def handle_generate_result(prompts: QAPrompts, record: dict, result: LLMResult) -> list[dict]:

@@ -28,6 +28,7 @@ as is the usage of a request one of whose attempts may have been billed unreport
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import json
@@ -42,6 +43,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from operators.llm.cache import ResponseCache, cache_key
+from operators.llm.errors import ErrorReading, read_error
 from operators.llm.images import image_token_rule, request_image_tokens
 from operators.llm.ratelimit import LeaseClient, QuotaExhausted
 from operators.llm.schema import parse_json_reply, schema_errors, strict_schema
@@ -150,12 +152,13 @@ class LLMConfig:
     reasoning_effort: str = ""           # sent as reasoning_effort when set (reasoning models)
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
+    price_per_mtok_cached: float | None = None   # cached prompt tokens (prefix cache); None: the input price
     batch_discount: float = 0.5          # batch requests cost this share of the real-time prices
     use_cache: bool = True
 
     @property
     def prices(self) -> Prices:
-        return Prices(self.price_per_mtok_in, self.price_per_mtok_out)
+        return Prices(self.price_per_mtok_in, self.price_per_mtok_out, self.price_per_mtok_cached)
 
     @property
     def batch_prices(self) -> Prices:
@@ -417,15 +420,13 @@ def _mentions(message: str, *words: str) -> bool:
     return any(w in low for w in words)
 
 
-_QUOTA = re.compile(r"insufficient_quota|exceeded your current quota|quota (?:exceeded|exhausted)|"
-                    r"(?:daily|per[- ]day|monthly) (?:quota|limit)|requests per day|\brpd\b|billing|credit balance",
-                    re.I)
-
-
-def is_quota_error(code: str, message: str) -> bool:
-    """A 429 that waiting will not cure: the account's credit or a daily/monthly allowance is used up
-    (OpenAI ``insufficient_quota``, Gemini/others "quota exceeded ... per day", Anthropic credit)."""
-    return bool(_QUOTA.search(f"{code} {message}"))
+def error_reading(exc: HTTPStatus) -> ErrorReading:
+    """What an error reply calls for, read by its code (:mod:`operators.llm.errors`)."""
+    err = exc.error
+    if not err:   # an HTTPStatus made without the body: its code and message
+        codes = (exc.code or "").split()
+        err = {"code": codes[0] if codes else "", "type": codes[-1] if codes else "", "message": exc.message}
+    return read_error(exc.status_code, err, _retry_after(exc.headers))
 
 
 @dataclass
@@ -551,6 +552,15 @@ class LLMCaller:
             result.extras["answered_in_run"] = hit.get("batch_run_id", "")
             self.lease.add_usage({"cached": 1})
             return result
+        if self.batch is not None and self.cache is None and self.batch_run_id:
+            # --no-cache: an answer this run already took from a batch (and booked) is not booked again.
+            taken = await asyncio.to_thread(self.batch.remembered, key, self.batch_run_id)
+            if taken is not None:
+                result.ok, result.value, result.cached = True, taken["value"], True
+                result.response_format = str(taken.get("response_format", ""))
+                result.extras["answered_in_run"] = self.batch_run_id
+                self.lease.add_usage({"cached": 1})
+                return result
         if self.batch is not None:
             answered = await self._batch_line(request, result, key, self.config.max_tokens)
             if answered is not None:
@@ -571,12 +581,14 @@ class LLMCaller:
         known = result.usage_complete and result.prompt_tokens is not None and result.completion_tokens is not None
         if not known:
             result.prompt_tokens = result.completion_tokens = None
-        result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        result.cost_usd = self.config.prices.cost(result.prompt_tokens, result.completion_tokens,
+                                                  result.cached_tokens) if known else None
         if known and "batch_cost" in result.extras:
             # A batch line cut off, re-asked in real time: that line at the batch price, the rest at real time's.
             before = result.extras["batch_tokens"]
             result.cost_usd = (result.extras["batch_cost"] or 0.0) + self.config.prices.cost(
-                result.prompt_tokens - before[0], result.completion_tokens - before[1])
+                result.prompt_tokens - before[0], result.completion_tokens - before[1],
+                (result.cached_tokens or 0) - (before[2] if len(before) > 2 else 0))
         usage = {"prompt_tokens": result.prompt_tokens or 0, "completion_tokens": result.completion_tokens or 0,
                  "cost_usd": result.cost_usd or 0.0, "failed": 0 if result.ok else 1, "usage_unknown": 0 if known else 1}
         self.lease.add_usage(usage)
@@ -584,33 +596,39 @@ class LLMCaller:
         return result
 
     async def _batch_line(self, request: LLMRequest, result: LLMResult, key: str, max_tokens: int,
-                          cut_off: dict | None = None) -> LLMResult | None:
-        """The batch's side of a request whose line is ``key`` (asked with ``max_tokens``): its reply, its
-        failure, or its line deferred (``DEFERRED``); None: send it in real time (its line failed once,
-        ``--batch-fallback realtime``). ``cut_off``: the reply of the line before, cut off at its cap,
-        whose re-ask this line is (billed: booked with this one)."""
+                          prior: tuple = (), asked: LLMRequest | None = None, reasks: int = 0) -> LLMResult | None:
+        """The batch's side of a request whose line is ``key`` (``asked``: the request as this line asks it,
+        a re-ask's conversation; default ``request``; with ``max_tokens``): its reply, its failure, or its
+        line deferred (``DEFERRED``); None: send it in real time (its line failed once, ``--batch-fallback
+        realtime``). ``prior``: the replies of the lines before it, unusable, whose re-ask this line is
+        (``reasks`` of them so far; billed: booked with this one)."""
         kind, record = await asyncio.to_thread(self.batch.lookup, key)
         if kind == "result":
-            return await self._from_batch(request, result, record, max_tokens, cut_off)
+            return await self._from_batch(request, result, record, max_tokens, prior, asked, reasks)
         if kind == "failed":
-            result.error_type, result.error = "BatchFailed", f"batch line failed twice: {record.get('reason', '')}"
-            if cut_off is None:
+            result.error_type, result.error = "BatchFailed", f"batch line failed for good: {record.get('reason', '')}"
+            if not prior:
                 return result
-            self._book_batch_reply(result, cut_off)    # the cut-off reply before it was billed
+            for earlier in prior:                      # the unusable replies before it were billed
+                self._book_batch_reply(result, earlier)
             return self._priced_batch(result)
         if kind == "realtime":
-            if cut_off is not None:    # the re-ask goes in real time, with its room; the cut-off reply is billed
-                self._book_batch_reply(result, cut_off)
+            if prior:    # the re-ask goes in real time, with its room; the replies before it are billed
+                for earlier in prior:
+                    self._book_batch_reply(result, earlier)
                 if result.prompt_tokens is not None and result.completion_tokens is not None:
-                    result.extras["batch_cost"] = self.config.batch_prices.cost(result.prompt_tokens,
-                                                                               result.completion_tokens)
-                    result.extras["batch_tokens"] = (result.prompt_tokens, result.completion_tokens)
+                    result.extras["batch_cost"] = self.config.batch_prices.cost(
+                        result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+                    result.extras["batch_tokens"] = (result.prompt_tokens, result.completion_tokens,
+                                                     result.cached_tokens or 0)
                 result.extras["start_max_tokens"] = max_tokens
+                result.extras["start_reasks"] = reasks     # real time re-asks only what is left
             return None
-        st = self.attempts_for(request)
+        st = self.attempts_for(asked or request)
         st.max_tokens = max_tokens
-        _, body, _ = self._body(request, st, frozenset(self.quirks))
-        await asyncio.to_thread(self.batch.defer, key, request.item, body)
+        _, body, prompt_estimate = self._body(asked or request, st, frozenset(self.quirks))
+        # What the provider counts against its enqueued-token limit: the prompt and the completion cap.
+        await asyncio.to_thread(self.batch.defer, key, request.item, body, prompt_estimate + max_tokens)
         result.error_type = DEFERRED
         return result
 
@@ -622,7 +640,8 @@ class LLMCaller:
 
     def _priced_batch(self, result: LLMResult) -> LLMResult:
         known = result.prompt_tokens is not None and result.completion_tokens is not None
-        result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens) if known else None
+        result.cost_usd = self.config.batch_prices.cost(result.prompt_tokens, result.completion_tokens,
+                                                        result.cached_tokens) if known else None
         if not known:
             result.prompt_tokens = result.completion_tokens = None
         # A batch reply without usage was billed all the same: unknown, never free (as in real time).
@@ -632,30 +651,46 @@ class LLMCaller:
         return result
 
     async def _from_batch(self, request: LLMRequest, result: LLMResult, record: dict, max_tokens: int,
-                          cut_off: dict | None = None) -> LLMResult:
+                          prior: tuple = (), asked: LLMRequest | None = None, reasks: int = 0) -> LLMResult:
         """A batch's reply to this request, taken as a real-time reply would be (checked against the
-        schema and the stage's check), booked at the batch price with its batch id, and cached. A reply
-        cut off at its cap is asked once more with twice the room (up to the ceiling), as real time does:
-        a line of its own (its key names the cap), whose reply is booked together with this one."""
+        schema and the stage's check), booked at the batch price with its batch id, and cached. An
+        unusable reply is asked again as real time asks it, up to ``max_reasks`` times, each a line of its
+        own in the next round of batches: cut off at its cap, the same question with twice the room (up
+        to the ceiling; its key names the cap); otherwise the question, the reply and what was wrong with
+        it. Every reply of the chain was billed and is booked with the last."""
         result.response_format = "json_object" if "json_object" in self.quirks else "json_schema"
-        if cut_off is not None:
-            self._book_batch_reply(result, cut_off)
         choice, content = first_choice(record.get("body") or {})
         problem = self._problem(content, request)
-        if problem is not None and cut_off is None and choice and choice.get("finish_reason") == "length":
-            room = min(self.config.max_tokens_ceiling or 4 * self.config.max_tokens, 2 * max_tokens)
-            if room > max_tokens:
-                return await self._batch_line(request, result, self.key_for(request, max_tokens=room), room, record)
+        cut = bool(choice and choice.get("finish_reason") == "length")
+        if problem is not None and reasks < self.config.max_reasks:
+            if cut:
+                room = min(self.config.max_tokens_ceiling or 4 * self.config.max_tokens, 2 * max_tokens)
+                again, key = request, self.key_for(request, max_tokens=room)
+            else:
+                room = max_tokens
+                again = dataclasses.replace(request, messages=list(request.messages) + [
+                    {"role": "assistant", "content": (content or "")[:4000]},
+                    {"role": "user", "content": f"Your reply was not usable: {problem}. Reply again with only "
+                                                "the JSON object, conforming to the schema."}])
+                key = self.key_for(again, max_tokens=room)
+            if room > max_tokens or not cut:
+                return await self._batch_line(request, result, key, room, (*prior, record), again, reasks + 1)
+        for earlier in prior:
+            self._book_batch_reply(result, earlier)
         self._book_batch_reply(result, record)
         if problem is None:
             result.ok, result.value = True, parse_json_reply(content)
             result.extras["max_tokens"] = max_tokens
         else:
-            cut = f" (cut off at {max_tokens} tokens{' after a re-ask with more room' if cut_off else ''}: " \
-                  "raise --max-tokens)" if choice and choice.get("finish_reason") == "length" else ""
-            result.error_type, result.error = "InvalidReply", f"invalid reply from batch {result.batch_id}: {problem}{cut}"
+            note = f" (cut off at {max_tokens} tokens{' after a re-ask with more room' if prior else ''}: " \
+                "raise --max-tokens)" if cut else ""
+            result.error_type, result.error = "InvalidReply", \
+                f"invalid reply from batch {result.batch_id} after {len(prior) + 1} attempts: {problem}{note}"
         self._priced_batch(result)
         await self._store(request, result, batch_id=result.batch_id, batch_run_id=self.batch_run_id)
+        if result.ok and self.cache is None and self.batch_run_id:
+            await asyncio.to_thread(self.batch.remember, result.cache_key, self.batch_run_id,
+                                    {"value": result.value, "response_format": result.response_format})
         return result
 
     async def _store(self, request: LLMRequest, result: LLMResult, **extra) -> None:
@@ -770,6 +805,7 @@ class LLMCaller:
         (an unusable reply)."""
         st = self.attempts_for(request)
         st.max_tokens = result.extras.get("start_max_tokens", st.max_tokens)   # a batch line's re-ask: its room
+        st.reasks = result.extras.get("start_reasks", 0)                       # ... and the re-asks it made
         while True:
             probing = await self._probe_turn()
             sent = frozenset(self.quirks)            # what this attempt sends: its 400 is judged against it
@@ -781,7 +817,7 @@ class LLMCaller:
             except HTTPStatus as exc:
                 if exc.status_code == 400 and await self._adapt(exc, st, sent, fmt):
                     continue
-                if exc.status_code == 429:
+                if exc.status_code == 429 or error_reading(exc).kind == "quota":
                     await self._wait(exc, st)
                     continue
                 await self._retry(exc, st)
@@ -810,12 +846,15 @@ class LLMCaller:
         return False
 
     async def _wait(self, exc: HTTPStatus, st: "_Attempts") -> None:
-        """A 429: a quota stops the job; a rate limit waits (the pool, in a storm) at most
-        ``max_retry_after_s`` a time and ``max_rate_limit_retries`` times."""
+        """A 429 (or a quota code): a quota, read by its code or its limit's period, stops the job; a rate
+        limit waits (the pool, in a storm) at most ``max_retry_after_s`` a time and
+        ``max_rate_limit_retries`` times, whatever its message says."""
         cfg = self.config
         message = self._message(exc)
-        if is_quota_error(exc.code, message):
-            reason = f"provider quota exhausted ({exc.code or 'quota'}): {message[:300]}"
+        reading = error_reading(exc)
+        if reading.kind == "quota":
+            reason = f"provider quota exhausted ({reading.code or exc.code or 'quota'}" + \
+                (f", per {reading.period}" if reading.period else "") + f"): {message[:300]}"
             await self.lease.stop(reason)
             raise QuotaExhausted(reason) from None
         st.rate_limited += 1

@@ -22,7 +22,7 @@ from operators.io.cli import add_deprecated_alias, init_ray, parse_job_args
 from operators.io.storage import Store
 from operators.io.tables import read_table
 from operators.io.work_list import delete_work_list, read_work_list, write_work_list
-from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
+from operators.llm.batch import BatchAPI, BatchAPIError, BatchDriver, BatchSettings, BatchState
 from operators.llm.client import LLMConfig, Secret
 from operators.llm.ratelimit import RateLimits
 from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
@@ -37,6 +37,12 @@ class QuotaStop(Exception):
 
 class BatchesOpen(Exception):
     """--batch-api: batches still open after --batch-max-wait-s (a rerun polls them), or lines exported."""
+
+
+class BatchStopped(BatchesOpen):
+    """--batch-api: a ``/files`` or ``/batches`` call refused (a 4xx other than a quota) or unanswered after
+    its retries; nothing was submitted twice, and a rerun goes on from the recorded batches. (A
+    :class:`BatchesOpen`: the jobs stop on it with its line and exit 3.)"""
 
 
 def stop_line(exc: Exception) -> str:
@@ -67,6 +73,7 @@ class LLMJobConfig:
     validators: str = "flag"
     price_per_mtok_in: float | None = None
     price_per_mtok_out: float | None = None
+    price_per_mtok_cached: float | None = None
     temperature: float = 0.7
     max_tokens: int = 1500
     max_tokens_field: str = "max_tokens"
@@ -103,6 +110,8 @@ class LLMJobConfig:
     batch_max_requests: int = 50_000
     batch_max_mb: float = 190.0
     batch_discount: float = 0.5
+    batch_max_enqueued_tokens: int = 0
+    batch_keep_files: bool = False
 
 
 HELP = {
@@ -127,6 +136,8 @@ HELP = {
                   "not sent to the judge (recorded with the rule), flag = sent, verdict stored, off = not run",
     "price_per_mtok_in": "USD per million prompt tokens, for the run's cost (optional)",
     "price_per_mtok_out": "USD per million completion tokens, for the run's cost (optional)",
+    "price_per_mtok_cached": "USD per million prompt tokens the provider served from its prefix cache (e.g. a "
+                             "quarter or half of the input price; default: the input price), for the run's cost",
     "temperature": "sampling temperature of both stages; a negative value sends none (the endpoint's default, "
                    "which some reasoning models require)",
     "max_tokens": "completion token cap per request (thinking models spend part of it on reasoning: raise it)",
@@ -183,16 +194,22 @@ HELP = {
     "batch_max_requests": "requests per batch file (the provider's limit)",
     "batch_max_mb": "MB per batch file (the provider's limit, less a margin)",
     "batch_discount": "batch price as a share of the real-time price (--price-per-mtok-*)",
+    "batch_max_enqueued_tokens": "the provider's enqueued-token limit per model (e.g. OpenAI's per tier): batch "
+                                 "files go in waves whose open batches stay under it (their prompts by our "
+                                 "estimate plus the completion cap); 0 = no limit",
+    "batch_keep_files": "keep each batch's input, output and error files at the provider (by default they are "
+                        "deleted once the batch's results are stored in the output)",
 }
 
 
 # Options that tune throughput, retries and the endpoint's quirks: --help hides them, --help-all shows them.
-TUNING = {"max_in_flight", "image_format", "price_per_mtok_in", "price_per_mtok_out", "max_tokens_field",
+TUNING = {"max_in_flight", "image_format", "price_per_mtok_in", "price_per_mtok_out", "price_per_mtok_cached", "max_tokens_field",
           "timeout_s", "max_retries", "max_rate_limit_retries", "max_reasks", "backoff_base_s", "response_format",
           "strict_schema", "image_token_rule", "max_request_bytes", "generate_template", "judge_template",
           "prompts_dir", "actors", "concurrent_batches", "batch_size", "max_store_mb", "actor_start_timeout_s",
           "prepare_threads", "progress_every_s", "max_retry_after_s", "batch_poll_s", "batch_max_wait_s",
-          "batch_max_requests", "batch_max_mb", "batch_discount"}
+          "batch_max_requests", "batch_max_mb", "batch_discount", "batch_max_enqueued_tokens",
+          "batch_keep_files"}
 
 
 CHOICES = {"detail": ("low", "high", "auto"), "validators": ("reject", "flag", "off"),
@@ -204,9 +221,11 @@ CHOICES = {"detail": ("low", "high", "auto"), "validators": ("reject", "flag", "
 FLAGS = {"dataset": "--images", "seed": "--type-seed"}
 # Checked before any work (operators.io.validation's keys); the last three are the QA job's.
 CHECKS = {"input": {"path": "dir"}, "base_url": {"url": True}, "prompts_dir": {"path": "dir"},
-          **{k: {"min": 0} for k in ("rpm", "tpm", "price_per_mtok_in", "price_per_mtok_out", "max_retries",
+          **{k: {"min": 0} for k in ("rpm", "tpm", "price_per_mtok_in", "price_per_mtok_out", "price_per_mtok_cached",
+                                     "max_retries",
                                      "max_rate_limit_retries", "max_reasks", "backoff_base_s", "max_store_mb",
-                                     "actor_start_timeout_s", "max_retry_after_s", "batch_max_wait_s")},
+                                     "actor_start_timeout_s", "max_retry_after_s", "batch_max_wait_s",
+                                     "batch_max_enqueued_tokens")},
           **{k: {"min": 1} for k in ("max_in_flight", "max_image_side", "max_tokens", "max_request_bytes", "actors",
                                      "concurrent_batches", "batch_size", "prepare_threads", "num_cpus",
                                      "batch_max_requests")},
@@ -301,7 +320,7 @@ def llm_config(cfg: LLMJobConfig, base_url: str, model: str) -> LLMConfig:
                      temperature=cfg.temperature if cfg.temperature >= 0 else None,
                      max_tokens=cfg.max_tokens, max_tokens_field=cfg.max_tokens_field, response_format=cfg.response_format, detail=cfg.detail,
                      price_per_mtok_in=cfg.price_per_mtok_in, price_per_mtok_out=cfg.price_per_mtok_out,
-                     use_cache=cfg.cache, reasoning_effort=cfg.reasoning_effort,
+                     price_per_mtok_cached=cfg.price_per_mtok_cached, use_cache=cfg.cache, reasoning_effort=cfg.reasoning_effort,
                      max_retry_after_s=cfg.max_retry_after_s, batch_discount=cfg.batch_discount)
 
 
@@ -346,10 +365,18 @@ class ProgressReporter(threading.Thread):
             s = {k: (v - base.get(k, 0) if isinstance(v, (int, float)) and k != "in_flight" else v)
                  for k, v in now.items()} if now.get("epoch") == base.get("epoch") else now
             rate = s["released"] / max(s["elapsed_s"], 1e-9)
-            log.info("llm progress: %d requests done (%.1f/s), %d answered from cache, %d failed, "
-                     "%d in flight, tokens %d+%d, cost $%.4f (%d pairs in this run)", s["released"], rate,
-                     s.get("cached", 0), s.get("failed", 0), s["in_flight"], s.get("prompt_tokens", 0),
-                     s.get("completion_tokens", 0), s.get("cost_usd", 0.0), self.total_pairs)
+            log.info(progress_line(s, rate, self.total_pairs))
+
+
+def progress_line(s: dict, rate: float, total_pairs: int) -> str:
+    """The progress line from the limiter's counters: requests whose usage is unknown (no usage reported,
+    or maybe billed after a timeout) show as "+ unknown" after the tokens and the cost, never as 0."""
+    unknown = int(s.get("usage_unknown", 0) or 0)
+    more = f" + unknown ({unknown} requests)" if unknown else ""
+    return (f"llm progress: {s['released']} requests done ({rate:.1f}/s), {s.get('cached', 0)} answered from cache, "
+            f"{s.get('failed', 0)} failed, {s['in_flight']} in flight, tokens {s.get('prompt_tokens', 0)}+"
+            f"{s.get('completion_tokens', 0)}{more}, cost ${s.get('cost_usd', 0.0):.4f}{more} "
+            f"({total_pairs} pairs in this run)")
 
 
 def configure_pipeline(pool: PoolConfig) -> None:
@@ -413,47 +440,91 @@ def run_llm_job(cfg: LLMJobConfig, todo: list[dict], prepare, prepare_kwargs: di
                                  cfg.progress_every_s, work=out, job=job, run_id=run_id))
         check_quota(limiter)
         return dict(counts)
-    driver = batch_driver(cfg, out, job, stages)
+    driver = batch_driver(cfg, out, job, stages, run_id=run_id)
+    try:
+        return _batch_passes(cfg, driver, todo, prepare, prepare_kwargs, stages, make_sink, limiter, pool, counts,
+                             out=out, job=job, run_id=run_id, key=key)
+    except BatchAPIError as exc:    # read by its code: a quota stops (exit 3); anything else stops with its reason
+        if exc.kind == "quota":
+            raise QuotaStop(exc.reason) from None
+        raise BatchStopped(str(exc)) from None
+
+
+def _check_batch_quota(driver: BatchDriver) -> None:
+    if driver.quota:
+        raise QuotaStop(driver.quota)
+
+
+def _batch_passes(cfg, driver, todo, prepare, prepare_kwargs, stages, make_sink, limiter, pool, counts, *, out, job,
+                  run_id, key) -> dict[str, int]:
     if cfg.batch_import:
         log.info("batch replies imported from %s: %s", cfg.batch_import, driver.import_results(cfg.batch_import))
     waited = driver.wait()          # batches a killed driver left open: polled, never submitted again
+    _check_batch_quota(driver)
     if waited["open"]:
         raise BatchesOpen(f"{waited['open']} batches still open after --batch-max-wait-s; rerun to poll them")
-    for n in range(2 * len(stages) + 2):    # a stage's lines, their one retry, and the pass that takes them
-        if not todo:
-            break
+    # Passes until every pair has its rows or its error row: per stage its line, a failed line's retry,
+    # the re-asks real time would make and a cut-off re-ask, then the pass that takes the last answers.
+    max_passes = len(stages) * (cfg.max_reasks + 3) + 1
+    n = 0
+    while todo:
         counts.update(run_stages(todo, prepare, prepare_kwargs, stages, pool, make_sink(), limiter,
                                  cfg.progress_every_s, work=out, job=job, run_id=run_id, part=f"-pass{n}"))
         check_quota(limiter)
         if cfg.batch_export:
-            n = driver.export_lines(cfg.batch_export)
-            if n:
-                raise BatchesOpen(f"{n} requests written to {cfg.batch_export}: run them (e.g. vllm run-batch -i "
+            exported = driver.export_lines(cfg.batch_export)
+            if exported:
+                raise BatchesOpen(f"{exported} requests written to {cfg.batch_export}: run them (e.g. vllm run-batch -i "
                                   f"{cfg.batch_export} -o replies.jsonl), then rerun with --batch-import replies.jsonl")
             break
-        if not driver.submit() and not driver.state.waiting():
+        n += 1
+        if not driver.submit() and not driver.state.waiting(run_id):
+            left_over(out, still_to_do(out, todo, run_id, stages[0], key), job, run_id, key, stages[0].name,
+                      f"no row after pass {n} and no batch line waiting for it")
             break                   # nothing waited in this pass: every pair got its rows
         waited = driver.wait()
         log.info("batches done: %s", waited)
+        _check_batch_quota(driver)
         if waited["open"]:
             raise BatchesOpen(f"{waited['open']} batches still open after --batch-max-wait-s; rerun to poll them")
         todo = still_to_do(out, todo, run_id, stages[0], key)
+        if todo and n >= max_passes:
+            left_over(out, todo, job, run_id, key, stages[0].name, f"not finished after {n} batch passes")
     return dict(counts)
 
 
-def batch_driver(cfg: LLMJobConfig, out: Store, job: str, stages: list[StageSpec]) -> BatchDriver:
+class PairsLeftOver(BatchesOpen):
+    """--batch-api: pairs neither finished nor failed after the passes (each has an error row saying so);
+    the job stops with this line and exits 3, never 0 in silence."""
+
+
+def left_over(out: Store, todo: list[dict], job: str, run_id: str, key: str, stage: str, why: str) -> None:
+    """An error row for each pair of ``todo`` (none: nothing), then :class:`PairsLeftOver`."""
+    if not todo:
+        return
+    from operators.io.tables import ERRORS_SCHEMA, error_record, write_table_shard
+    write_table_shard(out, "errors", [error_record(p[key], stage, why, error_type="LeftOver", job=job, run_id=run_id)
+                                      for p in todo], ERRORS_SCHEMA, run_id)
+    raise PairsLeftOver(f"{len(todo)} pairs {why} (error rows written; rerun to try them again): "
+                        + ", ".join(str(p[key]) for p in todo[:5]) + (", ..." if len(todo) > 5 else ""))
+
+
+def batch_driver(cfg: LLMJobConfig, out: Store, job: str, stages: list[StageSpec], run_id: str = "") -> BatchDriver:
     settings = BatchSettings(max_requests_per_file=cfg.batch_max_requests,
                              max_bytes_per_file=int(cfg.batch_max_mb * 1e6), poll_s=cfg.batch_poll_s,
-                             max_wait_s=cfg.batch_max_wait_s, fallback=cfg.batch_fallback)
+                             max_wait_s=cfg.batch_max_wait_s, fallback=cfg.batch_fallback,
+                             max_enqueued_tokens=cfg.batch_max_enqueued_tokens, keep_files=cfg.batch_keep_files)
     api = None if cfg.batch_export else BatchAPI(stages[0].llm.base_url or "", stages[0].api_key.get())
-    return BatchDriver(BatchState(out.uri(), job), api, settings, job=job)
+    return BatchDriver(BatchState(out.uri(), job), api, settings, job=job, run_id=run_id)
 
 
 def still_to_do(out: Store, todo: list[dict], run_id: str, spec: StageSpec, key: str) -> list[dict]:
     """The pairs of ``todo`` with neither a ``pairs`` row nor an error row of this run (those waited
-    for a batch)."""
-    from operators.io.tables import ERRORS_SCHEMA, finished_keys
-    done = finished_keys(out, "pairs", key)
+    for a batch). A row of an earlier run does not count: a pair redone because its inputs changed
+    (operators.io.lineage) has one, made from the old inputs."""
+    from operators.io.tables import ERRORS_SCHEMA
+    pairs = read_table(out, "pairs", columns=[key, "run_id"])
+    done = set() if pairs is None else {r[key] for r in pairs.to_pylist() if r["run_id"] == run_id}
     errors = read_table(out, "errors", ERRORS_SCHEMA, columns=["item", "run_id"])
     failed = set() if errors is None else {r["item"] for r in errors.to_pylist() if r["run_id"] == run_id}
     return [p for p in todo if p[key] not in done and p[key] not in failed]
@@ -600,12 +671,13 @@ PROMPTS_FILE = "prompts.json"   # {job: {"generate": stem, "judge": stem}}
 
 
 def output_templates(out: Store, job: str, chosen: tuple[str, str], defaults: tuple[str, str],
-                     pairs_schema=None) -> tuple[str, str]:
+                     pairs_schema=None, record: bool = True) -> tuple[str, str]:
     """The (generate, judge) templates of this run. Left at the defaults, a run on an existing output goes
     on with the templates that output was made with (``prompts.json``, or for an output made before it was
     written, the versions its ``pairs`` table records): a new release's templates would change every
     request's cache key, so the answers of the old version (a pair generated but not judged yet) would be
-    paid for again. A choice of the user's is used as given. Recorded for the next run either way."""
+    paid for again. A choice of the user's is used as given. Recorded for the next run either way (unless
+    ``record`` is False: a plan that changes nothing)."""
     try:
         recorded = json.loads(out.read_bytes(PROMPTS_FILE))
     except (FileNotFoundError, ValueError):
@@ -624,7 +696,7 @@ def output_templates(out: Store, job: str, chosen: tuple[str, str], defaults: tu
     elif templates != tuple(defaults):
         log.info("this output was made with the templates %s and %s: the run goes on with them (its answers are "
                  "cached under them; --generate-template/--judge-template choose others)", *templates)
-    if mine != {"generate": templates[0], "judge": templates[1]}:
+    if record and mine != {"generate": templates[0], "judge": templates[1]}:
         recorded[job] = {"generate": templates[0], "judge": templates[1]}
         out.write_bytes(PROMPTS_FILE, json.dumps(recorded, indent=1, sort_keys=True).encode())
     return templates[0], templates[1]

@@ -100,7 +100,7 @@ class StageRunner:
             limiter = ray.get_actor(self.spec.limiter_name, namespace=self.spec.limiter_namespace) \
                 if self.spec.limiter_name else None
             cache = ResponseCache(self.spec.cache_root) if self.spec.cache_root else None
-            batch = BatchState(self.spec.batch_root, self.spec.job) if self.spec.batch_root else None
+            batch = BatchState(self.spec.batch_root, self.spec.job, self.spec.run_id) if self.spec.batch_root else None
             self.caller = LLMCaller(self.spec.llm, self.spec.api_key, LeaseClient(limiter), cache, batch=batch)
             self.caller.batch_run_id = self.spec.run_id
         return self.caller

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+from operators.llm.errors import error_object
+
 
 class HTTPStatus(Exception):
     """A non-2xx reply: status, headers, the endpoint's error message and its error code/type."""
 
-    def __init__(self, status: int, headers, message: str, code: str = ""):
+    def __init__(self, status: int, headers, message: str, code: str = "", error: dict | None = None):
         super().__init__(f"HTTP {status}: {message}")
         self.status_code, self.headers, self.message, self.code = status, headers, message, code
+        self.error = error or {}     # the reply's error object as the provider sent it (read by its code)
 
 
 class Timeout(Exception):
@@ -36,25 +39,18 @@ def error_message(body: bytes) -> str:
         data = json.loads(body)
     except ValueError:
         return body[:500].decode("utf-8", "replace")
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if data.get("message"):
-            return str(data["message"])
+    err = error_object(data)
+    if err.get("message"):
+        return str(err["message"])
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
     return str(data)[:500]
 
 
 def error_code(body: bytes) -> str:
     """``error.code`` and ``error.type`` of an OpenAI-style error body, joined (e.g.
     ``insufficient_quota``); empty when there are none."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return ""
-    err = data.get("error") if isinstance(data, dict) else None
-    if not isinstance(err, dict):
-        return ""
+    err = error_object(body)
     return " ".join(dict.fromkeys(str(err[k]) for k in ("code", "type") if isinstance(err.get(k), str) and err.get(k)))
 
 
@@ -94,7 +90,7 @@ class ChatTransport:
         except aiohttp.ClientError as exc:
             raise ConnectionFailed(type(exc).__name__, sent=True) from None
         if status >= 300:
-            raise HTTPStatus(status, resp_headers, error_message(content), error_code(content))
+            raise HTTPStatus(status, resp_headers, error_message(content), error_code(content), error_object(content))
         try:
             return json.loads(content)
         except ValueError:

@@ -32,20 +32,24 @@ USAGE_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class Prices:
-    """USD per million tokens; ``None`` means unknown (cost left null rather than guessed)."""
+    """USD per million tokens; ``None`` means unknown (cost left null rather than guessed). Cached prompt
+    tokens (the provider's prefix cache) are billed at ``per_mtok_cached`` (``None``: at the input price)."""
 
     per_mtok_in: float | None = None
     per_mtok_out: float | None = None
+    per_mtok_cached: float | None = None
 
     def scaled(self, factor: float) -> "Prices":
         """These prices times ``factor`` (a batch API's discount)."""
-        return Prices(None if self.per_mtok_in is None else self.per_mtok_in * factor,
-                      None if self.per_mtok_out is None else self.per_mtok_out * factor)
+        return Prices(*(None if p is None else p * factor
+                        for p in (self.per_mtok_in, self.per_mtok_out, self.per_mtok_cached)))
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> float | None:
         if self.per_mtok_in is None and self.per_mtok_out is None:
             return None
-        return (prompt_tokens * (self.per_mtok_in or 0.0) + completion_tokens * (self.per_mtok_out or 0.0)) / 1e6
+        cached = min(max(0, cached_tokens or 0), prompt_tokens) if self.per_mtok_cached is not None else 0
+        return ((prompt_tokens - cached) * (self.per_mtok_in or 0.0) + cached * (self.per_mtok_cached or 0.0)
+                + completion_tokens * (self.per_mtok_out or 0.0)) / 1e6
 
 
 def summarize_usage(rows: list[dict]) -> dict:
@@ -82,10 +86,11 @@ def format_summary(s: dict) -> str:
     if s.get("usage_unknown"):
         cost += (f" + unknown ({s['usage_unknown']} requests without usage from the endpoint, or timed out "
                  "after sending: the provider may have billed them)")
+    unknown = " + unknown" if s.get("usage_unknown") else ""
     lines = [f"requests: {s['logical_requests']} logical, {s['http_requests']} sent over HTTP, "
              f"{s['cached']} answered from cache, {s['errors']} failed"
              + (f", {s['batch']} through provider batches (batch price)" if s.get("batch") else ""),
-             f"tokens: {s['prompt_tokens']} prompt + {s['completion_tokens']} completion; cost {cost}"]
+             f"tokens: {s['prompt_tokens']} prompt + {s['completion_tokens']} completion{unknown}; cost {cost}"]
     for name, st in sorted(s["by_stage"].items()):
         lines.append(f"  {name}: {st['requests']} requests ({st['cached']} cached), "
                      f"{st['prompt_tokens']}+{st['completion_tokens']} tokens")

@@ -11,10 +11,11 @@ with the reason.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from operators.io import lineage
 from operators.io.images import decode_image, encode_png
 from operators.io.storage import Store
 from operators.language.captions import levir_cc_document
@@ -38,6 +39,9 @@ class PreparedPair:
     size: tuple[int, int]            # width, height
     stats: dict                      # changed_pixels, car (+ per-class counts)
     meta: dict
+    # What the pair's files are, as the language jobs' lineage records them (operators.io.lineage): the
+    # source images' bytes and the released mask's pixels.
+    lineage: dict = field(default_factory=dict)
 
 
 def png_rgb8(data: bytes) -> bool:
@@ -79,9 +83,19 @@ def prepare_pair(store: Store, pair: PairSource, require_label: bool = True,
     missing = [r for r in IMAGE_ROLES if r not in pair.files]
     if missing:
         raise ValueError(f"missing {' and '.join(missing)} image")
-    files, sizes = {}, {}
+    files, sizes, sources = {}, {}, {}
     for role in IMAGE_ROLES:
-        files[role], sizes[role] = _image(store.read_bytes(pair.files[role]), f"{role}/{pair.pair_id}")
+        data = store.read_bytes(pair.files[role])
+        sources[role] = lineage.bytes_digest(data)
+        files[role], sizes[role] = _image(data, f"{role}/{pair.pair_id}")
+    prepared = _prepare_masks(store, pair, require_label, classes, files, sizes)
+    if "label" in prepared.files:
+        sources["mask"] = lineage.mask_digest(_mask(prepared.files["label"], f"label/{pair.pair_id}"))
+    return replace(prepared, lineage=sources)
+
+
+def _prepare_masks(store: Store, pair: PairSource, require_label: bool, classes: ReleaseClasses,
+                   files: dict, sizes: dict) -> PreparedPair:
     if sizes["A"] != sizes["B"]:
         raise ValueError(f"A is {sizes['A'][0]}x{sizes['A'][1]} but B is {sizes['B'][0]}x{sizes['B'][1]}")
     folders = classes.folders

@@ -69,12 +69,24 @@ def _did(summary) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def review_summary(uri: str) -> dict | None:
+def review_summary(uri: str, caps: LanguageSource | None = None, qa: LanguageSource | None = None) -> dict | None:
+    """The review's summary; with the language sources released, ``reviewed_on_other_text``: the reviewed
+    items whose text was redone since they were reviewed (their verdicts describe earlier text)."""
     from operators.io.storage import Store
+    from operators.review.items import review_items, reviewed_on_other_text
     from operators.review.outputs import read_current
     from operators.review.summary import summarize_reviews
     reviews = read_current(Store(uri), "review")
-    return None if reviews is None or not len(reviews) else summarize_reviews(reviews)
+    if reviews is None or not len(reviews):
+        return None
+    out = summarize_reviews(reviews)
+    stale = []
+    for kind, src in (("captions", caps), ("qa", qa)):
+        mine = reviews[reviews["kind"] == kind] if "kind" in reviews else reviews.iloc[0:0]
+        if src is not None and src.table is not None and len(mine):
+            stale += reviewed_on_other_text(mine, review_items(kind, src.table, None))
+    out["reviewed_on_other_text"] = stale
+    return out
 
 
 def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, review: dict | None) -> dict:
@@ -97,7 +109,10 @@ def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, rev
             kappa = review["judge_agreement"]["cohens_kappa"]
             facts["human review"] = (f"{review['reviewed']} of {review['tasks']} sampled items reviewed; acceptance "
                                      f"{acc['accepted']}/{acc['n']}" + (f" (Wilson 95% {lo:.3f}-{hi:.3f})" if lo is not None else "")
-                                     + f"; human-judge agreement Cohen's kappa {kappa if kappa is None else round(kappa, 3)}")
+                                     + f"; human-judge agreement Cohen's kappa {kappa if kappa is None else round(kappa, 3)}"
+                                     + (f"; {len(review['reviewed_on_other_text'])} reviewed item(s) were redone since "
+                                        "(their verdicts describe earlier text)" if review.get("reviewed_on_other_text")
+                                        else ""))
         else:
             facts["human review"] = "none recorded for this release"
     return facts

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from operators.io.storage import Store
+from operators.io import lineage
 from operators.language.caption_ops import IMAGE_SUFFIXES, discover_pairs, split_lists
 from operators.review.outputs import read_current
 
@@ -251,6 +252,7 @@ def read_captions(uri: str) -> LanguageSource:
         by_pair[stem(p["filename"])] = {
             "captions": [str(c) for c in (p["selected_captions"] if p["selected_captions"] is not None else [])],
             "perspectives": [str(c) for c in (p["selected_perspectives"] if p["selected_perspectives"] is not None else [])],
+            "lineage": lineage.loads(p.get("lineage")),   # what the captions were made from (None: not recorded)
         }
     return LanguageSource(uri, by_pair, table, _language_runs(pairs, table, ("generate_prompt_version", "judge_prompt_version")))
 
@@ -267,10 +269,11 @@ def read_qa(uri: str) -> LanguageSource:
                                     for i in doc["images"]})
     pairs = read_current(store, "pairs")
     names = {} if pairs is None else dict(zip(pairs["pair_id"], pairs["filename"]))
+    made_from = {} if pairs is None or "lineage" not in pairs else dict(zip(pairs["pair_id"], pairs["lineage"]))
     by_pair: dict[str, dict] = {}
     for r in qa[qa["selected"].fillna(False).astype(bool)].sort_values(["pair_id", "qa_index"]).to_dict("records"):
         key = stem(names.get(r["pair_id"], r["filename"]))
-        by_pair.setdefault(key, {"qa": []})["qa"].append(
+        by_pair.setdefault(key, {"qa": [], "lineage": lineage.loads(made_from.get(r["pair_id"]))})["qa"].append(
             {"type": r["question_type"], "question": r["question"], "answer": r["answer"]})
     return LanguageSource(uri, by_pair, qa, _language_runs(qa, qa, ("generate_prompt_version", "judge_prompt_version")))
 

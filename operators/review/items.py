@@ -1,15 +1,17 @@
 """Reviewable items from the captions job's ``captions/`` or the QA job's ``qa/`` table, in one shape:
 ``item_id, kind, pair_id, filename, split, index, facet, text, car, car_class, overall, judge_accept,
-selected, judge_reason, judge_model, run_id``. ``facet`` is the caption's perspective or the QA pair's
+selected, judge_reason, judge_model, run_id, lineage`` (what the item was made from, with its text's digest:
+a verdict applies to that text only). ``facet`` is the caption's perspective or the QA pair's
 question type (what error categories are broken down by)."""
 from __future__ import annotations
 
 import pandas as pd
 
+from operators.io import lineage
 from operators.review.sampling import CAR_CLASS_EDGES, car_class
 
 ITEM_COLUMNS = ("item_id", "kind", "pair_id", "filename", "split", "index", "facet", "text", "car", "car_class",
-                "overall", "judge_accept", "selected", "judge_reason", "judge_model", "run_id")
+                "overall", "judge_accept", "selected", "judge_reason", "judge_model", "run_id", "lineage")
 
 # Stratification names a user may give, per kind, mapped to item columns.
 STRATUM_ALIASES = {"perspective": "facet", "question_type": "facet", "facet": "facet",
@@ -44,8 +46,25 @@ def review_items(kind: str, table: pd.DataFrame, pairs: pd.DataFrame | None, pas
         "selected": t["selected"].fillna(False).astype(bool),
         "judge_reason": reason if reason is not None else None,
         "judge_model": t.get("judge_model"), "run_id": t.get("run_id"),
+        # what the reviewer is shown: the item's text, and what its row was made from (mask, captions)
+        "lineage": [lineage.dumps({**{k: v for k, v in (lineage.loads(made) or {}).items() if k != lineage.STAMPS},
+                                   "text": lineage.value_digest(str(x))})
+                    for made, x in zip(t["lineage"] if "lineage" in t.columns else [None] * len(t), text)],
     })
     return items[list(ITEM_COLUMNS)].reset_index(drop=True)
+
+
+def reviewed_on_other_text(reviews: pd.DataFrame, current: pd.DataFrame) -> list[str]:
+    """Item ids of ``reviews`` (a review table) whose text, when reviewed, is not the item's text now
+    (``current``: :func:`review_items` of today's table): the item was redone since, and its verdict
+    describes earlier text. Reviews recorded without lineage are not judged."""
+    now = {i: (lineage.loads(m) or {}).get("text") for i, m in zip(current["item_id"], current["lineage"])}
+    out = set()
+    for item_id, made in zip(reviews["item_id"], reviews.get("lineage", [None] * len(reviews))):
+        then = (lineage.loads(made) or {}).get("text")
+        if then is not None and now.get(item_id) != then:
+            out.add(str(item_id))
+    return sorted(out)
 
 
 def stratum_columns(spec: str) -> list[str]:

@@ -78,7 +78,8 @@ def task(item: dict, urls: dict[str, str], kind: str, judge_model: str = "") -> 
         "judge_reason": item.get("judge_reason") or "no reason given",
         **{k: _plain(item.get(k)) for k in ("item_id", "kind", "pair_id", "filename", "split", "index",
                                             "car", "car_class", "overall", "judge_accept", "selected",
-                                            "stratum", "stratum_size", "stratum_sampled", "run_id", "source")},
+                                            "stratum", "stratum_size", "stratum_sampled", "run_id", "source",
+                                            "lineage")},
     }
     data["kind"] = kind
     out = {"data": data}
@@ -134,7 +135,8 @@ def review_rows(export: list[dict]) -> list[dict]:
         data = t.get("data") or {}
         base = {"task_id": int(t["id"]), **{k: data.get(k) for k in (
             "item_id", "kind", "pair_id", "filename", "split", "index", "facet", "text", "car", "car_class",
-            "overall", "judge_accept", "selected", "stratum", "stratum_size", "stratum_sampled", "run_id", "source")}}
+            "overall", "judge_accept", "selected", "stratum", "stratum_size", "stratum_sampled", "run_id", "source",
+            "lineage")}}
         done = [a for a in (t.get("annotations") or []) if not a.get("was_cancelled")]
         if not done:
             rows.append({**base, "annotation_id": -1, "status": "unreviewed", "annotator": None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from operators.io import lineage
 from operators.io.storage import Store
 from operators.scoring.caption_metrics import METRIC_KEYS, SPICE_NOTE, score_tokenized, tokenize
 from operators.scoring.caption_sets import RefImage, name_key
@@ -11,7 +12,8 @@ from operators.scoring.masks import MASK_SUFFIXES, decode_mask
 
 PER_IMAGE_SCHEMA = pa.schema(
     [("filename", pa.string()), ("split", pa.string()), ("changeflag", pa.int64()), ("prediction", pa.string()),
-     ("references", pa.list_(pa.string()))] + [(k, pa.float64()) for k in METRIC_KEYS])
+     ("references", pa.list_(pa.string()))] + [(k, pa.float64()) for k in METRIC_KEYS]
+    + [("lineage", pa.string())])   # the reference set and the prediction scored (operators.io.lineage)
 
 
 def change_flags_from_masks(images: list[RefImage], masks: str) -> tuple[dict[str, int | None], list[dict]]:
@@ -53,7 +55,9 @@ def score_caption_set(images: list[RefImage], predictions: dict[str, str],
         doc[subset] = {**scored[subset][0], "n_images": len(subsets[subset])}
     doc["n_images"] = len(images)
     rows = [{"filename": img.filename, "split": img.split, "changeflag": flags.get(img.key),
-             "prediction": predictions[img.key], "references": img.refs, **per_id.get(img.key, {})}
+             "prediction": predictions[img.key], "references": img.refs, **per_id.get(img.key, {}),
+             "lineage": lineage.dumps({"captions": lineage.caption_set_digest(img.refs),
+                                       "prediction": lineage.value_digest(predictions[img.key])})}
             for img in images]
     return doc, rows
 

@@ -7,6 +7,7 @@ import json
 
 import pyarrow as pa
 
+from operators.io import lineage
 from operators.io.storage import read_uri
 from operators.io.tables import envelope, error_record
 from operators.scoring.confusion import COUNT_KEYS, SCORE_KEYS, confusion_counts, scores_from_counts
@@ -18,11 +19,12 @@ STAGE = "score_change"
 PER_IMAGE_SCHEMA = pa.schema(
     [("name", pa.string()), ("pred", pa.string()), ("label", pa.string()), ("height", pa.int64()),
      ("width", pa.int64())]
-    + [(k, pa.int64()) for k in COUNT_KEYS] + [(k, pa.float64()) for k in SCORE_KEYS])
+    + [(k, pa.int64()) for k in COUNT_KEYS] + [(k, pa.float64()) for k in SCORE_KEYS]
+    + [("lineage", pa.string())])   # the two masks scored, as pixel digests (operators.io.lineage)
 TABLE_SCHEMAS = {"per_image": PER_IMAGE_SCHEMA}
 
 # Columns of a scored row; error rows carry zeros/nulls there and the reason in error_type/message.
-ROW_KEYS = ("name", "pred", "label", "height", "width", *COUNT_KEYS, *SCORE_KEYS, "scored",
+ROW_KEYS = ("name", "pred", "label", "height", "width", *COUNT_KEYS, *SCORE_KEYS, "lineage", "scored",
             "error_type", "message")
 
 
@@ -30,7 +32,7 @@ def score_pair(row: dict) -> dict:
     """One (prediction, label) pair -> counts and scores, or the reason it cannot be scored."""
     out = {k: row.get(k) for k in ("name", "pred", "label")}
     out.update({k: 0 for k in (*COUNT_KEYS, "height", "width", "scored")})
-    out.update({k: None for k in (*SCORE_KEYS, "error_type", "message")})
+    out.update({k: None for k in (*SCORE_KEYS, "lineage", "error_type", "message")})
     if row.get("error_type"):  # found by the matching on the driver: passes through to errors
         out.update(error_type=row["error_type"], message=row["message"])
         return out
@@ -49,7 +51,8 @@ def score_pair(row: dict) -> dict:
                    message=f"prediction is {pred.shape[1]}x{pred.shape[0]}, label is {label.shape[1]}x{label.shape[0]}")
         return out
     counts = confusion_counts(pred, label)
-    out.update(dict(zip(COUNT_KEYS, counts)), height=label.shape[0], width=label.shape[1], scored=1)
+    out.update(dict(zip(COUNT_KEYS, counts)), height=label.shape[0], width=label.shape[1], scored=1,
+               lineage=lineage.dumps({"pred_mask": lineage.mask_digest(pred), "mask": lineage.mask_digest(label)}))
     out.update(scores_from_counts(*counts))
     return out
 

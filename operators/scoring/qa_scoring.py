@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from operators.io import lineage
 from operators.scoring.caption_metrics import METRIC_KEYS, score_tokenized, tokenize
 from operators.scoring.qa import MatchedQA, answer_correct
 
@@ -11,7 +12,8 @@ PER_QUESTION_SCHEMA = pa.schema(
     [("qid", pa.string()), ("filename", pa.string()), ("split", pa.string()), ("type", pa.string()),
      ("kind", pa.string()), ("question", pa.string()), ("reference", pa.string()), ("prediction", pa.string()),
      ("correct", pa.bool_())] + [(k, pa.float64()) for k in METRIC_KEYS]
-    + [("judge_score", pa.int64()), ("judge_correct", pa.bool_()), ("judge_reason", pa.string())])
+    + [("judge_score", pa.int64()), ("judge_correct", pa.bool_()), ("judge_reason", pa.string()),
+       ("lineage", pa.string())])   # the reference QA pair and the prediction scored (operators.io.lineage)
 
 
 def score_qa(m: MatchedQA, yes_no_types: tuple[str, ...], caption_metrics: bool = True) -> tuple[dict, list[dict]]:
@@ -21,7 +23,9 @@ def score_qa(m: MatchedQA, yes_no_types: tuple[str, ...], caption_metrics: bool 
         yn = q.type.lower() in closed
         rows.append({"qid": q.qid, "filename": q.filename, "split": q.split, "type": q.type,
                      "kind": "yes_no" if yn else "open", "question": q.question, "reference": q.answer,
-                     "prediction": m.answers[q.qid], "correct": answer_correct(q, m.answers[q.qid], yn)})
+                     "prediction": m.answers[q.qid], "correct": answer_correct(q, m.answers[q.qid], yn),
+                     "lineage": lineage.dumps({"reference": lineage.value_digest([q.question, q.answer]),
+                                               "prediction": lineage.value_digest(m.answers[q.qid])})})
     per_type: dict[str, dict] = {}
     for t in sorted({r["type"] for r in rows}):
         these = [r for r in rows if r["type"] == t]

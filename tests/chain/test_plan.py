@@ -35,3 +35,15 @@ def test_the_reasons_are_checked_in_order_stale_before_argv_before_input():
     changed_all = (DONE, ARGV + ["--x"], "sha256:bb")
     assert must_run(*changed_all, True) == (True, "an earlier step ran again")
     assert must_run(*changed_all, False) == (True, "its command line changed")
+
+
+def test_a_finished_step_runs_again_when_its_pairs_inputs_changed_and_only_then():
+    current = {"needs_run": False, "current": 11}
+    changed = {"needs_run": True, "stale": 2}
+    assert must_run(DONE, ARGV, "sha256:aa", False, current) == (False, "finished earlier")
+    assert must_run(DONE, ARGV, "sha256:aa", False, changed) == (True, "its pairs' inputs changed since it ran")
+    assert must_run(DONE, ARGV, "sha256:aa", False, {"error": "no output yet", "needs_run": False}) == \
+        (False, "finished earlier")
+    # the other reasons come first; a step never finished runs whatever its pairs say
+    assert must_run(DONE, ARGV + ["--x"], "sha256:aa", False, changed) == (True, "its command line changed")
+    assert must_run(None, ARGV, None, False, current) == (True, "not finished before")

@@ -75,6 +75,17 @@ def test_the_chain_without_people_runs_as_written(tmp_path, openai_test_server_p
     # A second run has nothing to do.
     again = run_chain(cwd, config, env=env)
     assert again.returncode == 0 and "ran 0 step(s)" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    # --explain, as the page shows it: every step current, the pairs counted
+    explained = run_chain(cwd, config, "--explain", env=env)
+    assert explained.returncode == 0, explained.stdout[-2000:] + explained.stderr[-2000:]
+    assert ("explain: step 1 caption: current (finished earlier); pairs: 11 current, 0 stale, 0 missing, 1 failed"
+            in explained.stdout), explained.stdout[-3000:]
+    # docs/lineage.md's verify command, as written, from the page's working directory
+    command = re.search(r"^(changeforge publish --verify .+)$", (REPO / "docs" / "lineage.md").read_text(), re.M)
+    verified = subprocess.run([sys.executable, "-m", "jobs.cli", *command.group(1).split()[1:]], cwd=cwd,
+                              env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "sources checked for 11 pairs" in verified.stdout
 
 
 def test_the_full_loop_chain_file_checks_out_in_a_dry_run(tmp_path, monkeypatch, capsys):

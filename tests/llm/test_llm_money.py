@@ -449,17 +449,19 @@ def test_a_cut_off_batch_reply_is_asked_again_once_with_more_room_then_booked_wi
     assert all(r.cached for r in again) and driver.submit() == [] and openai_server.stats()["total"] == 0
 
 
-def test_a_batch_reply_cut_off_again_after_its_re_ask_is_an_error_with_the_reason(openai_server, tmp_path):
+def test_a_batch_reply_cut_off_again_after_its_re_asks_is_an_error_with_the_reason(openai_server, tmp_path):
+    """As real time: cut off at 4, asked again with 8, then 16 (the ceiling, 4x --max-tokens; --max-reasks
+    2), each a line of its own; cut off every time, the pair's error row says so, all three billed."""
     state, cache = BatchState(str(tmp_path), "test"), ResponseCache(str(tmp_path))
     driver = driver_for(openai_server, state)
-    for _ in range(2):
+    for _ in range(3):
         assert all(r.error_type == DEFERRED for r in batch_pass(openai_server, requests(2, tag="tiny"), state, cache,
                                                                  max_tokens=4))
         driver.submit(), driver.wait()
     final = batch_pass(openai_server, requests(2, tag="tiny"), state, cache, max_tokens=4)
     assert all(not r.ok and r.error_type == "InvalidReply" for r in final)
-    assert all("cut off at 8 tokens after a re-ask with more room" in r.error for r in final)
-    assert all(r.attempts == 2 and r.completion_tokens == 4 + 8 and r.cost_usd > 0 for r in final)
+    assert all("cut off at 16 tokens after a re-ask with more room" in r.error for r in final)
+    assert all(r.attempts == 3 and r.completion_tokens == 4 + 8 + 16 and r.cost_usd > 0 for r in final)
     assert set(openai_server.stats()["batch_submissions"].values()) == {1} and driver.submit() == []
 
 

@@ -79,3 +79,40 @@ def test_a_seeded_sample_is_the_same_over_two_inits_and_a_prefix_of_a_larger_one
     assert len(a) == 3 and a == b
     larger = _sample(tmp_path, "c", 6)
     assert len(larger) == 6 and set(a) < set(larger)
+
+
+def _outcome(killed=0, survived=0, equivalent=0, timeouts=0, incompetent=0, name="m.py"):
+    return mutation.Outcome(name, killed=killed, survived=[{}] * survived, equivalent=[{}] * equivalent,
+                            timeouts=timeouts, incompetent=incompetent)
+
+
+def test_a_run_that_judged_most_of_its_mutants_passes_and_says_its_kill_rate():
+    code, lines = mutation.verdict([_outcome(killed=3, equivalent=1), _outcome(killed=1, timeouts=1)], True, 0, 0.5)
+    assert code == 0
+    assert lines == ["[mutation] 6 mutant(s) ran: 4 killed, 0 survived, 1 equivalent, 1 not judged (timeouts, "
+                     "incompetent); kill rate 100%"]
+
+
+def test_a_planted_survivor_fails_the_run():
+    code, lines = mutation.verdict([_outcome(killed=3), _outcome(killed=1, survived=1)], True, 0, 0.5)
+    assert code == 1 and "[mutation] 1 mutant(s) survived" in lines and "kill rate 80%" in lines[0]
+    assert mutation.verdict([_outcome(killed=1, survived=1)], False, 0, 0.5)[0] == 0   # reported, not gating
+
+
+@pytest.mark.parametrize("unjudged", [dict(timeouts=4), dict(incompetent=4), dict(timeouts=2, incompetent=2)])
+def test_a_run_whose_mutants_mostly_timed_out_or_were_incompetent_fails(unjudged):
+    code, lines = mutation.verdict([_outcome(killed=1, **unjudged)], True, 0, 0.5)
+    assert code == 1 and "only 1 of 5 mutants judged (at least 50% required)" in lines[-1]
+    assert mutation.verdict([_outcome()], True, 0, 0.5)[0] == 1           # nothing ran at all: nothing judged
+    # exactly half judged is enough
+    assert mutation.verdict([_outcome(killed=2, timeouts=2)], True, 0, 0.5)[0] == 0
+
+
+def test_the_commit_seed_is_the_commit_s_and_the_environment_s_when_given(monkeypatch):
+    monkeypatch.setenv("GITHUB_SHA", "00000010" + "f" * 32)
+    assert mutation.commit_seed() == 16
+    monkeypatch.delenv("GITHUB_SHA")
+    monkeypatch.delenv("CI_COMMIT_SHA", raising=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    if head:
+        assert mutation.commit_seed() == int(head[:8], 16)

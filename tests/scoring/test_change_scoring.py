@@ -246,3 +246,15 @@ def test_change_job_local_and_s3(tmp_path, ray_session, s3_client, s3_bucket):
     per_image = pa.concat_tables([read(k) for k in keys if k.startswith("out/per_image/")])
     errors = pa.concat_tables([read(k) for k in keys if k.startswith("out/errors/")])
     _check_outputs(doc_s3, per_image, errors, meaning)
+
+
+def test_a_scored_pair_records_the_two_masks_it_was_scored_on(tmp_path):
+    from operators.io import lineage
+    from operators.scoring.change_ops import score_pair
+    label = sorted(LABELS.glob("*.png"))[0]
+    pred = tmp_path / "pred.png"
+    m = cv2.imread(str(label), cv2.IMREAD_GRAYSCALE)
+    cv2.imwrite(str(pred), np.flipud(m))
+    row = score_pair({"name": label.stem, "pred": str(pred), "label": str(label)})
+    assert lineage.loads(row["lineage"]) == {"pred_mask": lineage.mask_digest(np.flipud(m)),
+                                             "mask": lineage.mask_digest(m)}

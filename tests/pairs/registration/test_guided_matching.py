@@ -198,6 +198,7 @@ def test_tile_prior_takes_the_tile_and_its_ring_of_tiles():
     assert prior.pair is not None and prior.tiles == {}
 
 
+@pytest.mark.slow   # 5-12 s of SIFT on a real pair: the full suite's, not the quick loop's
 def test_prior_from_a_sample_of_features_equals_the_full_prior_on_a_real_pair(pair):
     """The first pass only feeds the prior: matching a sample of each tile's pre features
     (``prior_features_per_tile``) gives the pair's affine within 1 px of the prior from every
