@@ -6,7 +6,7 @@ unsupervised change proposals as pre-labels, and the annotators' masks back into
         [--annotations-per-task 2] [--label-studio-url http://localhost:8080]   # key: LABEL_STUDIO_API_KEY
     python -m jobs.annotate export --input <dataset> --output <folder> --queue review   # the expert's tasks
     python -m jobs.annotate ingest --input <the same dataset> --export <export.json | Label Studio URL> \\
-        [--project-id N] [--min-agreement 0.8] [--require-check]
+        [--project-id N] [--min-agreement 0.8] [--require-check] [--experts exp@x] [--instance NAME]
     python -m jobs.annotate status --input <dataset>
 
 export writes ``tasks.json`` (Label Studio's import format) and ``label_config.xml``, plus
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from operators.annotation import export_ops
 from operators.annotation.decisions import REVIEW_QUEUE, DecisionConfig
-from operators.annotation.ingest_ops import PENDING_SCHEMA, ingest, ordered_run_id, resolve_classes, summarise
+from operators.annotation.ingest_ops import (PENDING_SCHEMA, check_server, ingest, ordered_run_id, read_history,
+                                             resolve_classes, summarise)
 from operators.annotation.prelabels import run_prelabels
 from operators.annotation.scheme import DEFAULT_CLASSES, labeling_config, parse_classes, read_scheme
 from operators.annotation.summary import format_status
@@ -57,6 +58,7 @@ class ExportConfig:
     prelabel: str = field(default="", metadata={"help": "pre-labels shown as Label Studio predictions: cva, irmad or pca-kmeans (computed here), folder:<path> with <pair_id>.png masks (or label1/ label2/ ... per class) from any model, or onnx:<model.onnx> (a change-detection model run here, see docs/annotation.md); default: none"})
     queue: str = field(default="annotate", metadata={"help": "annotate: the pairs not decided yet; review: the expert's tasks for disagreements, flagged pairs and rejected batches (both drawings as predictions; the expert's annotation decides at the next ingest)", "choices": ("annotate", "review")})
     skip_labelled: bool = field(default=True, metadata={"help": "leave out pairs that already have a label/ mask"})
+    resend: bool = field(default=False, metadata={"help": "export again the pairs an earlier export sent to this queue that are still open there (not annotated yet; for review: still a disagreement)"})
     annotations_per_task: int = field(default=1, metadata={"help": "annotations each task collects (Label Studio's maximum_annotations of a new project): 2 for an independent second annotation, checked by ingest", "choices": (1, 2)})
     local_files_root: str = field(default="", metadata={"help": "Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT for local images (default: the dataset folder's parent)"})
     url_expiry_s: int = field(default=7 * 24 * 3600, metadata={"range": (1, 7 * 24 * 3600), "help": "lifetime of presigned S3 image URLs (max 7 days)"})
@@ -72,9 +74,13 @@ class IngestConfig:
     project_id: int = field(default=0, metadata={"min": 0, "help": "project to export when --export is a server URL"})
     classes: str = field(default="", metadata={"help": f"the classes of the export; default: the dataset's label_classes.json (which export wrote), else {DEFAULT_CLASSES}; a value contradicting that file is an error"})
     tasks: str = field(default="", metadata={"path": "file", "help": "the tasks.json export wrote: its pre-labels, for the IoU of each final mask against them, when --export is a file that lists only prediction ids (a server URL gives them in full)"})
-    min_agreement: float = field(default=0.8, metadata={"range": (0, 1), "help": "lowest per-class F1 (with --tolerance-px) between annotator and checker at which a pair is merged; also the mean a batch's (a project's) checked pairs must reach"})
+    min_agreement: float = field(default=0.8, metadata={"range": (0, 1), "help": "lowest per-class F1 (with --tolerance-px) between annotator and checker at which a pair is merged (batches: --batch-min-agreement)"})
     tolerance_px: int = field(default=2, metadata={"min": 0, "max": 16, "help": "boundary tolerance of the agreement: a drawn pixel within this distance of the other drawing matches"})
     require_check: bool = field(default=False, metadata={"help": "merge only pairs with a second, agreeing annotation (a single annotation waits for its check)"})
+    noise_px: int = field(default=200, metadata={"min": 0, "help": "a class one side drew in fewer pixels than this counts as not drawn when annotator and checker are compared (a stray dot is noise; default: validate's no-change floor)"})
+    batch_min_agreement: float = field(default=0.8, metadata={"range": (0, 1), "help": "mean agreement a batch (a project) must reach over its checked pairs still awaiting a decision; below it its merged pairs are held for the expert"})
+    experts: str = field(default="", metadata={"help": "the experts' Label Studio users (emails or ids as the export names them), comma-separated; default: anyone who answers a review task or stars a drawing and is not one of the pair's annotators"})
+    instance: str = field(default="", metadata={"help": "a name for the Label Studio server of --export, part of every history key: give each server its own (default: the default instance, whose server URL is recorded and checked)"})
 
 
 
@@ -99,7 +105,7 @@ def run_export(cfg: ExportConfig) -> dict:
     pairs = discover_pairs(dataset.uri())
     errors = export_ops.missing_image_errors(pairs, JOB, run_id)
     complete = [p for p in pairs if p["a_rel"] and p["b_rel"]]
-    todo, left_out = export_ops.select_pairs(dataset, complete, cfg.queue, cfg.skip_labelled)
+    todo, left_out = export_ops.select_pairs(dataset, complete, cfg.queue, cfg.skip_labelled, cfg.resend)
     masks, scores, bad, prop_errors, model_version = ({}, {}, {}, [], "")
     drawings = {}
     if cfg.queue == REVIEW_QUEUE:
@@ -164,20 +170,37 @@ def _attach_prelabels(tasks: list[dict], tasks_file: str) -> None:
             t["predictions"] = by_item.get((t.get("data") or {}).get("item_id"), [])
 
 
+def experts_list(value: str) -> tuple:
+    return tuple(sorted({e.strip() for e in str(value or "").split(",") if e.strip()}))
+
+
 def _decision_config(cfg) -> DecisionConfig:
-    return DecisionConfig(min_agreement=cfg.min_agreement, require_check=cfg.require_check, tolerance_px=cfg.tolerance_px)
+    return DecisionConfig(min_agreement=cfg.min_agreement, require_check=cfg.require_check, tolerance_px=cfg.tolerance_px,
+                          noise_px=cfg.noise_px, batch_min_agreement=cfg.batch_min_agreement,
+                          experts=experts_list(cfg.experts))
+
+
+def server_of(export: str) -> str:
+    """The base URL of a server export (scheme, host and port), "" for a file."""
+    if not export.startswith(("http://", "https://")):
+        return ""
+    from urllib.parse import urlsplit
+    u = urlsplit(export)
+    return f"{u.scheme}://{u.netloc.lower()}"
 
 
 def run_ingest(cfg: IngestConfig) -> dict:
     dataset = _dataset(cfg.input)
     classes = resolve_classes(dataset, cfg.classes)
+    check_server(read_history(dataset), cfg.instance.strip(), server_of(cfg.export))   # before the download
     tasks = load_export(cfg.export, cfg.project_id)
     if not isinstance(tasks, list):
         raise ValueError(f"--export {cfg.export}: not a Label Studio JSON export (a list of tasks)")
     if cfg.tasks:
         _attach_prelabels(tasks, cfg.tasks)
     decisions = _decision_config(cfg)
-    summary = ingest(dataset, tasks, classes, decisions, ordered_run_id(dataset), cfg.project_id)
+    summary = ingest(dataset, tasks, classes, decisions, ordered_run_id(dataset), cfg.project_id,
+                     instance=cfg.instance.strip(), server=server_of(cfg.export))
     by = summary["pairs"]["by_status"]
     held = read_table(dataset, "annotation_pending", PENDING_SCHEMA)
     disagreements = sorted(r["pair_id"] for r in ([] if held is None else held.to_pylist()) if r["status"] == "disagreement")
@@ -193,7 +216,8 @@ def run_status(cfg: StatusConfig) -> dict:
         settings = json.loads(dataset.read_bytes("annotation_summary.json")).get("settings") or {}
     except (OSError, ValueError):
         settings = {}
-    return summarise(dataset, classes, DecisionConfig(**settings))
+    known = {k: v for k, v in settings.items() if k in DecisionConfig.__dataclass_fields__}
+    return summarise(dataset, classes, DecisionConfig(**{**known, "experts": tuple(known.get("experts") or ())}))
 
 
 # -- command line ------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import posixpath
 
-from operators.annotation.decisions import REVIEW_QUEUE, latest_versions, made_order
-from operators.annotation.ingest_ops import EXPORTS_SCHEMA, _changed, read_history, read_states
+from operators.annotation.decisions import REVIEW_QUEUE, latest_versions, people, vote_of
+from operators.annotation.ingest_ops import EXPORTS_SCHEMA, _changed, exported_pairs, read_history, read_states
 from operators.annotation.results import brush_result
 from operators.io.tables import error_record, read_table, write_table_shard
 
@@ -28,9 +28,12 @@ def stem(pair: dict) -> str:
     return posixpath.basename(pair["pair_id"])
 
 
-def select_pairs(dataset, pairs: list[dict], queue: str, skip_labelled: bool) -> tuple[list[dict], dict]:
-    """(pairs to export, {reason left out: count})."""
+def select_pairs(dataset, pairs: list[dict], queue: str, skip_labelled: bool, resend: bool = False) -> tuple[list[dict], dict]:
+    """(pairs to export, {reason left out: count}). A pair an earlier export sent to this queue and still
+    open there (not annotated yet, or for the review queue still a disagreement) is ``handed out``: not
+    sent twice unless ``resend``."""
     states = read_states(dataset)
+    sent = set() if resend else exported_pairs(dataset, queue)
     todo, left = [], {}
 
     def leave(why):
@@ -41,7 +44,9 @@ def select_pairs(dataset, pairs: list[dict], queue: str, skip_labelled: bool) ->
         if s == "unusable":
             leave("unusable")
         elif queue == REVIEW_QUEUE:
-            if s == "disagreement":
+            if s == "disagreement" and p["pair_id"] in sent:
+                leave("handed out")
+            elif s == "disagreement":
                 todo.append(p)
         elif s in ("merged", "expert"):
             leave("decided")
@@ -49,18 +54,21 @@ def select_pairs(dataset, pairs: list[dict], queue: str, skip_labelled: bool) ->
             leave(s)
         elif skip_labelled and p["label_rel"] and s is None:
             leave("labelled")
+        elif s in (None, "unannotated") and p["pair_id"] in sent:
+            leave("handed out")
         else:
             todo.append(p)
     return todo, left
 
 
 def drawings_of(dataset, pair_ids: set[str]) -> dict[str, list[dict]]:
-    """{pair_id: the submitted, non-expert annotations in the order they were made} for the review queue."""
+    """{pair_id: [the annotator's vote, the checker's vote]} (as the decisions name them: people, not
+    positions) for the review queue, each with ``voter`` set to whom it speaks for."""
     out: dict[str, list[dict]] = {}
     for v in latest_versions(r for r in read_history(dataset) if r["pair_id"] in pair_ids):
-        if not v.get("was_cancelled"):
+        if not v.get("was_cancelled") and v.get("queue") != REVIEW_QUEUE:
             out.setdefault(v["pair_id"], []).append(v)
-    return {k: sorted(v, key=made_order) for k, v in out.items()}
+    return {k: [{**vote_of(who, vs), "voter": who} for who in people(vs)[:2]] for k, vs in out.items()}
 
 
 def build_task(pair: dict, urls, classes, prelabel: dict | None, score: float | None, model_version: str,
@@ -79,7 +87,8 @@ def build_task(pair: dict, urls, classes, prelabel: dict | None, score: float | 
         for role, d in zip(("annotator", "checker"), drawings or []):
             result = [r for r in json.loads(d.get("result") or "[]")
                       if str(r.get("type", "")).lower() in ("brushlabels", "polygonlabels")]
-            preds.append({"model_version": f"{role}:{d.get('annotator') or 'unknown'}", "result": result})
+            who = d.get("voter") or d.get("annotator") or "unknown"
+            preds.append({"model_version": f"{role}:{who}", "result": result})
         if preds:
             out["predictions"] = preds
     elif prelabel:

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from operators.annotation.decisions import (TASK_ROW, WITH_MASK, DecisionConfig, PairDecision, decide_all,
                                             history_key, overlap)
-from operators.annotation.history import HISTORY_SCHEMA, history_rows, new_rows
+from operators.annotation.history import HISTORY_SCHEMA, history_rows, new_rows, withdrawals
 from operators.annotation.results import class_masks
 from operators.annotation.scheme import (DEFAULT_CLASSES, SCHEME_FILE, ChangeClass, parse_classes, read_scheme,
                                          write_scheme)
@@ -43,7 +43,8 @@ STATE_SCHEMA = keyed(pa.schema([
     ("pair_id", pa.string()), ("split", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("annotations", pa.int32()), ("skipped", pa.int32()), ("agreement", pa.float64()),
     ("per_class", pa.string()), ("annotator", pa.string()), ("checker", pa.string()), ("expert", pa.string()),
-    ("merged_from", pa.string()), ("batch", pa.int64()), ("run_id", pa.string()),
+    ("merged_from", pa.string()), ("batch", pa.int64()), ("instance", pa.string()), ("withdrawn", pa.int32()),
+    ("run_id", pa.string()),
 ]), "pair_id")
 PENDING_SCHEMA = keyed(pa.schema([
     ("pair_id", pa.string()), ("split", pa.string()), ("task_id", pa.int64()), ("status", pa.string()),
@@ -155,6 +156,19 @@ def withdraw_masks(dataset: Store, pair: dict, classes: list[ChangeClass]) -> No
             dataset.delete(rel)
 
 
+UNUSABLE_MASKS = "unusable_masks"   # where a given mask of a pair marked unusable is set aside (kept, unread)
+
+
+def set_aside_given(dataset: Store, pair: dict, classes: list[ChangeClass]) -> None:
+    """A mask the pair came with, of a pair now unusable: moved out of ``label/`` (and ``label<i>/``) into
+    ``unusable_masks/<folder>/``, so captions, QA and publish no longer read it; nothing is lost."""
+    for folder in [c.folder for c in classes] + ["label"]:
+        rel = f"{_prefix(pair)}{folder}/{_stem(pair)}.png"
+        if dataset.exists(rel):
+            _write_if_changed(dataset, f"{_prefix(pair)}{UNUSABLE_MASKS}/{folder}/{_stem(pair)}.png", dataset.read_bytes(rel))
+            dataset.delete(rel)
+
+
 # -- ingest ------------------------------------------------------------------------------------------
 class _Decoder:
     """Drawings decoded once per ingest, at the size of their pair's images."""
@@ -182,16 +196,16 @@ def _annotate_rows(rows: list[dict], decoder: _Decoder, classes, errors: list[di
     """Pixels per class, and the IoU against the task's pre-label, on the rows about to be appended.
     The pre-label is read on its own: a bad one leaves the IoU empty and an error row, and never
     touches the pair's decision."""
-    prelabels = {(r["project"], r["task_id"]): r for r in rows if r["annotation_id"] == TASK_ROW}
+    prelabels = {(r["instance"], r["project"], r["task_id"]): r for r in rows if r["annotation_id"] == TASK_ROW}
     for r in rows:
-        if r["annotation_id"] == TASK_ROW or r["was_cancelled"]:
+        if r["annotation_id"] == TASK_ROW or r["was_cancelled"] or r.get("withdrawn"):
             continue
         try:
             masks = decoder.masks(r)
         except (ValueError, OSError):
             continue   # the decision names it (status unreadable)
         r["pixels"] = json.dumps({c.name: int(masks[c.name].sum()) for c in classes})
-        task = prelabels.get((r["project"], r["task_id"]))
+        task = prelabels.get((r["instance"], r["project"], r["task_id"]))
         if task is None or not task.get("result"):
             continue
         try:
@@ -210,7 +224,8 @@ def state_row(d: PairDecision, pair: dict) -> dict:
             "annotations": d.annotations, "skipped": d.skipped, "agreement": d.agreement,
             "per_class": json.dumps(d.per_class, sort_keys=True) if d.per_class else None,
             "annotator": d.annotator, "checker": d.checker, "expert": d.expert,
-            "merged_from": json.dumps(list(d.merged_from)) if d.merged_from else None, "batch": d.batch}
+            "merged_from": json.dumps(list(d.merged_from)) if d.merged_from else None, "batch": d.batch,
+            "instance": d.instance, "withdrawn": d.withdrawn}
 
 
 def exported_pairs(dataset: Store, queue: str | None = None) -> set[str]:
@@ -245,23 +260,41 @@ def summarise(dataset: Store, classes, cfg: DecisionConfig, pairs: list[dict] | 
     """The summary from the dataset's tables as they are (what ``annotate status`` shows)."""
     pairs = discover_pairs(dataset.uri()) if pairs is None else pairs
     return build_summary(pairs=pairs, states=read_states(dataset), history=read_history(dataset),
-                         exported=exported_pairs(dataset), classes=classes, cfg=cfg,
+                         exported=exported_pairs(dataset), reviewed=exported_pairs(dataset, "review"),
+                         classes=classes, cfg=cfg,
                          generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
+def check_server(history: list[dict], instance: str, server: str) -> None:
+    """A second Label Studio server ingested under the first one's instance name would mix their ids:
+    a one-line error before any work."""
+    seen = sorted({str(r["server"]) for r in history if r.get("server") and str(r.get("instance") or "") == instance})
+    if server and seen and server not in seen:
+        raise ValueError(f"--export {server}: the history's instance {instance or '(default)'!r} is {seen[0]}; "
+                         "another server's project, task and annotation ids would collide: name it with --instance")
+
+
+def new_history(history: list[dict], tasks: list[dict], pairs: dict, project_id: int = 0, instance: str = "",
+                server: str = "") -> tuple[list[dict], list[dict]]:
+    """(the rows an export adds to ``history``: new versions, then withdrawals; tasks naming no pair)."""
+    rows, unknown = history_rows(tasks, pairs, project_id, instance, server)
+    fresh = new_rows(rows, {history_key(r) for r in history})
+    return fresh + new_rows(withdrawals(tasks, history, instance, project_id), set()), unknown
+
+
 def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: DecisionConfig, run_id: str,
-           project_id: int = 0) -> dict:
+           project_id: int = 0, instance: str = "", server: str = "") -> dict:
     """Append the export's new history rows, re-derive every pair's decision from the whole history and
     bring masks and tables to it. Returns the summary (plus this run's ``new_rows`` and ``errors``)."""
     pair_list = discover_pairs(dataset.uri())
     pairs = {p["pair_id"]: p for p in pair_list}
     errors: list[dict] = []
-    rows, unknown = history_rows(tasks, pairs, project_id)
+    history = read_history(dataset)
+    check_server(history, instance, server)
+    fresh, unknown = new_history(history, tasks, pairs, project_id, instance, server)
     for u in unknown:
         errors.append(error_record(u["item"], "annotate_ingest", f"task {u['task_id']} names a pair that is not "
                                    f"in {dataset.uri()}", error_type="UnknownPair", job=JOB, run_id=run_id))
-    history = read_history(dataset)
-    fresh = new_rows(rows, {history_key(r) for r in history})
     decoder = _Decoder(dataset, pairs, classes)
     _annotate_rows(fresh, decoder, classes, errors, run_id)
     write_table_shard(dataset, "annotations", fresh, HISTORY_SCHEMA, run_id)
@@ -277,8 +310,11 @@ def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: D
         pair = pairs[pid]
         if d.status in WITH_MASK:
             labels.append(write_masks(dataset, pair, classes, d.masks))
-        elif (before.get(pid) or {}).get("status") in WITH_MASK:
-            withdraw_masks(dataset, pair, classes)
+        elif (before.get(pid) or {}).get("status") in WITH_MASK or (d.status == "unusable" and pair["label_rel"]):
+            if (before.get(pid) or {}).get("status") in WITH_MASK:
+                withdraw_masks(dataset, pair, classes)      # ingest's own masks
+            else:
+                set_aside_given(dataset, pair, classes)     # the input's: kept aside
             # labels/ keeps the pair as unlabelled (no URI, no pixels): the report's CAR drops it.
             labels.append({"slice_id": pid, "label_uri": None, "new_pixels": None, "demolished_pixels": None,
                            "changed_pixels": None})

@@ -88,19 +88,46 @@ class OnnxPrelabeller:
             return [error_envelope(row["pair_id"], "prelabel:onnx", exc, job=JOB, run_id=self.run_id)]
 
 
-def run_onnx(model_uri: str, pairs: list[dict], classes, run_id: str = "") -> tuple[dict, list[dict]]:
-    """({pair_id: {class: mask}}, error rows) for ``pairs`` through the model, on Ray Data."""
-    import ray.data
+def input_mismatch(inputs: list[tuple[str, list]], height: int, width: int) -> str | None:
+    """Why a model's declared inputs (name, shape; a str or None is a dynamic axis) cannot take a pair of
+    ``height x width``, or None: two ``1 x 3 x H x W`` inputs or one ``1 x 6 x H x W``."""
+    used = inputs[:2] if len(inputs) >= 2 else inputs[:1]
+    channels = 3 if len(used) == 2 else 6
+    for name, shape in used:
+        want = [1, channels, height, width]
+        if len(shape) != 4 or any(isinstance(d, int) and d != w for d, w in zip(shape, want)):
+            declared = ", ".join(f"{n} {'x'.join(str(d) if isinstance(d, int) else '?' for d in s)}" for n, s in used)
+            return (f"the model takes {declared}; the pairs need {'x'.join(map(str, want))} "
+                    f"({height} x {width} px): export it with dynamic spatial axes or at the pairs' size")
+    return None
+
+
+def check_model(model_uri: str, first_pair: dict | None) -> None:
+    """Load the model and check its inputs against the first pair's size: a missing, broken or
+    wrong-shape model stops the export here, before any task or project, in one line naming both."""
     from operators.io.images import decode_image
-    from operators.io.storage import read_uri
+    from operators.io.storage import Store, read_uri
     from operators.optional import MissingExtra
-    try:   # a missing or broken model fails here, before any work, in one line naming it
-        session(read_uri(model_uri))
+    try:
+        sess = session(read_uri(model_uri))
     except MissingExtra:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
         raise ValueError(f"--prelabel onnx:{model_uri}: cannot load the model "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''})") from None
+    if first_pair is None:
+        return
+    h, w = decode_image(Store(first_pair["root"]).read_bytes(first_pair["a_rel"])).shape[:2]
+    why = input_mismatch([(i.name, list(i.shape)) for i in sess.get_inputs()], h, w)
+    if why:
+        raise ValueError(f"--prelabel onnx:{model_uri}: {why}")
+
+
+def run_onnx(model_uri: str, pairs: list[dict], classes, run_id: str = "") -> tuple[dict, list[dict]]:
+    """({pair_id: {class: mask}}, error rows) for ``pairs`` through the model (checked first:
+    :func:`check_model`), on Ray Data. A model that fails on every pair fails the run."""
+    import ray.data
+    from operators.io.images import decode_image
     if not pairs:
         return {}, []
     rows = [{"pair_id": p["pair_id"], "root": p["root"], "a_rel": p["a_rel"], "b_rel": p["b_rel"]} for p in pairs]
@@ -115,4 +142,8 @@ def run_onnx(model_uri: str, pairs: list[dict], classes, run_id: str = "") -> tu
             errors.append(rec)
         else:
             masks[rec["pair_id"]] = {k: decode_image(bytes.fromhex(v), grey=True) > 0 for k, v in rec["masks"].items()}
+    if errors and not masks:
+        first = min(errors, key=lambda e: e["item"])
+        raise ValueError(f"--prelabel onnx:{model_uri}: the model failed on every pair ({len(errors)}), e.g. "
+                         f"{first['item']}: {str(first.get('message') or '')[:300]}")
     return masks, errors

@@ -85,10 +85,11 @@ def run_prelabels(spec: str, dataset: Store, out: Store, pairs: list[dict], clas
         masks, bad = folder_prelabels(path, dataset, pairs, classes)
         return masks, {}, bad, [], f"folder:{posixpath.basename(path.rstrip('/'))}"
     if spec.startswith("onnx:"):
-        from operators.annotation.onnx_prelabels import run_onnx
+        from operators.annotation.onnx_prelabels import check_model, run_onnx
         from operators.io.cli import init_ray
-        init_ray(num_cpus)
         path = spec.split(":", 1)[1]
+        check_model(path, pairs[0] if pairs else None)   # before Ray, any task or project
+        init_ray(num_cpus)
         masks, errors = run_onnx(path, pairs, classes, run_id)
         return masks, {}, {}, errors, f"onnx:{posixpath.basename(path)}"
     if spec not in METHODS:

@@ -9,8 +9,8 @@ import json
 import statistics
 from collections import Counter
 
-from operators.annotation.decisions import (DECIDED, STATUSES, WITH_MASK, DecisionConfig, history_key,
-                                            is_expert, latest_versions)
+from operators.annotation.decisions import (AWAITING, DECIDED, HELD, REVIEW_QUEUE, STATUSES, WITH_MASK,
+                                            DecisionConfig, batch_name, history_key, latest_versions)
 
 SUMMARY_FILE = "annotation_summary.json"
 SUMMARY_VERSION = 1
@@ -48,11 +48,13 @@ def _method(models: list[str]) -> str:
 
 
 def build_summary(*, pairs: list[dict], states: dict[str, dict], history: list[dict], exported: set[str],
-                  classes, cfg: DecisionConfig, generated_at: str, tools: list[str] | None = None) -> dict:
+                  classes, cfg: DecisionConfig, generated_at: str, tools: list[str] | None = None,
+                  reviewed: set[str] = frozenset()) -> dict:
     """The summary document. ``pairs``: the dataset's pairs (:func:`operators.io.layout.discover_pairs`);
     ``states``: {pair_id: state row} of the pairs in the annotation loop; ``history``: every history row;
     ``exported``: pair ids an export sent out. A complete pair outside the loop is ``not_exported``
-    unless an export sent it (then ``unannotated``: waiting in Label Studio) or it came with a mask."""
+    unless an export sent it (then ``unannotated``: waiting in Label Studio) or it came with a mask (then
+    decided: it needs no people). ``reviewed``: pair ids an export sent to the review queue."""
     complete = [p for p in pairs if p["a_rel"] and p["b_rel"]]
     status: dict[str, str] = {}
     given = 0
@@ -98,27 +100,35 @@ def build_summary(*, pairs: list[dict], states: dict[str, dict], history: list[d
         if vals:
             ious.append(sum(vals) / len(vals))
     models = [r["prelabel_model"] for r in history if r.get("annotation_id") == -1 and r.get("prelabel_model")]
-    batches = {}
+    batches: dict[tuple, list[float]] = {}   # as decisions.batch_agreements: checked pairs awaiting a decision
     for s in checked:
-        if s.get("batch") is not None and s.get("checker"):
-            batches.setdefault(int(s["batch"]), []).append(s["agreement"])
+        if s.get("batch") is not None and s.get("checker") and s["status"] in AWAITING:
+            batches.setdefault((str(s.get("instance") or ""), int(s["batch"])), []).append(s["agreement"])
+    per_class: dict[str, list[float]] = {}
+    for s in checked:
+        for name, v in json.loads(s.get("per_class") or "{}").items():
+            per_class.setdefault(name, []).append(v["f1_tolerant"])
     n_mask = len(with_mask)
     excluded = [{"pair_id": pid, "status": "unusable", "reason": states[pid].get("reason")}
                 for pid in sorted(states) if states[pid]["status"] == "unusable"]
     summary = {
         "version": SUMMARY_VERSION, "generated_at": generated_at,
         "classes": [{"name": c.name, "image": c.image, "folder": c.folder} for c in classes],
-        "pairs": {"total": len(complete), "decided": sum(by_status[s] for s in DECIDED), "by_status": by_status,
-                  "given_masks": given},
+        "pairs": {"total": len(complete), "decided": sum(by_status[s] for s in DECIDED) + given, "by_status": by_status,
+                  "given_masks": given,
+                  "held_by_batch": sum(1 for st in states.values() if st["status"] == "disagreement"
+                                       and str(st.get("reason") or "").startswith(HELD))},
         "annotations": {"total": len(versions), "submitted": len(submitted), "skipped": len(versions) - len(submitted),
-                        "annotators": len({v.get("annotator") for v in submitted if not is_expert(v)}),
-                        "experts": len({v.get("annotator") for v in submitted if is_expert(v)})},
+                        "annotators": len({v.get("annotator") for v in submitted if v.get("queue") != REVIEW_QUEUE}),
+                        "experts": len({s["expert"] for s in states.values() if s.get("expert")})},
         "double_annotated_share": (sum(1 for s in with_mask if s.get("checker")) / n_mask) if n_mask else 0.0,
         "expert_resolved_share": (sum(1 for s in with_mask if s["status"] == "expert") / n_mask) if n_mask else 0.0,
         "agreement": {"metric": cfg.metric, "median": _median(s["agreement"] for s in checked),
-                      "mean": _mean(s["agreement"] for s in checked), "pairs": len(checked)},
-        "batches": [{"project": k, "mean_agreement": float(statistics.fmean(v)), "pairs": len(v),
-                     "accepted": statistics.fmean(v) >= cfg.min_agreement} for k, v in sorted(batches.items())],
+                      "mean": _mean(s["agreement"] for s in checked), "pairs": len(checked),
+                      "per_class": {name: {"mean": _mean(v), "median": _median(v), "pairs": len(v)}
+                                    for name, v in per_class.items()}},
+        "batches": [{"project": k[1], "instance": k[0], "mean_agreement": float(statistics.fmean(v)), "pairs": len(v),
+                     "accepted": statistics.fmean(v) >= cfg.batch_min_agreement} for k, v in sorted(batches.items())],
         "per_annotator": per_annotator,
         "prelabel": {"method": _method(models), "median_iou": _median(ious)},
         "timeframe": {"first_annotation": min((v.get("created_at") or v.get("updated_at") for v in submitted), default=None),
@@ -127,36 +137,43 @@ def build_summary(*, pairs: list[dict], states: dict[str, dict], history: list[d
         "excluded": excluded,
         "protocol": protocol(cfg),
         "settings": {"min_agreement": cfg.min_agreement, "require_check": cfg.require_check,
-                     "tolerance_px": cfg.tolerance_px},
-        "next": next_steps(by_status),
+                     "tolerance_px": cfg.tolerance_px, "noise_px": cfg.noise_px,
+                     "batch_min_agreement": cfg.batch_min_agreement, "experts": list(cfg.experts)},
+        "next": next_steps(by_status, sum(1 for pid, st in status.items() if st == "disagreement" and pid in reviewed)),
     }
     return summary
 
 
 def protocol(cfg: DecisionConfig) -> str:
-    return ("Each pair is drawn by an annotator in Label Studio; a second, independent annotation is the "
-            "checker's. Annotator and checker are compared class by class by " + cfg.metric +
+    return ("Each pair is drawn by an annotator in Label Studio; a second person's annotation, or their "
+            "correction of the first in place, is the check (people are Label Studio users: two annotations by "
+            "one user are one person's). Annotator and checker are compared class by class by " + cfg.metric +
             f"; at {cfg.min_agreement} or above the checker's drawing is the mask, below it the pair goes to an "
-            "expert. An expert's annotation (Label Studio's ground truth, or the review queue's) decides a pair "
-            "whatever the others drew. A Label Studio project is a batch; a batch whose mean agreement is below "
-            f"{cfg.min_agreement} is held for the expert. " +
+            "expert. An expert (" + (", ".join(cfg.experts) if cfg.experts else "anyone who is not one of the "
+            "pair's annotators") + ") decides a pair by answering its review task or starring a drawing as "
+            "ground truth, whatever the others drew. A Label Studio project is a batch; a batch whose mean "
+            f"agreement over its pairs awaiting a decision is below {cfg.batch_min_agreement} is held for the "
+            "expert. Annotations deleted in Label Studio are withdrawn. " +
             ("A single annotation waits for its check. " if cfg.require_check else
              "A pair with a single annotation is merged unchecked. ") +
             "Pairs marked unusable (cloud, misregistration, no data) are excluded with the reason.")
 
 
-def next_steps(by_status: dict) -> list[str]:
+def next_steps(by_status: dict, with_the_expert: int = 0) -> list[str]:
+    """What the team lead does next; ``with_the_expert``: disagreements a review export already sent out."""
     out = []
     if by_status.get("not_exported"):
         out.append(f"{by_status['not_exported']} pairs not exported yet: changeforge annotate export --input <dataset> ...")
-    if by_status.get("disagreement"):
-        out.append(f"{by_status['disagreement']} disagreements for the expert: changeforge annotate export "
-                   "--input <dataset> --queue review ...")
+    if by_status.get("disagreement", 0) > with_the_expert:
+        out.append(f"{by_status['disagreement'] - with_the_expert} disagreements for the expert: changeforge annotate "
+                   "export --input <dataset> --queue review ...")
+    if with_the_expert:
+        out.append(f"{with_the_expert} disagreements wait in the expert's review project: ingest it when reviewed")
     if by_status.get("awaiting_check"):
         out.append(f"{by_status['awaiting_check']} pairs wait for the checker's annotation in their project")
     if by_status.get("unannotated"):
         out.append(f"{by_status['unannotated']} pairs exported but not annotated (or skipped): in Label Studio, "
-                   "or export them again")
+                   "or export them again with --resend")
     if by_status.get("unreadable"):
         out.append(f"{by_status['unreadable']} pairs whose annotation cannot be read: see errors/")
     return out or ["nothing to export: every pair is decided"]
@@ -166,7 +183,9 @@ def format_status(s: dict) -> str:
     """The summary as the lines ``annotate status`` and ingest print."""
     p = s["pairs"]
     lines = [f"pairs: {p['total']} ({p['decided']} decided, {p.get('given_masks', 0)} with masks from the input)",
-             "  " + ", ".join(f"{k} {v}" for k, v in p["by_status"].items())]
+             "  " + ", ".join(f"{k} {v}" for k, v in p["by_status"].items())
+             + (f" ({p['held_by_batch']} of the disagreements held by a rejected batch, not drawn apart)"
+                if p.get("held_by_batch") else "")]
     a = s["annotations"]
     lines.append(f"annotations: {a['submitted']} submitted, {a['skipped']} skipped, by {a['annotators']} annotators "
                  f"and {a['experts']} experts")
@@ -176,8 +195,12 @@ def format_status(s: dict) -> str:
                      f"checked pairs; double-annotated {s['double_annotated_share']:.0%} and expert-resolved "
                      f"{s['expert_resolved_share']:.0%} of the masks")
     for b in s.get("batches", []):
-        lines.append(f"  batch project {b['project']}: mean {b['mean_agreement']:.3f} over {b['pairs']} pairs, "
+        lines.append(f"  batch {batch_name(b.get('instance') or '', b['project'])}: mean {b['mean_agreement']:.3f} over "
+                     f"{b['pairs']} pairs, "
                      f"{'accepted' if b['accepted'] else 'REJECTED'}")
+    if ag.get("per_class"):
+        lines.append("  per class: " + ", ".join(f"{k} {v['mean']:.3f} ({v['pairs']} pairs)"
+                                                 for k, v in ag["per_class"].items()))
     for r in s["per_annotator"]:
         lead = "-" if r["median_lead_time_s"] is None else f"{r['median_lead_time_s']:.0f} s"
         agr = "-" if r["agreement_with_checkers"] is None else f"{r['agreement_with_checkers']:.3f}"

@@ -83,8 +83,19 @@ def export_json(url: str, project_id: int) -> list[dict]:
     return list(data)
 
 
+def name_users(tasks: list[dict], emails: dict) -> None:
+    """Each annotation's ``completed_by`` and ``updated_by`` as ``{"id", "email"}`` where the user id is
+    known (the JSON export gives bare ids; people are named, and listed with --experts, by email)."""
+    for t in tasks:
+        for a in t.get("annotations") or []:
+            for key in ("completed_by", "updated_by"):
+                if isinstance(a.get(key), int) and emails.get(a[key]):
+                    a[key] = {"id": a[key], "email": emails[a[key]]}
+
+
 def export_json_with_predictions(url: str, project_id: int) -> list[dict]:
-    """:func:`export_json` with each task's predictions in full (the JSON export lists only their ids)."""
+    """:func:`export_json` with each task's predictions in full (the JSON export lists only their ids)
+    and its users named (:func:`name_users`)."""
     client = connect(url)
     data = client.projects.exports.as_json(project_id)
     if isinstance(data, (bytes, bytearray, str)):
@@ -95,6 +106,7 @@ def export_json_with_predictions(url: str, project_id: int) -> list[dict]:
     tasks = list(data)
     for t in tasks:
         t["predictions"] = sorted(by_task.get(t.get("id"), []), key=lambda p: p.get("id") or 0)
+    name_users(tasks, {u.id: u.email for u in client.users.list() if getattr(u, "email", None)})
     return tasks
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from jobs.annotate import ExportConfig, IngestConfig, StatusConfig, main, run_export, run_ingest, run_status
 from operators.annotation.brush_rle import decode_mask
+from operators.annotation.summary import format_status
 from operators.io.storage import Store
 from operators.io.tables import read_table
 from tests.annotation import drawing
@@ -158,7 +159,15 @@ def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_
     assert [t["data"]["item_id"] for t in review] == ["s2"] and review[0]["data"]["queue"] == "review"
     assert [p["model_version"] for p in review[0]["predictions"]] == ["annotator:ann@x", "checker:chk@x"]
     assert np.array_equal(decode_mask(review[0]["predictions"][1]["result"][0]["value"]["rle"], W, H), S2_B)
-    s, again = export(ds, tmp_path / "r2")
+    assert run_status(StatusConfig(input=str(ds)))["next"] == [
+        "1 disagreements wait in the expert's review project: ingest it when reviewed",
+        "2 pairs exported but not annotated (or skipped): in Label Studio, or export them again with --resend"]
+    s, _ = export(ds, tmp_path / "r2-review-again", queue="review")
+    assert s["tasks"] == 0 and s["left_out"]["handed out"] == 1               # already with the expert
+    # s5 (skipped) and s7 (nobody got to it) are still open in project 1: sent again only when asked
+    s, _ = export(ds, tmp_path / "r2-no")
+    assert s["tasks"] == 0 and s["left_out"] == {"decided": 4, "disagreement": 1, "unusable": 1, "handed out": 2}
+    s, again = export(ds, tmp_path / "r2", resend=True)
     assert sorted(t["data"]["item_id"] for t in again) == ["s5", "s7"]      # never s4 (unusable)
     r2 = [dict(review[0], id=200, project=2, annotations=[
               annotation(20, "exp@x", [brush("new", "post", EXPERT)], 20, project=2, ground_truth=True)]),
@@ -195,9 +204,10 @@ def test_two_rounds_history_roles_and_an_old_export_arriving_again(dataset, tmp_
     ingest(ds, [s3], tmp_path / "edit.json")
     assert len(history(ds)) == rows + 1
     assert np.array_equal(read(ds, "label1/s3.png"), S6) and not read(ds, "label2/s3.png").any()
-    # --require-check: s3, s6 and s7 (single annotations) now wait, and every mask written for them goes.
+    # --require-check: s3, s6 and s7 (single annotations) now wait, and every mask written for them goes;
+    # so does s4 (one person's "unusable" is an answer like a drawing: it waits for its check too).
     s = ingest(ds, [], tmp_path / "empty.json", require_check=True)
-    assert s["pairs"]["by_status"]["awaiting_check"] == 3
+    assert s["pairs"]["by_status"]["awaiting_check"] == 4
     for sid in ("s3", "s6", "s7"):
         assert not any((ds / f / f"{sid}.png").exists() for f in ("label", "label1", "label2"))
     labels = {r["slice_id"]: r for r in read_table(Store(str(ds)), "labels").to_pylist()}
@@ -210,9 +220,11 @@ def test_a_rejected_batch_is_held_for_the_expert(dataset, tmp_path):
     by["s0"]["annotations"] = [annotation(1, "a", [brush("new", "post", S1)], 1), annotation(2, "b", [brush("new", "post", S1)], 2)]
     by["s1"]["annotations"] = [annotation(3, "a", [brush("new", "post", S2_A)], 3), annotation(4, "b", [brush("new", "post", rect(30, 40, 40, 56))], 4)]
     s = ingest(dataset, [by["s0"], by["s1"]], tmp_path / "x.json")
-    assert s["batches"] == [{"project": 1, "mean_agreement": 0.5, "pairs": 2, "accepted": False}]
+    assert s["batches"] == [{"project": 1, "instance": "", "mean_agreement": 0.5, "pairs": 2, "accepted": False}]
     st = state(dataset)
     assert st["s0"]["status"] == "disagreement" and "batch (project 1) rejected" in st["s0"]["reason"]
+    assert s["pairs"]["held_by_batch"] == 1                          # s0; s1 is a real disagreement
+    assert "disagreement 2, " in format_status(s) and "(1 of the disagreements held by a rejected batch" in format_status(s)
     assert not (dataset / "label" / "s0.png").exists()
 
 
@@ -254,3 +266,90 @@ def test_a_third_class_is_never_dropped(dataset, tmp_path):
     for i, c in enumerate(drawn):
         assert np.array_equal(read(dataset, f"label{i + 1}/s0.png"), drawn[c])
     assert np.array_equal(read(dataset, "label/s0.png"), drawn["building"] | drawn["road"] | drawn["demolished"])
+
+
+def ls_task(t: dict, updated: str) -> dict:
+    """A task as a full Label Studio export gives it: its annotation counts and when it was last saved."""
+    anns = t.get("annotations") or []
+    return dict(t, updated_at=updated, total_annotations=sum(1 for a in anns if not a.get("was_cancelled")),
+                cancelled_annotations=sum(1 for a in anns if a.get("was_cancelled")))
+
+
+def test_a_deleted_annotation_is_withdrawn_on_disk_and_a_partial_export_withdraws_nothing(dataset, tmp_path):
+    _, tasks = export(dataset, tmp_path / "r1")
+    by = {t["data"]["pair_id"]: dict(t, id=100 + i, project=1) for i, t in enumerate(tasks)}
+    wrong, right = annotation(1, "ann@x", [brush("new", "post", S2_B)], 1), annotation(2, "chk@x", [brush("new", "post", S2_A)], 2)
+    s0, s1 = dict(by["s0"], annotations=[wrong, right]), dict(by["s1"], annotations=[])
+    ingest(dataset, [ls_task(s0, "2026-01-01T00:02:00Z"), ls_task(s1, "2026-01-01T00:00:00Z")], tmp_path / "a.json")
+    assert state(dataset)["s0"]["status"] == "disagreement"
+    # the lead deletes 1 and the annotator submits 3; a partial export (s1 missing) withdraws nothing
+    redo = dict(s0, annotations=[right, annotation(3, "ann@x", [brush("new", "post", S2_A)], 4)])
+    ingest(dataset, [ls_task(redo, "2026-01-01T00:04:00Z")], tmp_path / "b.json")
+    assert state(dataset)["s0"]["annotations"] == 3 and state(dataset)["s0"]["withdrawn"] == 0
+    full = [ls_task(redo, "2026-01-01T00:04:00Z"), ls_task(s1, "2026-01-01T00:00:00Z")]
+    ingest(dataset, full, tmp_path / "c.json")
+    st = state(dataset)["s0"]
+    assert (st["status"], st["annotations"], st["withdrawn"]) == ("merged", 2, 1)
+    assert np.array_equal(read(dataset, "label1/s0.png"), S2_A)
+    gone = [r for r in history(dataset) if r["annotation_id"] == 1]
+    assert [r["withdrawn"] for r in gone] == [False, True]          # the version stays, with its withdrawal
+    before = tree_digest(dataset)
+    ingest(dataset, full, tmp_path / "c.json")
+    assert tree_digest(dataset) == before
+
+
+def test_a_second_server_under_the_default_instance_stops_before_the_download(dataset, tmp_path, monkeypatch):
+    from operators.annotation import ingest_ops
+    from operators.annotation.decisions import DecisionConfig
+    from operators.annotation.scheme import parse_classes
+    _, tasks = export(dataset, tmp_path / "r1")
+    t = dict(tasks[0], id=1, project=1, annotations=[annotation(1, "a", [brush("new", "post", S2_A)], 1)])
+    store = Store(str(dataset))
+    ingest_ops.ingest(store, [t], parse_classes("new:post,demolished:pre"), DecisionConfig(),
+                      ingest_ops.ordered_run_id(store), server="http://a:8080")
+    monkeypatch.setattr("jobs.annotate.load_export", lambda *a: pytest.fail("downloaded before the check"))
+    with pytest.raises(SystemExit, match=r"^jobs.annotate ingest: --export http://b:8080: the history's instance "
+                                         r"'\(default\)' is http://a:8080; .*--instance$"):
+        main(["ingest", "--input", str(dataset), "--export", "http://B:8080/", "--project-id", "1"])
+    # named, the same ids are another instance's: s0 now has two annotations, one from each server
+    monkeypatch.setattr("jobs.annotate.load_export", lambda *a: [dict(t, annotations=[
+        annotation(1, "b", [brush("new", "post", S2_A)], 2)])])
+    s = run_ingest(IngestConfig(input=str(dataset), export="http://b:8080", project_id=1, instance="lab-b"))
+    st = state(dataset)["s0"]
+    assert (st["status"], st["annotations"], st["annotator"], st["checker"]) == ("merged", 2, "a", "b")
+    assert s["agreement"]["per_class"] == {"new": {"mean": 1.0, "median": 1.0, "pairs": 1},
+                                           "demolished": {"mean": 1.0, "median": 1.0, "pairs": 1}}
+    assert s["settings"]["noise_px"] == 200 and s["batches"][0]["instance"] == "lab-b"
+
+
+def test_masks_given_with_the_dataset_count_as_decided(tmp_path):
+    from operators.chain.people import progress, waiting_line
+    ds = make_dataset(tmp_path / "root" / "pairs")
+    (ds / "label").mkdir()
+    cv2.imwrite(str(ds / "label" / "s7.png"), (rect(0, 10, 0, 10) * 255).astype(np.uint8))
+    _, tasks = export(ds, tmp_path / "r1")
+    assert len(tasks) == 7                                                 # s7 has its mask
+    done = [dict(t, id=i + 1, project=1, annotations=[annotation(i + 1, "a", [brush("new", "post", S2_A)], 1)])
+            for i, t in enumerate(tasks)]
+    s = ingest(ds, done[:6], tmp_path / "a.json")
+    assert (s["pairs"]["total"], s["pairs"]["decided"], s["pairs"]["given_masks"]) == (8, 7, 1)
+    assert waiting_line(progress(Store(str(ds)))) == "waiting for annotators: 7 of 8 pairs decided (unannotated 1)"
+    s = ingest(ds, done, tmp_path / "b.json")
+    assert s["pairs"]["decided"] == 8 and waiting_line(progress(Store(str(ds)))) is None
+
+
+def test_a_given_mask_of_a_pair_marked_unusable_is_set_aside(tmp_path):
+    from operators.io.layout import discover_pairs
+    ds = make_dataset(tmp_path / "root" / "pairs")
+    (ds / "label").mkdir()
+    cv2.imwrite(str(ds / "label" / "s7.png"), (rect(0, 10, 0, 10) * 255).astype(np.uint8))
+    given = (ds / "label" / "s7.png").read_bytes()
+    _, tasks = export(ds, tmp_path / "r1", skip_labelled=False)
+    t = next(t for t in tasks if t["data"]["item_id"] == "s7")
+    s = ingest(ds, [dict(t, id=1, project=1, annotations=[annotation(1, "a", [quality("cloud")], 1)])], tmp_path / "a.json")
+    assert s["excluded"] == [{"pair_id": "s7", "status": "unusable", "reason": "cloud"}]
+    assert not (ds / "label" / "s7.png").exists() and (ds / "unusable_masks" / "label" / "s7.png").read_bytes() == given
+    assert next(p for p in discover_pairs(str(ds)) if p["pair_id"] == "s7")["label_rel"] == ""   # what readers see
+    before = tree_digest(ds)
+    ingest(ds, [dict(t, id=1, project=1, annotations=[annotation(1, "a", [quality("cloud")], 1)])], tmp_path / "a.json")
+    assert tree_digest(ds) == before

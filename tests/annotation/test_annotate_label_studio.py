@@ -77,6 +77,8 @@ def test_annotator_checker_expert_through_label_studio(server, tmp_path, capsys)
     assert (by["merged"], by["disagreement"], by["unusable"], by["unannotated"]) == (1, 1, 1, 2)
     assert np.array_equal(cv2.imread(str(ds / "label1" / "p0.png"), 0) > 0, rect(101, 401, 200, 521))   # the checker's
     assert s1["annotations"]["skipped"] == 1 and s1["excluded"][0]["reason"] == "cloud, unusable"
+    # people by email, as the server names them (its JSON export gives bare user ids)
+    assert "checker@changeforge.test" in {r["annotator"] for r in s1["per_annotator"]}
 
     # The review queue: a project of its own, p1 with both drawings as predictions.
     r = run_export(ExportConfig(input=str(ds), output=str(tmp_path / "review"), queue="review",
@@ -85,9 +87,12 @@ def test_annotator_checker_expert_through_label_studio(server, tmp_path, capsys)
     assert rid != pid and r["tasks"] == 1
     (task,) = api(srv, f"/api/tasks?project={rid}&page_size=100")["tasks"]
     assert task["data"]["item_id"] == "p1" and task["total_predictions"] == 2
+    # The expert is a third person: one of the pair's annotators answering its review task decides nothing.
+    expert = api(srv, "/api/users/", {"email": "expert@changeforge.test", "username": "expert",
+                                      "first_name": "E", "last_name": "E"})["id"]
     api(srv, f"/api/tasks/{task['id']}/annotations/", {"result": [brush("new", "post", rect(0, 300, 100, 400))],
-                                                        "completed_by": annotator, "lead_time": 60.0})
-    s2 = run_ingest(IngestConfig(input=str(ds), export=srv.url, project_id=rid))
+                                                        "completed_by": expert, "lead_time": 60.0})
+    s2 = run_ingest(IngestConfig(input=str(ds), export=srv.url, project_id=rid, experts="expert@changeforge.test"))
     assert s2["pairs"]["by_status"]["expert"] == 1 and s2["annotations"]["experts"] == 1
     assert np.array_equal(cv2.imread(str(ds / "label1" / "p1.png"), 0) > 0, rect(0, 300, 100, 400))
     assert decode_mask(json.loads((tmp_path / "review" / "tasks.json").read_text())[0]["predictions"][1]["result"][0]
@@ -95,9 +100,9 @@ def test_annotator_checker_expert_through_label_studio(server, tmp_path, capsys)
 
     # The first project again: not a byte changes. The unusable pair is never exported again.
     before = digest(ds)
-    run_ingest(IngestConfig(input=str(ds), export=srv.url, project_id=pid))
+    run_ingest(IngestConfig(input=str(ds), export=srv.url, project_id=pid, experts="expert@changeforge.test"))
     assert digest(ds) == before
-    again = run_export(ExportConfig(input=str(ds), output=str(tmp_path / "r2")))
+    again = run_export(ExportConfig(input=str(ds), output=str(tmp_path / "r2"), resend=True))   # p3, p4: still open
     assert sorted(t["data"]["item_id"] for t in json.loads((tmp_path / "r2" / "tasks.json").read_text())) == ["p3", "p4"]
     assert again["left_out"] == {"decided": 2, "unusable": 1}
     assert run_status(StatusConfig(input=str(ds)))["pairs"]["decided"] == 3

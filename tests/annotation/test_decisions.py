@@ -13,7 +13,7 @@ from operators.annotation.history import history_rows, new_rows
 from tests.annotation import drawing
 
 SHAPE = (32, 48)
-CFG = DecisionConfig()
+CFG = DecisionConfig(noise_px=0)    # the agreement's mechanics on small masks; the noise floor has its own tests
 
 
 def rect(y0, y1, x0, x1):
@@ -21,11 +21,12 @@ def rect(y0, y1, x0, x1):
 
 
 def row(aid, who, mask=None, minute=0, *, project=1, task=1, pair="p", cancelled=False, gt=False, queue="annotate",
-        quality=(), edited=None):
+        quality=(), edited=None, by=None, instance=""):
     made = f"2026-01-01T00:{minute:02d}:00Z"
-    return {"pair_id": pair, "project": project, "task_id": task, "annotation_id": aid, "annotator": who,
-            "created_at": made, "updated_at": edited or made, "was_cancelled": cancelled, "ground_truth": gt,
-            "queue": queue, "quality": json.dumps(list(quality)), "mask": mask}
+    return {"pair_id": pair, "instance": instance, "project": project, "task_id": task, "annotation_id": aid,
+            "annotator": who, "updated_by": by, "created_at": made, "updated_at": edited or made,
+            "was_cancelled": cancelled, "ground_truth": gt, "queue": queue, "quality": json.dumps(list(quality)),
+            "mask": mask}
 
 
 def masks_of(r):
@@ -55,16 +56,25 @@ def test_the_latest_version_of_an_edited_annotation_wins():
     assert np.array_equal(d.masks["new"], rect(10, 20, 10, 20))
 
 
-def test_the_expert_decides_whatever_the_others_drew_and_unusable_excludes():
+def test_the_expert_decides_whatever_the_others_drew_and_unusable_needs_both():
     a, b, e = rect(0, 10, 0, 10), rect(20, 30, 30, 40), rect(2, 12, 2, 12)
     rows = [row(1, "a", a, 1), row(2, "b", b, 2)]
     assert decide_pair("p", rows, masks_of, CFG).status == "disagreement"
-    for expert in (row(3, "e", e, 3, gt=True), row(3, "e", e, 3, task=2, queue="review")):
-        d = decide_pair("p", rows + [expert], masks_of, CFG)
-        assert d.status == "expert" and np.array_equal(d.masks["new"], e) and d.expert == "e"
-    d = decide_pair("p", rows + [row(4, "c", None, 4, quality=("unusable", "misregistered"))], masks_of, CFG)
-    assert (d.status, d.reason, d.masks) == ("unusable", "misregistered, unusable", None)
-    d = decide_pair("p", rows + [row(4, "c", None, 4, quality=("unusable",)), row(5, "e", e, 5, gt=True)], masks_of, CFG)
+    # one expert path: a review answer, or a star the expert put on a drawing (updated_by: who starred it)
+    for expert in (row(3, "e", e, 3, task=2, queue="review"), dict(row(2, "b", e, 2, gt=True, by="e",
+                                                                       edited="2026-01-01T00:09:00Z"))):
+        d = decide_pair("p", [r for r in rows if r["annotation_id"] != expert["annotation_id"]] + [expert],
+                        masks_of, CFG)
+        assert d.status == "expert" and np.array_equal(d.masks["new"], e) and d.expert == "e", d
+    # the checker's "unusable" against the annotator's drawing is for the expert; both saying so excludes
+    d = decide_pair("p", [row(1, "a", a, 1), row(4, "c", None, 4, quality=("unusable", "misregistered"))], masks_of, CFG)
+    assert (d.status, d.reason) == ("disagreement", "the checker marks the pair unusable (misregistered, unusable), "
+                                    "the annotator drew it; for the expert")
+    d = decide_pair("p", [row(1, "a", None, 1, quality=("cloud",)), row(4, "c", None, 4, quality=("unusable",))],
+                    masks_of, CFG)
+    assert (d.status, d.reason, d.masks) == ("unusable", "cloud, unusable", None)
+    d = decide_pair("p", rows + [row(4, "c", None, 4, quality=("unusable",)), row(5, "e", e, 5, task=3, queue="review")],
+                    masks_of, CFG)
     assert d.status == "expert"                                   # the expert overrules an unusable mark
 
 
@@ -87,16 +97,24 @@ def test_tolerant_f1_forgives_a_boundary_not_a_missing_building():
     assert overlap(a, rect(5, 25, 6, 25)) == pytest.approx((380 / 400, 2 * 380 / 780))
 
 
-def test_a_batch_below_min_agreement_is_held_until_the_expert():
+def test_a_batch_below_its_threshold_is_held_until_the_expert_resolves_it():
     good, bad_a, bad_b = rect(0, 10, 0, 10), rect(0, 10, 0, 10), rect(20, 30, 30, 40)
     rows = [row(1, "a", good, 1, pair="p1", task=1), row(2, "b", good, 2, pair="p1", task=1),
             row(3, "a", bad_a, 3, pair="p2", task=2), row(4, "b", bad_b, 4, pair="p2", task=2)]
     out = decide_all(rows, masks_of, CFG)
     assert out["p1"].status == "disagreement" and "rejected" in out["p1"].reason and out["p1"].masks is None
-    out = decide_all(rows + [row(5, "e", good, 5, pair="p2", task=9, project=2, queue="review")], masks_of, CFG)
-    assert out["p2"].status == "expert" and out["p1"].status == "disagreement"   # p1's batch stays rejected
+    # the expert resolves p2 (a review answer or a star: one path): it leaves the mean, the batch recovers
+    for expert in (row(5, "e", good, 5, pair="p2", task=9, project=2, queue="review"),
+                   row(4, "b", good, 4, pair="p2", task=2, gt=True, by="e", edited="2026-01-01T00:30:00Z")):
+        out = decide_all(rows + [expert], masks_of, CFG)
+        assert out["p2"].status == "expert" and out["p1"].status == "merged", expert
     ok = rows[:2] + [row(3, "a", good, 3, pair="p2", task=2, project=3), row(4, "b", bad_b, 4, pair="p2", task=2, project=3)]
     assert decide_all(ok, masks_of, CFG)["p1"].status == "merged"           # another project's batch
+    # the batch threshold is its own: pairs pass at 0.8 while their batch needs 0.9
+    out = decide_all(rows, masks_of, DecisionConfig(noise_px=0, batch_min_agreement=0.5))
+    assert out["p1"].status == "merged"
+    out = decide_all(rows[:2], masks_of, DecisionConfig(noise_px=0, min_agreement=0.5, batch_min_agreement=1.0))
+    assert out["p1"].status == "merged"
 
 
 def test_the_same_export_twice_adds_no_history_rows():

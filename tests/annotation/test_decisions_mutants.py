@@ -10,7 +10,7 @@ from operators.annotation import decisions as dc
 from operators.annotation.decisions import DecisionConfig, decide_all, decide_pair
 from tests.annotation.test_decisions import SHAPE, masks_of, rect, row
 
-CFG = DecisionConfig()
+CFG = DecisionConfig(noise_px=0)
 
 
 def test_a_tie_in_updated_at_keeps_the_later_row_and_task_rows_are_dropped():
@@ -19,17 +19,43 @@ def test_a_tie_in_updated_at_keeps_the_later_row_and_task_rows_are_dropped():
     task = dict(a, annotation_id=-1)          # the task row as history tables on disk hold it (a format)
     assert dc.TASK_ROW == -1 and dc.latest_versions([task]) == []
     # rows without updated_at still group by (project, task, annotation)
-    c = dict(a, updated_at=None, project=None)
-    assert dc.version_key(c) == (0, 1, 1) and dc.latest_versions([c, dict(c, task_id=2)]) == [c, dict(c, task_id=2)]
-    assert dc.history_key(c) == (0, 1, 1, "")
+    c = dict(a, updated_at=None, project=None, instance=None)
+    assert dc.version_key(c) == ("", 0, 1, 1) and dc.latest_versions([c, dict(c, task_id=2)]) == [c, dict(c, task_id=2)]
+    assert dc.history_key(c) == ("", 0, 1, 1, "", False)
+    # a withdrawal (whichever row comes first) takes the annotation out; other annotations stay
+    gone = dict(b, withdrawn=True, updated_at="2026-01-01T00:05:00Z")
+    other = row(2, "b", None, 3)
+    assert dc.latest_versions([a, gone, other]) == [other] and dc.latest_versions([gone, a]) == []
+    assert dc.withdrawn_keys([a, gone, other]) == {("", 1, 1, 1)} and dc.history_key(gone)[-1] is True
 
 
 def test_quality_roles_and_order_read_every_shape_ingest_writes():
     assert dc.quality_of({"quality": ""}) == [] and dc.quality_of({}) == []
     assert dc.quality_of({"quality": ["cloud", 3]}) == ["cloud", "3"]
     assert dc.unusable_reasons({"quality": '["needs expert", "no data", "cloud"]'}) == ["no data", "cloud"]
-    assert dc.is_expert({"ground_truth": 1}) and dc.is_expert({"queue": "review"})
-    assert not dc.is_expert({"ground_truth": 0, "queue": "annotate"}) and not dc.is_expert({})
+    # experts are people: acts by someone who is not one of the pair's annotators (and on the list, if one)
+    later = {"created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:05:00Z"}
+    assert dc.expert_of({"ground_truth": 1, "annotator": "a", "updated_by": "e", **later}, {"a"}, ()) == "e"
+    assert dc.expert_of({"ground_truth": 1, "annotator": "a", "updated_by": "a", **later}, {"a"}, ()) is None
+    assert dc.expert_of({"queue": "review", "annotator": "e"}, {"a"}, ()) == "e"
+    assert dc.expert_of({"queue": "review", "annotator": "a"}, {"a"}, ()) is None
+    assert dc.expert_of({"queue": "review", "annotator": "x"}, {"a"}, ("e",)) is None
+    assert dc.expert_of({"annotator": "a", "updated_by": "e", **later}, {"a"}, ("e",)) == "e"   # a listed expert's edit
+    assert dc.expert_of({"annotator": "a", "updated_by": "e", **later}, {"a"}, ()) is None      # anyone else's: a check
+    assert dc.expert_of({"ground_truth": 0, "queue": "annotate", "annotator": "e"}, set(), ("e",)) is None
+    assert dc.voice({"annotator": "a", "updated_by": "a", **later}) == "a" and dc.editor({"annotator": "a"}) is None
+
+
+def test_an_edit_is_a_save_a_second_or_more_after_the_annotation_was_made():
+    # Label Studio stamps created_at and updated_at in the save that makes an annotation, microseconds apart:
+    # an admin creating one for its author through the API is in updated_by then, and is no editor.
+    made = "2026-01-01T10:00:00.000010Z"
+    on_behalf = {"annotator": "a", "updated_by": "admin", "created_at": made, "updated_at": "2026-01-01T10:00:00.999990Z"}
+    assert dc.editor(on_behalf) is None and dc.voice(on_behalf) == "a"
+    edited = dict(on_behalf, updated_at="2026-01-01T10:00:01.000010Z")
+    assert dc.editor(edited) == "admin" and dc.voice(edited) == "admin"
+    assert dc.saved_later({"created_at": "x1", "updated_at": "x2"}) and not dc.saved_later({"created_at": "x1"})
+    assert dc.saved_later({"created_at": "2026-01-01T10:00:00", "updated_at": "2026-01-01T10:00:05Z"})   # zone on one
     assert dc.made_order({"updated_at": "u", "annotation_id": "4"}) == ("u", 4)
     assert dc.made_order({"created_at": "c", "updated_at": "u", "annotation_id": 4}) == ("c", 4)
     assert dc.made_order({"annotation_id": 4}) == ("", 4)
@@ -63,7 +89,7 @@ def test_compare_takes_the_lowest_class_and_is_one_without_classes():
     two = {"new": rect(0, 10, 0, 10), "gone": rect(20, 30, 0, 10)}
     other = {"new": rect(0, 10, 0, 10), "gone": rect(20, 30, 30, 40)}
     agreement, per = dc.compare(two, other, 2)
-    assert agreement == 0.0 and per["new"] == {"iou": 1.0, "f1": 1.0, "f1_tolerant": 1.0}
+    assert agreement == 0.0 and per["new"] == {"iou": 1.0, "f1": 1.0, "f1_tolerant": 1.0, "noise": False}
     assert per["gone"]["f1_tolerant"] == 0.0 and per["gone"]["iou"] == 0.0
     assert dc.compare({}, {}, 2) == (1.0, {})
 
@@ -74,7 +100,7 @@ def test_the_expert_path_keeps_the_annotators_roles_batch_and_agreement():
     one = decide_pair("p", [row(1, "a", a, 1, project=4), expert], masks_of, CFG)
     assert (one.status, one.reason, one.annotator, one.checker, one.batch, one.agreement) == \
         ("expert", "decided by the expert", "a", None, 4, None)
-    assert one.merged_from == (7, 3, 9, "2026-01-01T00:09:00Z") and one.annotations == 2
+    assert one.merged_from == ("", 7, 3, 9, "2026-01-01T00:09:00Z", False) and one.annotations == 2
     both = decide_pair("p", [row(1, "a", a, 1, project=4), row(2, "b", b, 2, project=5), expert], masks_of, CFG)
     assert (both.annotator, both.checker, both.batch, both.agreement) == ("a", "b", 5, 1.0)
     assert both.per_class["new"]["iou"] == 1.0
@@ -84,34 +110,48 @@ def test_the_expert_path_keeps_the_annotators_roles_batch_and_agreement():
 
 def test_the_latest_expert_decides_and_an_unreadable_annotator_drawing_does_not_stop_the_expert():
     e1, e2 = rect(0, 4, 0, 4), rect(6, 10, 6, 10)
-    rows = [row(5, "e1", e1, 1, gt=True), row(3, "e2", e2, 2, gt=True)]
+    rows = [row(5, "e1", e1, 1, task=2, queue="review"), row(3, "e2", e2, 2, task=3, queue="review")]
     d = decide_pair("p", rows, masks_of, CFG)
     assert d.expert == "e2" and np.array_equal(d.masks["new"], e2)
     # same updated_at: who made it later wins
-    d = decide_pair("p", [row(5, "e1", e1, 2, gt=True), row(3, "e2", e2, 1, gt=True, edited="2026-01-01T00:02:00Z")],
-                    masks_of, CFG)
+    d = decide_pair("p", [row(5, "e1", e1, 2, task=2, queue="review"),
+                          row(3, "e2", e2, 1, task=3, queue="review", edited="2026-01-01T00:02:00Z")], masks_of, CFG)
     assert d.expert == "e1"
+    # the same edit and creation times on two instances: the key decides, the same way in any order
+    twins = [row(5, "e1", e1, 2, task=2, queue="review", instance="b"), row(5, "e2", e2, 2, task=2, queue="review")]
+    assert decide_pair("p", twins, masks_of, CFG).expert == decide_pair("p", twins[::-1], masks_of, CFG).expert == "e1"
 
     def unreadable(r):
         if r["annotator"] == "bad":
             raise ValueError("wrong size")
         return masks_of(r)
 
-    d = decide_pair("p", [row(1, "a", e1, 1), row(2, "bad", e1, 2), row(3, "e", e2, 3, gt=True)], unreadable, CFG)
+    d = decide_pair("p", [row(1, "a", e1, 1), row(2, "bad", e1, 2), row(3, "e", e2, 3, task=2, queue="review")],
+                    unreadable, CFG)
     assert (d.status, d.agreement, d.per_class, d.checker) == ("expert", None, {}, "bad")
-    d = decide_pair("p", [row(1, "a", e1, 1), row(3, "e", None, 3, gt=True, quality=("cloud", "no data"))],
+    d = decide_pair("p", [row(1, "a", e1, 1), row(3, "e", None, 3, task=2, queue="review", quality=("cloud", "no data"))],
                     masks_of, CFG)
     assert (d.status, d.reason, d.masks, d.merged_from) == ("unusable", "cloud, no data (expert)", None, None)
 
 
-def test_unusable_without_an_expert_names_every_reason_once_and_the_first_marker():
+def test_unusable_when_both_say_so_names_every_reason_once():
     rows = [row(1, "a", rect(0, 4, 0, 4), 1, project=3, quality=("cloud",)),
-            row(2, "b", None, 2, project=3, quality=("no data", "cloud", "needs expert")),
+            row(2, "b", None, 2, project=4, quality=("no data", "cloud")),
             row(3, "c", None, 3, project=3, cancelled=True, quality=("misregistered",))]
     d = decide_pair("p", rows, masks_of, CFG)
-    assert (d.status, d.reason, d.annotator, d.batch, d.annotations, d.skipped) == \
-        ("unusable", "cloud, no data", "a", 3, 2, 1)
+    assert (d.status, d.reason, d.annotator, d.checker, d.batch, d.annotations, d.skipped) == \
+        ("unusable", "cloud, no data", "a", "b", 4, 2, 1)
     assert d.masks is None and d.merged_from is None
+    # the flag wins over the unusable marks: the checker hands it to the expert
+    flagged = [rows[0], dict(rows[1], quality='["no data", "needs expert"]')]
+    assert decide_pair("p", flagged, masks_of, CFG).reason == "flagged 'needs expert' by the checker"
+    d = decide_pair("p", [row(1, "a", rect(0, 4, 0, 4), 1), rows[1]], masks_of, CFG)
+    assert (d.status, d.reason) == ("disagreement", "the checker marks the pair unusable (cloud, no data), the "
+                                    "annotator drew it; for the expert")
+    d = decide_pair("p", [rows[0], row(2, "b", rect(0, 4, 0, 4), 2)], masks_of, CFG)
+    assert d.reason == "the annotator marks the pair unusable (cloud), the checker drew it; for the expert"
+    alone = decide_pair("p", rows[:1], masks_of, CFG)
+    assert (alone.status, alone.reason, alone.masks) == ("unusable", "cloud", None)
 
 
 def test_nothing_submitted_says_whether_it_was_skipped():
@@ -131,7 +171,7 @@ def test_one_annotation_flagged_waiting_or_merged_with_its_exact_reason():
     d = decide_pair("p", [row(1, "a", m, 1, project=6)], masks_of, CFG)
     assert (d.status, d.reason, d.annotator, d.batch, d.agreement) == \
         ("merged", "one annotation, merged unchecked", "a", 6, None)
-    assert d.merged_from == (6, 1, 1, "2026-01-01T00:01:00Z") and np.array_equal(d.masks["new"], m)
+    assert d.merged_from == ("", 6, 1, 1, "2026-01-01T00:01:00Z", False) and np.array_equal(d.masks["new"], m)
 
 
 def test_two_annotations_flagged_by_either_disagreeing_or_checked():
@@ -142,15 +182,15 @@ def test_two_annotations_flagged_by_either_disagreeing_or_checked():
     d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", m, 2, project=8), row(3, "c", m, 3, quality=("needs expert",))],
                     masks_of, CFG)
     assert (d.status, d.reason, d.batch) == ("merged", "checked: agreement 1.000; the checker's drawing is merged", 8)
-    assert d.merged_from == (8, 1, 2, "2026-01-01T00:02:00Z")
+    assert d.merged_from == ("", 8, 1, 2, "2026-01-01T00:02:00Z", False)
     half = rect(0, 10, 0, 5)
-    d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", half, 2)], masks_of, DecisionConfig(tolerance_px=0))
+    d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", half, 2)], masks_of, DecisionConfig(tolerance_px=0, noise_px=0))
     assert d.status == "disagreement" and d.masks is None and d.agreement == pytest.approx(2 / 3)
-    assert d.reason == ("annotator and checker agree at 0.667 < 0.8 (F1 with a 0 px boundary tolerance (lowest "
-                        "class)); for the expert")
+    assert d.reason == ("annotator and checker agree at 0.667 < 0.8 (F1 with a 0 px boundary tolerance, a class "
+                        "under 0 px counted as not drawn (lowest class)); for the expert")
     # exactly at min_agreement is enough
     d = decide_pair("p", [row(1, "a", m, 1), row(2, "b", half, 2)], masks_of,
-                    DecisionConfig(tolerance_px=0, min_agreement=2 / 3))
+                    DecisionConfig(tolerance_px=0, noise_px=0, min_agreement=2 / 3))
     assert d.status == "merged" and np.array_equal(d.masks["new"], half)
 
 
@@ -158,8 +198,12 @@ def test_batch_agreements_count_only_checked_pairs_with_a_batch():
     P = dc.PairDecision
     ds = [P("a", "merged", agreement=0.5, checker="c", batch=1), P("b", "expert", agreement=1.0, checker="c", batch=1),
           P("c", "merged", agreement=0.1, checker=None, batch=1), P("d", "merged", agreement=0.2, checker="c", batch=None),
-          P("e", "merged", agreement=None, checker="c", batch=2), P("f", "merged", agreement=0.9, checker="c", batch=0)]
-    assert dc.batch_agreements(ds) == {0: 0.9, 1: 0.75}
+          P("e", "merged", agreement=None, checker="c", batch=2), P("f", "merged", agreement=0.9, checker="c", batch=0),
+          P("g", "disagreement", agreement=0.3, checker="c", batch=1), P("h", "unusable", agreement=0.0, checker="c", batch=1),
+          P("i", "merged", agreement=0.7, checker="c", batch=1, instance="two")]
+    # the expert's and the unusable pair are decided: they leave the mean; another instance is another batch
+    assert dc.batch_agreements(ds) == {("", 0): (0.9, 1), ("", 1): (0.4, 2), ("two", 1): (0.7, 1)}
+    assert dc.batch_name("", 3) == "project 3" and dc.batch_name("b", 3) == "project 3 on b"
 
 
 def test_decide_all_holds_unreadable_pairs_named_and_rejects_a_batch_only_below_the_threshold():
@@ -172,20 +216,24 @@ def test_decide_all_holds_unreadable_pairs_named_and_rejects_a_batch_only_below_
     rows = [row(1, "a", m, 1, pair="bad", task=5), row(2, "b", m, 2, pair="bad", task=5),
             row(3, "c", None, 3, pair="bad", task=5, cancelled=True),
             row(1, "a", m, 1, pair="ok", task=1), row(2, "b", half, 2, pair="ok", task=1)]
-    cfg = DecisionConfig(tolerance_px=0, min_agreement=2 / 3)
+    cfg = DecisionConfig(tolerance_px=0, noise_px=0, min_agreement=2 / 3, batch_min_agreement=2 / 3)
     out = decide_all(rows, unreadable, cfg)
     assert list(out) == ["bad", "ok"]
     assert (out["bad"].status, out["bad"].reason, out["bad"].annotations, out["bad"].skipped) == \
         ("unreadable", "ValueError: mask 3x3, expected 32x48", 2, 1)
+    gone = dict(rows[0], withdrawn=True, updated_at="2026-01-01T00:09:00Z")
+    assert (decide_all(rows + [gone], unreadable, cfg)["bad"].withdrawn, out["bad"].withdrawn) == (1, 0)
     assert out["ok"].status == "merged"                         # batch mean == min_agreement: accepted
-    out = decide_all(rows, unreadable, DecisionConfig(tolerance_px=0, min_agreement=0.7))
+    out = decide_all(rows, unreadable, DecisionConfig(tolerance_px=0, noise_px=0, min_agreement=0.7))
     assert out["ok"].status == "disagreement" and out["ok"].masks is None and out["ok"].merged_from is None
-    assert out["ok"].reason == ("annotator and checker agree at 0.667 < 0.7 (F1 with a 0 px "
-                                "boundary tolerance (lowest class)); for the expert")
+    assert out["ok"].reason == ("annotator and checker agree at 0.667 < 0.7 (F1 with a 0 px boundary tolerance, "
+                                "a class under 0 px counted as not drawn (lowest class)); for the expert")
     # a merged pair of a bad batch: held, with the batch's reason
     good = [row(1, "a", m, 1, pair="g", task=2), row(2, "b", m, 2, pair="g", task=2)]
-    out = decide_all(rows + good, unreadable, DecisionConfig(tolerance_px=0, min_agreement=0.9))
-    assert out["g"].reason == ("batch (project 1) rejected: mean agreement 0.833 < 0.9; held for the expert")
+    out = decide_all(rows + good, unreadable, DecisionConfig(tolerance_px=0, noise_px=0, min_agreement=0.9,
+                                                             batch_min_agreement=0.9))
+    assert out["g"].reason == ("batch (project 1) rejected: mean agreement 0.833 over 2 pairs awaiting a decision "
+                               "< 0.9; held for the expert")
     assert (out["g"].status, out["g"].masks, out["g"].merged_from) == ("disagreement", None, None)
 
 
@@ -220,5 +268,3 @@ def test_the_expert_who_edited_last_decides_not_the_one_who_started_last():
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used
-# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if sa == 0 or sb == 0:`: (sb <= 0) sb is np.count_nonzero of a mask, never below 0.
-# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if len(drawings) == 1:`: (<= 1) decide_pair has returned "unannotated" just before when there is no drawing, so len(drawings) >= 1 here.

@@ -78,12 +78,13 @@ def test_split_folders_with_equal_stems_sizes_and_rgba(tmp_path):
     assert [e["item"] for e in errors] == ["test/1"] and errors[0]["stage"] == "annotate_prelabel_iou"
 
 
-def change_model(path, single_input=False, classes=0):
+def change_model(path, single_input=False, classes=0, size=("H", "W"), collapse=False):
     """A tiny change model: mean absolute difference over the channels, a steep sigmoid around 0.3; or,
-    with ``classes``, per-class logits (no change, then change in class 1)."""
+    with ``classes``, per-class logits (no change, then change in class 1). ``size``: its declared input
+    size (dynamic by default); ``collapse``: its output is one value (fails on every pair)."""
     import onnx
     from onnx import TensorProto, helper
-    dims = [1, 6 if single_input else 3, "H", "W"]
+    dims = [1, 6 if single_input else 3, *size]
     nodes, inputs = [], []
     if single_input:
         inputs = [helper.make_tensor_value_info("pair", TensorProto.FLOAT, dims)]
@@ -91,7 +92,7 @@ def change_model(path, single_input=False, classes=0):
     else:
         inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("pre", "post")]
     inits = [helper.make_tensor("k", TensorProto.FLOAT, [], [40.0]), helper.make_tensor("t", TensorProto.FLOAT, [], [0.3]),
-             helper.make_tensor("axes", TensorProto.INT64, [1], [1])]
+             helper.make_tensor("axes", TensorProto.INT64, [3] if collapse else [1], [1, 2, 3] if collapse else [1])]
     nodes += [helper.make_node("Sub", ["post", "pre"], ["d"]), helper.make_node("Abs", ["d"], ["ad"]),
               helper.make_node("ReduceMean", ["ad", "axes"], ["m"], keepdims=1),
               helper.make_node("Sub", ["m", "t"], ["c"]), helper.make_node("Mul", ["c", "k"], ["logit"])]
@@ -100,7 +101,7 @@ def change_model(path, single_input=False, classes=0):
                   helper.make_node("Concat", ["nochange", "logit"], ["out"], axis=1)]
     else:
         nodes.append(helper.make_node("Sigmoid", ["logit"], ["out"]))
-    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2 if classes else 1, "H", "W"])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2 if classes else 1, *(("1", "1") if collapse else size)])
     graph = helper.make_graph(nodes, "change", inputs, [out], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
@@ -134,3 +135,31 @@ def test_onnx_prelabels_through_export_on_ray(ray_session, tmp_path):
         assert np.array_equal(decode_mask(pred["result"][0]["value"]["rle"], W, H), rect(*box))
     with pytest.raises(ValueError, match="cannot load the model"):
         run_export(ExportConfig(input=str(ds), output=str(tmp_path / "out2"), prelabel=f"onnx:{tmp_path / 'nope.onnx'}"))
+
+
+def test_a_model_of_another_input_size_stops_the_export_before_any_task_or_project(tmp_path, monkeypatch):
+    from operators.annotation.onnx_prelabels import input_mismatch
+    ds = split_dataset(tmp_path / "root" / "ds")
+    model = change_model(tmp_path / "fixed.onnx", size=(256, 256))
+    monkeypatch.setattr("operators.labelstudio.client.call", lambda *a, **k: pytest.fail("a project was made"))
+    monkeypatch.setattr("operators.io.cli.init_ray", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(ValueError, match=r"^--prelabel onnx:.*fixed.onnx: the model takes pre 1x3x256x256, post "
+                                         r"1x3x256x256; the pairs need 1x3x24x32 \(24 x 32 px\): export it with dynamic"):
+        run_export(ExportConfig(input=str(ds), output=str(tmp_path / "out"), prelabel=f"onnx:{model}",
+                                label_studio_url="http://127.0.0.1:9"))
+    assert not (tmp_path / "out" / "tasks.json").exists()
+    # at the pairs' size, with one six-channel input, with dynamic axes: fine; a wrong channel count is not
+    assert input_mismatch([("pre", [1, 3, 24, 32]), ("post", [1, 3, "H", None])], 24, 32) is None
+    assert input_mismatch([("pair", [1, 6, "H", "W"])], 24, 32) is None
+    assert "pair 1x3x?x?" in input_mismatch([("pair", [1, 3, "H", "W"])], 24, 32)
+    assert input_mismatch([("pre", [1, 3, 24])], 24, 32) is not None
+    assert "pre 1x3x24x33" in input_mismatch([("pre", [1, 3, 24, 33]), ("post", [1, 3, 24, 32])], 24, 32)
+
+
+def test_a_model_that_fails_on_every_pair_fails_the_run(ray_session, tmp_path):
+    ds = split_dataset(tmp_path / "root" / "ds")
+    model = change_model(tmp_path / "one-value.onnx", collapse=True)
+    with pytest.raises(ValueError, match=r"the model failed on every pair \(3\), e.g. test/1: the model's output is "
+                                         r"\[1, 1, 1, 1\]"):
+        run_export(ExportConfig(input=str(ds), output=str(tmp_path / "out"), prelabel=f"onnx:{model}"))
+    assert not (tmp_path / "out" / "tasks.json").exists()

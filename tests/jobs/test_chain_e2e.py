@@ -59,9 +59,9 @@ def read_mask(path: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, label_studio, openai_test_server_process, ray_session):
-    # min-agreement 0.6: round 1's batch (two agreeing pairs and one disagreement, mean F1 0.67) is
-    # accepted, while the disagreement (F1 0) still goes to the expert; at the default 0.8 the whole
-    # batch would wait for expert review.
+    # min-agreement and batch-min-agreement 0.6: round 1's batch (two agreeing pairs and one
+    # disagreement, mean F1 0.67) is accepted, while the disagreement (F1 0) still goes to the expert; at
+    # the batch default of 0.8 the whole batch would wait for expert review.
     from operators.labelstudio.client import call
     from operators.chain import people
 
@@ -81,7 +81,7 @@ steps:
              crop-size: {CROP}, tile-size: 512, search-margin-px: 64}}
   - annotate export: {{prelabel: cva, annotations-per-task: 2, label-studio-url: "{server.url}",
                        project-title: "chain e2e {base.name} round 1", local-files-root: {server.document_root}}}
-  - annotate ingest: {{export: {export}, min-agreement: 0.6}}
+  - annotate ingest: {{export: {export}, min-agreement: 0.6, batch-min-agreement: 0.6}}
   - caption: {{model: test-model, base-url: "{llm.base_url}", timeout-s: 5, max-retries: 2}}
   - qa: {{model: test-model, base-url: "{llm.base_url}", timeout-s: 5, max-retries: 2}}
   - validate: {{}}
@@ -144,9 +144,10 @@ steps:
     title2 = f"chain e2e {base.name} round 2"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LABEL_STUDIO_API_KEY", server.token)
+        # the open pairs are still handed out in project 1: sent again on purpose (--resend)
         r2 = annotate_job.run_export(annotate_job.ExportConfig(
             input=str(pairs), output=str(base / "round2"), label_studio_url=server.url, project_title=title2,
-            local_files_root=str(server.document_root)))
+            local_files_root=str(server.document_root), resend=True))
         annotate_job.run_export(annotate_job.ExportConfig(
             input=str(pairs), output=str(base / "round2-review"), queue="review", label_studio_url=server.url,
             project_title=title2, local_files_root=str(server.document_root)))
@@ -157,7 +158,10 @@ steps:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LABEL_STUDIO_API_KEY", server.token)
         out["fp2_before"] = people.fingerprint(server.url, pid2)
-    expert = annotate(tasks2[ids[2]], first, [brush("new", "post", rect(0, 60, 0, 60))], ground_truth=True)
+    # The expert is a third person (one of a pair's annotators never decides it), who stars a drawing.
+    third = api(server, "/api/users/", {"email": f"expert-{base.name}@changeforge.test", "username": f"e{base.name}",
+                                        "first_name": "E", "last_name": "E"})["id"]
+    expert = annotate(tasks2[ids[2]], third, [brush("new", "post", rect(0, 60, 0, 60))], ground_truth=True)
     if not expert.get("ground_truth"):       # marked in the Data Manager, as Label Studio does it
         patch(server, f"/api/annotations/{expert['id']}/", {"ground_truth": True})
     for i, pair_id in enumerate(ids[5:]):
