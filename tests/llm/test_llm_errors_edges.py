@@ -62,3 +62,11 @@ def test_a_list_body_is_read_from_its_first_error():
     first = {"code": 429, "message": "first", "status": "RESOURCE_EXHAUSTED"}
     assert error_object([{"error": first}, "trailing text"]) == first
     assert error_object([]) == {} and error_object(["no object"]) == {}
+
+
+def test_a_reading_is_a_value_callers_share_and_cannot_change():
+    import dataclasses
+    r = read_error(429, {"error": {"code": "rate_limit_exceeded", "message": "m"}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.kind = "quota"
+    assert {r, read_error(429, {"error": {"code": "rate_limit_exceeded", "message": "m"}})} == {r}

@@ -172,3 +172,15 @@ def test_smooth_enlarged_texture_is_not_taken_for_repeated_texture():
         seen += [repeats_itself(crop, wx, wy, 128, 64, 0.8)
                  for wy in range(0, 897, 64) for wx in range(0, 897, 64)]
     assert sum(seen) <= 0.01 * len(seen), sum(seen)
+
+
+def test_a_registered_crop_whose_texture_repeats_beyond_half_a_window_is_accepted():
+    """The repeated-texture test looks for a window's rivals within half a window (or the near search):
+    a period longer than that (1.5 windows here: a 192 px tile at the paper's 128 px windows) is the
+    far search's to measure, and a registered crop of it is no insufficient evidence. (Searching four
+    windows out, the moving mutation sample's survivor, read this crop as an orchard and rejected it.)"""
+    from benchmarks._fields import texture
+    tile = np.ascontiguousarray(texture("naip")[:192, :192])
+    crop = np.tile(tile, (6, 6))[:1024, :1024].astype(np.float32)
+    r = screen_alignment(crop, crop.copy(), np.ones(crop.shape, bool), RegistrationConfig(crop_size=1024))
+    assert r.reject_reason is None, r.reject_reason
