@@ -180,27 +180,27 @@ def _driver(server, state, **settings):
     return BatchDriver(state, BatchAPI(server.base_url, KEY, timeout_s=10), BatchSettings(poll_s=0.05, **settings))
 
 
-_defer = defer   # the batch submission tests' helper: the caller defers each request as a batch line
+def _refused_batch(server, tmp_path, status: int, code: str, n: int, tag: str):
+    """``n`` lines deferred and submitted in one batch whose lines the provider refuses with ``status``
+    and ``code``: (state, cache, driver)."""
+    server.configure(batch_fail_rate=1.0, batch_fail_status=status, batch_fail_code=code)
+    state, cache = BatchState(str(tmp_path), "t"), ResponseCache(str(tmp_path))
+    driver = _driver(server, state)
+    defer(server, state, cache, requests(n, tag=tag))
+    driver.submit()
+    return state, cache, driver
 
 
 def test_a_refused_batch_line_fails_at_once_and_is_never_submitted_again(openai_server, tmp_path):
-    openai_server.configure(batch_fail_rate=1.0, batch_fail_status=400, batch_fail_code="invalid_request_error")
-    state, cache = BatchState(str(tmp_path), "t"), ResponseCache(str(tmp_path))
-    driver = _driver(openai_server, state)
-    _defer(openai_server, state, cache, requests(3, tag="bad"))
-    driver.submit()
+    state, cache, driver = _refused_batch(openai_server, tmp_path, 400, "invalid_request_error", 3, "bad")
     assert driver.wait() == {"completed": 0, "failed": 3, "retried": 0, "open": 0}
-    final = _defer(openai_server, state, cache, requests(3, tag="bad"))
+    final = defer(openai_server, state, cache, requests(3, tag="bad"))
     assert all(r.error_type == "BatchFailed" and "invalid_request_error" in r.error for r in final)
     assert driver.submit() == [] and set(openai_server.stats()["batch_submissions"].values()) == {1}
 
 
 def test_a_batch_line_refused_for_the_quota_waits_for_the_rerun_and_stops_the_job(openai_server, tmp_path):
-    openai_server.configure(batch_fail_rate=1.0, batch_fail_status=429, batch_fail_code="insufficient_quota")
-    state, cache = BatchState(str(tmp_path), "t"), ResponseCache(str(tmp_path))
-    driver = _driver(openai_server, state)
-    _defer(openai_server, state, cache, requests(2, tag="broke"))
-    driver.submit()
+    state, cache, driver = _refused_batch(openai_server, tmp_path, 429, "insufficient_quota", 2, "broke")
     assert driver.wait() == {"completed": 0, "failed": 0, "retried": 0, "open": 0}
     assert "insufficient_quota" in driver.quota
     assert len(state.waiting()) == 2 and not state.keys("failed")       # not failed: the rerun submits them
@@ -218,7 +218,7 @@ def test_a_batch_level_failure_keeps_the_providers_reason(openai_server, tmp_pat
         {"code": "model_not_found", "message": reason, "param": "body.model", "line": 1}])
     state, cache = BatchState(str(tmp_path), "t"), ResponseCache(str(tmp_path))
     driver = _driver(openai_server, state)
-    _defer(openai_server, state, cache, requests(2, tag="enq"))
+    defer(openai_server, state, cache, requests(2, tag="enq"))
     driver.submit()
     assert driver.wait()["retried"] == 2
     records = [state.read("failed", k) for k in state.keys("failed")]
@@ -306,7 +306,7 @@ def test_a_batch_endpoint_refusal_stops_the_job_with_its_reason_not_a_traceback(
     state, cache = BatchState(str(tmp_path), "caption", "r1"), ResponseCache(str(tmp_path))
 
     def one_pass(todo, *args, **kwargs):
-        _defer(openai_server, state, cache, requests(len(todo), tag="job"))
+        defer(openai_server, state, cache, requests(len(todo), tag="job"))
         return {}
     monkeypatch.setattr(job_runner, "run_stages", one_pass)
     cfg = LLMJobConfig(output=str(tmp_path), model="test-model", base_url=openai_server.base_url, batch_api=True,
@@ -325,7 +325,7 @@ def test_polling_outlasts_a_blip_of_server_errors(openai_server, tmp_path):
     """Twelve 503s in a row to GET /batches/{id} (three polls' worth of retries): the wait polls on and
     collects the batch, where giving up after one poll's retries stopped the job."""
     state, cache = BatchState(str(tmp_path), "t"), ResponseCache(str(tmp_path))
-    _defer(openai_server, state, cache, requests(2, tag="blip"))
+    defer(openai_server, state, cache, requests(2, tag="blip"))
     sleeps = _Sleeps()
     driver = BatchDriver(state, BatchAPI(openai_server.base_url, KEY, timeout_s=10, sleep=sleeps),
                          BatchSettings(poll_s=0.05), sleep=sleeps)
