@@ -177,27 +177,28 @@ def redo_line(plan: ResumePlan) -> str:
             + ", ".join(f"{cause} {n}" for cause, n in sorted(by.items())))
 
 
+FILE_KEYS = (("A", "a"), ("B", "b"), ("mask", "label"))   # role -> the item's key prefix (a_rel, a_stamp)
+
+
+def moved_files(item: Mapping[str, Any], recorded: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """``(role, rel)`` of the item's files whose stamp is not the one recorded with a digest: the
+    files to read again today (every file, for an item recorded without them)."""
+    recorded = recorded or {}
+    stamps = recorded.get(STAMPS) or {}
+    return [(role, item[f"{k}_rel"]) for role, k in FILE_KEYS if item.get(f"{k}_rel")
+            and not (item.get(f"{k}_stamp") and stamps.get(role) == item[f"{k}_stamp"] and recorded.get(role))]
+
+
 def file_lineage(item: Mapping[str, Any], recorded: Mapping[str, Any] | None,
                  digest_of: Callable[[str, str], str]) -> dict:
     """Today's digests of an item's files (``A``, ``B``, ``mask``): the recorded digest where the file's
     stamp (``<role>_stamp`` in the item) equals the recorded one, else ``digest_of(role, rel)`` (the file
     read now). An item with no file for a role has no digest for it."""
-    recorded = recorded or {}
-    stamps = recorded.get(STAMPS) or {}
-    out = {}
-    for role, rel_key in (("A", "a_rel"), ("B", "b_rel"), ("mask", "label_rel")):
-        rel = item.get(rel_key)
-        if not rel:
-            continue
-        stamp = item.get(f"{rel_key[:-4]}_stamp")
-        if stamp and stamps.get(role) == stamp and recorded.get(role):
-            out[role] = recorded[role]
-        else:
-            out[role] = digest_of(role, rel)
-    return out
+    moved = dict(moved_files(item, recorded))
+    return {role: digest_of(role, moved[role]) if role in moved else (recorded or {})[role]
+            for role, k in FILE_KEYS if item.get(f"{k}_rel")}
 
 
 def item_stamps(item: Mapping[str, Any]) -> dict:
     """The stamps an item's files had when the driver listed them (recorded with the row)."""
-    return {role: item[f"{k}_stamp"] for role, k in (("A", "a"), ("B", "b"), ("mask", "label"))
-            if item.get(f"{k}_stamp")}
+    return {role: item[f"{k}_stamp"] for role, k in FILE_KEYS if item.get(f"{k}_stamp")}

@@ -84,9 +84,8 @@ def plan(out: Store, pairs: list[dict], lineage_of: Callable[[dict], dict], sche
     recorded = recorded_lineage(out, schema)
     wanted: dict[tuple[str, str, str], str] = {}
     for p in pairs:
-        rec = recorded.get(p["pair_id"])
-        if rec:   # collect the files to read: the stub digest_of only records what is asked
-            lineage.file_lineage(p, rec, lambda role, rel, p=p: wanted.setdefault((p["root"], role, rel), ""))
+        if recorded.get(p["pair_id"]):
+            wanted.update({(p["root"], role, rel): "" for role, rel in lineage.moved_files(p, recorded[p["pair_id"]])})
     if wanted:
         log.info("%d input files changed their stamps since their rows were made: digesting them", len(wanted))
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(wanted)))) as pool:
