@@ -48,7 +48,7 @@ def write_lines(server_url: str, out: str, n: int, work: Path) -> int:
     from operators.language.caption_ops import PrepareConfig, build_generate_request, find_dataset_pairs, prepare_pair
     from operators.llm.batch import BatchState
     from operators.llm.client import LLMCaller, LLMConfig, Secret
-    from operators.llm.job_runner import LLMJobConfig
+    from operators.llm.job_options import LLMJobConfig
     root = upscaled_dataset(11, 1024, work / "pairs")
     pairs, _ = find_dataset_pairs(root, None, "train")
     prep = PrepareConfig(max_image_side=1024, image_format="png", detail="high")

@@ -51,7 +51,7 @@ from operators.language.qa import TYPE_KEYS
 from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
 from operators.llm.client import LLMCaller, LLMConfig, LLMRequest, Secret
 from operators.llm.images import image_part
-from operators.llm.job_runner import LLMJobConfig
+from operators.llm.job_options import LLMJobConfig
 from tests.openai_test_server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]

@@ -50,12 +50,13 @@ from operators.language.caption_ops import (JOB, TABLE_SCHEMAS, PrepareConfig, b
                                    build_judge_request, find_dataset_pairs, handle_generate_result,
                                    handle_judge_result, prepare_pair)
 from operators.language.captions import OVERALL_MODES, write_levir_cc
-from operators.llm.job_runner import (HELP, BatchesOpen, LLMJobConfig, QuotaStop, account_limiter,  # noqa: F401
-                                      build_parser as _build_parser, configure_pipeline, ensure_ray,
-                                      generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      require_endpoint, row_batches, run_llm_job, run_on_worker,
-                                      run_stages, run_usage, set_aside_no_mask, skipped_line, stop_line,
-                                      summary_rows, summary_table, validator_tally)
+from operators.language.validators import validator_tally
+from operators.llm.job_options import (HELP, LLMJobConfig, build_parser as _build_parser, parse_args as _parse_args,
+                                       require_endpoint)
+from operators.llm.job_passes import BatchesOpen, QuotaStop, run_llm_job, stop_line
+from operators.llm.job_runner import account_limiter, ensure_ray, generate_and_judge_stages, set_aside_no_mask
+from operators.llm.job_summary import (peak_rss_mb, row_batches, run_on_worker, run_usage, skipped_line,
+                                       summary_rows, summary_table)
 from operators.llm.usage import format_summary
 from operators.io import console
 from operators.io.sources import write_source

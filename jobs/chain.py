@@ -26,7 +26,10 @@ skips a finished step whose command line and input are unchanged and, for captio
 are all current by lineage (a redrawn mask re-runs them: operators.io.lineage), and runs every step
 after one that ran again. ``--explain`` says what each step would do, and why, without running. After
 annotate ingest the chain reads the dataset's ``annotation_summary.json``: while pairs are undecided it
-stops with exit status 3 ("waiting for annotators"), unless ``--partial``.
+goes on only through the annotation loop's own steps (an export, e.g. the expert's review queue, and the
+ingest of its answers: operators.chain.people) and stops before the first other step with exit status 3
+("waiting for annotators"), unless ``--partial``. ``--dry-run`` and ``--explain`` exit 2 when they found
+a missing option or optional part.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAITING = 3   # exit status: the chain stopped at a human step whose people have not decided every pair
 
 
-def _prelabel_folder(root: Store, earlier: list) -> str:
+def _prelabel_folder(root: Store, earlier: list, options: dict) -> str:
     """The proposal masks annotate export wrote (``annotate/prelabels/<method>/``), for score change."""
     methods = sorted({rel.split("/")[2] for rel in root.list("annotate/prelabels", suffixes=(".png",))
                       if rel.count("/") >= 3})
@@ -65,31 +68,60 @@ def _outputs(earlier: list) -> set[str]:
     return {WIRING[s]["output"] for s, _ in earlier if isinstance(WIRING.get(s, {}).get("output"), str)}
 
 
-def _report_inputs(root: Store, earlier: list) -> list[str]:
+def _report_inputs(root: Store, earlier: list, options: dict) -> list[str]:
     """The outputs of the chain's earlier pairs, caption, QA and review steps."""
     made = _outputs(earlier)
     return [root.uri(d) for d in ("pairs", "captions", "qa", "review") if d in made]
 
 
-def _dataset(root: Store, earlier: list) -> str:
+def _dataset(root: Store, earlier: list, options: dict) -> str:
     """The chain's dataset: what its earlier annotate or caption step names as input, else ``<root>/pairs``."""
-    for step, options in earlier:
-        if step in ("annotate export", "annotate ingest", "caption") and options.get("input"):
-            return str(options["input"])
+    for step, given in earlier:
+        if step in ("annotate export", "annotate ingest", "caption") and given.get("input"):
+            return str(given["input"])
     return root.uri("pairs")
 
 
 def _made(rel: str, by: str):
     """``<root>/<rel>`` when an earlier step wrote the output folder ``by``, else not wired."""
-    return lambda root, earlier: root.uri(rel) if by in _outputs(earlier) else None
+    return lambda root, earlier, options: root.uri(rel) if by in _outputs(earlier) else None
 
 
-# step -> {option: value on the root}; a callable (root, [(earlier step, its options)]) is evaluated when
-# the step is about to run, and wires nothing when it returns None.
+def _option(options: dict, key: str):
+    """A step's option as the chain file names it (``queue``, ``--queue``), or None."""
+    return next((v for k, v in options.items() if str(k).lstrip("-").replace("_", "-") == key), None)
+
+
+def _export_folder(root: Store, earlier: list, options: dict) -> str:
+    """Where an annotate export writes: its ``output``, else ``<root>/annotate``, and for the expert's
+    review queue ``<root>/annotate-review``; a later export to the same queue writes
+    ``<root>/annotate-<its step number>`` (``annotate-review-<n>``), so no export's tasks.json replaces
+    another's that an ingest reads."""
+    given = _option(options, "output")
+    if given:
+        return str(given)
+    review = str(_option(options, "queue") or "") == "review"
+    base = "annotate-review" if review else "annotate"
+    before = [o for s, o in earlier if s == "annotate export" and not _option(o, "output")
+              and (str(_option(o, "queue") or "") == "review") == review]
+    return root.uri(f"{base}-{len(earlier) + 1}" if before else base)
+
+
+def _export_tasks(root: Store, earlier: list, options: dict) -> str | None:
+    """The ``tasks.json`` of the chain's nearest earlier annotate export (the work this ingest takes
+    back); not wired when the chain has no export step before it."""
+    for i in range(len(earlier) - 1, -1, -1):
+        if earlier[i][0] == "annotate export":
+            return _export_folder(root, earlier[:i], earlier[i][1]).rstrip("/") + "/tasks.json"
+    return None
+
+
+# step -> {option: value on the root}; a callable (root, [(earlier step, its options)], the step's own
+# options) is evaluated when the step is about to run, and wires nothing when it returns None.
 WIRING = {
     "pairs": {"output": "pairs"},
-    "annotate export": {"input": "pairs", "output": "annotate"},
-    "annotate ingest": {"input": "pairs", "tasks": "annotate/tasks.json"},
+    "annotate export": {"input": "pairs", "output": _export_folder},
+    "annotate ingest": {"input": "pairs", "tasks": _export_tasks},
     "caption": {"input": "pairs", "output": "captions"},
     "qa": {"input": "captions", "output": "qa"},
     "validate": {"input": "qa/VQA.json", "output": "validate"},
@@ -151,7 +183,7 @@ def step_values(root: Store, step: str, options: dict, earlier: list = ()) -> tu
     given = {str(k).lstrip("-").replace("_", "-") for k in values}
     for key, default in WIRING.get(step, {}).items():
         if key.replace("_", "-") not in given:
-            value = default(root, list(earlier)) if callable(default) else root.uri(default)
+            value = default(root, list(earlier), options) if callable(default) else root.uri(default)
             if value is not None:
                 values[key] = value
     return module, command, parser, {str(k).lstrip("-").replace("_", "-"): v for k, v in values.items()}
@@ -224,7 +256,20 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
     def save() -> None:
         root.write_bytes(STATE_FILE, json.dumps({"config": os.path.abspath(config), "steps": record}, indent=1).encode())
 
+    # After an annotate ingest: how far the people are (None before the first) and, while pairs are
+    # undecided without --partial, the line the chain waits with once the annotation loop's steps are done.
+    progress, waiting = None, None
+
+    def wait(line: str, advice: str) -> dict:
+        save()
+        print(f"[chain] {line}; {advice}", flush=True)
+        return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
+
     for i, (step, options) in enumerate(steps):
+        if waiting and not people.runs_while_waiting(step):
+            return wait(waiting, f"step {i + 1} {step} and the later steps run when every pair is decided: run "
+                                 "the chain again when more work is exported (an ingest re-runs when its input "
+                                 "changes), or with --partial to go on with the decided pairs")
         if step == from_step:
             stale = True
         # read now: earlier steps' outputs exist
@@ -239,10 +284,12 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
                 print(f"[chain] step {i + 1} {step}: cannot read its input {values[human]}: {exc}", flush=True)
                 return {"ran": ran, "failed": step, "returncode": 1}
         if fp == people.MISSING and not dry_run:     # the people's export has not arrived yet
-            save()
+            if step == "annotate ingest" and not people.waits_for_export(progress):
+                print(f"[chain] step {i + 1} {step}: no export at {values[human]}, and every pair is decided: "
+                      "nothing to wait for, skipped", flush=True)
+                continue
             line = f"waiting for {'annotators' if step.startswith('annotate') else 'reviewers'}: no export at {values[human]} yet"
-            print(f"[chain] {line}; save the project's JSON export there and run the chain again", flush=True)
-            return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
+            return wait(line, "save the project's JSON export there and run the chain again")
         go, why = plan.must_run(done.get((i, step)), argv, fp, stale)
         # Caption and QA resume by lineage: a finished step runs again when its pairs' inputs changed
         # (read only when the step would otherwise be skipped, or to explain).
@@ -279,17 +326,19 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
                       "it resumes here", flush=True)
                 return {"ran": ran, "failed": step, "returncode": proc.returncode}
         if step == "annotate ingest" and not dry_run:
-            p = people.progress(Store(str(values["input"])))
-            line = people.waiting_line(p) if p else None
-            if line and not partial:
-                save()
-                print(f"[chain] {line}; run the chain again when more work is exported (step {i + 1} re-runs "
-                      f"when its input changes), or with --partial to go on with the decided pairs", flush=True)
-                return {"ran": ran, "failed": None, "waiting": line, "returncode": WAITING}
-            if line:
-                print(f"[chain] {line}; --partial: the later steps run on the {p['decided']} decided pairs", flush=True)
+            progress = people.progress(Store(str(values["input"])))
+            line = people.waiting_line(progress) if progress else None
+            waiting = line if not partial else None     # the latest ingest says how far the people are
+            if line and partial:
+                print(f"[chain] {line}; --partial: the later steps run on the {progress['decided']} decided pairs",
+                      flush=True)
+    if waiting:
+        return wait(waiting, "run the chain again when more work is exported (an ingest re-runs when its input "
+                             "changes), or with --partial to go on with the decided pairs")
     if not dry_run:
         save()
+    elif problems:    # a dry run that found a missing option or part: the chain would not run
+        return {"ran": ran, "failed": None, "problems": len(problems), "returncode": 2}
     return {"ran": ran, "failed": None, "returncode": 0}
 
 
@@ -317,15 +366,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--from-step", default="", help="run this step (a name as in the chain file) and every later one "
                                                     "again, even if finished")
     ap.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=False,
-                    help="print the steps that would run with their command lines, and every option a step "
-                         "needs but is not given, without running anything")
+                    help="print the steps that would run with their command lines, and every option or optional "
+                         "part a step needs but is not given or installed, without running anything (exit status 2 "
+                         "when one is missing)")
     ap.add_argument("--explain", action=argparse.BooleanOptionalAction, default=False,
                     help="without running anything, say per step whether it would run and why, and for the caption "
                          "and QA steps how many pairs are current, stale (and why: mask, image, caption, template, "
                          "model, options) or missing")
     ap.add_argument("--partial", action=argparse.BooleanOptionalAction, default=False,
                     help="go on past an annotate ingest whose pairs are not all decided: the later steps run "
-                         f"on the decided pairs (without it the chain stops there with exit status {WAITING})")
+                         "on the decided pairs (without it only the annotation loop's exports and ingests run "
+                         f"on, and the chain stops before the first other step with exit status {WAITING})")
     return ap
 
 
@@ -342,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(exc.code, file=sys.stderr)
         return 2
+    if args.dry_run or args.explain:
+        found = s.get("problems", 0)
+        print("[chain] dry run: nothing ran; " + (f"{found} problem(s) found (above): the chain would stop before "
+                                                   "its first step" if found else "no problems found"))
+        return s["returncode"]
     end = f"; stopped at {s['failed']}" if s["failed"] else "; waiting" if s.get("waiting") else "; done"
     print(f"[chain] ran {len(s['ran'])} step(s)" + end)
     return s["returncode"]

@@ -26,11 +26,19 @@ JOBS: dict[str, tuple[str, str]] = {
     "chain": ("jobs.chain", "the jobs in order on one output root from a chain file, resuming where it stopped"),
 }
 
+# Commands that are a job with options fixed: name -> (job, its fixed options, what it shows). Not jobs, so
+# never a chain step.
+SHORTHANDS: dict[str, tuple[str, list[str], str]] = {
+    "status": ("chain", ["--explain"], "what each step of a chain file would do and why, running nothing: "
+                                       "per step, pairs current, stale by cause, or missing (chain --explain)"),
+}
+
 
 def usage() -> str:
-    width = max(map(len, JOBS))
+    width = max(map(len, [*JOBS, *SHORTHANDS]))
     lines = ["usage: changeforge <job> [options]   (changeforge <job> --help for its options)", "", "jobs:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in JOBS.items()]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, _, text) in SHORTHANDS.items()]
     return "\n".join(lines)
 
 
@@ -40,12 +48,18 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in JOBS:
-        close = difflib.get_close_matches(name, list(JOBS), n=1)
+    if name in SHORTHANDS:
+        job, fixed, _ = SHORTHANDS[name]
+        rest = fixed + rest
+    elif name not in JOBS:
+        close = difflib.get_close_matches(name, [*JOBS, *SHORTHANDS], n=1)
         print(f"changeforge: unknown job {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
-              + f"; the jobs: {', '.join(JOBS)} (changeforge --help describes them)", file=sys.stderr)
+              + f"; the jobs: {', '.join(JOBS)}, and {', '.join(SHORTHANDS)} (changeforge --help describes them)",
+              file=sys.stderr)
         return 2
-    module = importlib.import_module(JOBS[name][0])
+    else:
+        job = name
+    module = importlib.import_module(JOBS[job][0])
     cli.PROG = f"changeforge {name}"
     try:
         result = module.main(rest)

@@ -50,7 +50,7 @@ def options(parser: argparse.ArgumentParser, presets=None) -> list[dict]:
 
 
 def reference_markdown() -> str:
-    from jobs.cli import JOBS
+    from jobs.cli import JOBS, SHORTHANDS
 
     out = ["# CLI reference", "",
            "Generated from the jobs' parsers (`python -m jobs.cli_reference`); a test fails when it "
@@ -66,6 +66,10 @@ def reference_markdown() -> str:
                     (" *tuning*" if row["tuning"] else "")
                 out.append(f"| {flags} | {_cell(row['default'])} | {_cell(row['choices'])} | {_cell(row['help'])} |")
             out.append("")
+    out += ["## Shorthands", "", "Commands that are a job with options fixed; they take that job's options.", ""]
+    out += [f"- `changeforge {name}` = `changeforge {job} {' '.join(fixed)}`: {_cell(text)}."
+            for name, (job, fixed, text) in SHORTHANDS.items()]
+    out.append("")
     return "\n".join(out)
 
 

@@ -26,12 +26,13 @@ from collections import Counter
 import pyarrow.compute as pc
 from dataclasses import dataclass
 
-from operators.llm.job_runner import HELP as LLM_HELP
-from operators.llm.job_runner import (BatchesOpen, LLMJobConfig, QuotaStop, account_limiter, build_parser as _build_parser,
-                                      ensure_ray, generate_and_judge_stages, parse_args as _parse_args, peak_rss_mb,
-                                      require_endpoint, row_batches, run_llm_job, run_on_worker,
-                                      run_usage, set_aside_no_mask,
-                                      skipped_line, stop_line, summary_table, validator_tally)
+from operators.language.validators import validator_tally
+from operators.llm.job_options import HELP as LLM_HELP
+from operators.llm.job_options import (LLMJobConfig, build_parser as _build_parser, parse_args as _parse_args,
+                                       require_endpoint)
+from operators.llm.job_passes import BatchesOpen, QuotaStop, run_llm_job, stop_line
+from operators.llm.job_runner import account_limiter, ensure_ray, generate_and_judge_stages, set_aside_no_mask
+from operators.llm.job_summary import peak_rss_mb, row_batches, run_on_worker, run_usage, skipped_line, summary_table
 from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io import lineage

@@ -183,6 +183,7 @@ class QAScoreConfig:
     cache: bool = field(default=True, metadata={"help": "read and write the judge's response cache (--no-cache: everything is sent and paid again)"})
     batch_api: bool = field(default=False, metadata={"help": "send the judge's requests through the provider's Batch API (about half price, answers within 24 h; batches recorded in the output, a rerun polls them)"})
     batch_poll_s: float = field(default=30.0, metadata={"gt": 0, "help": "with --batch-api: seconds between polls of the open batches"})
+    batch_max_wait_s: float = field(default=26 * 3600.0, metadata={"min": 0, "help": "with --batch-api: longest wait for the open batches; past it the job stops (exit 3) and a rerun polls them again"})
     num_cpus: int | None = field(default=None, metadata={"min": 1, "help": "CPUs for a local Ray when judging (ignored when RAY_ADDRESS is set; default: all)"})
 
 
@@ -198,18 +199,22 @@ def _load_qa_refs(uri: str) -> list:
     return [load_json(store.uri(n)) for n in names]
 
 
-def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str) -> dict[str, dict]:
-    """LLM judge over the answered questions; returns {qid: judge fields}. Failures are error rows."""
+def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str) -> tuple[dict[str, dict], str]:
+    """LLM judge over the answered questions, through the LLM jobs' pass loop (in real time, or in batch
+    passes with --batch-api); returns ({qid: judge fields}, the line saying why the judge stopped early,
+    or ""). Failures are error rows, and so is a question left with neither a verdict nor a failure."""
     from functools import partial
 
     from operators.language.captions import load_template
     from operators.llm.client import LLMConfig, Secret
+    from operators.llm.job_options import LLMJobConfig
+    from operators.llm.job_passes import BatchesOpen, QuotaStop, run_llm_job, stop_line
     from operators.llm.ratelimit import RateLimits, start_rate_limiter
-    from operators.llm.stage import PoolConfig, StageSpec, apply_llm_stage
-    from operators.llm.usage import USAGE_SCHEMA
+    from operators.llm.stage import StageSpec
     from operators.io.tables import TableSink, read_table
-    from operators.scoring.qa_judge import (JUDGEMENTS_SCHEMA, INPUT_TABLE, STAGE, build_judge_request,
-                                            handle_judge_result, judge_input)
+    from operators.scoring.qa_judge import (JOB, JUDGEMENTS_SCHEMA, INPUT_TABLE, KEY, SINK_SCHEMAS, STAGE,
+                                            build_judge_request, handle_judge_result, judge_item,
+                                            prepare_judge_item)
 
     base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
     if not base_url:
@@ -217,7 +222,6 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     template = load_template(cfg.judge_template)
     _ensure_ray(cfg.num_cpus)
     import ray
-    import ray.data
 
     limiter_name = f"changeforge-llm-{run_id}"
     limiter = start_rate_limiter(limiter_name, RateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_in_flight=cfg.max_in_flight))
@@ -227,48 +231,23 @@ def _run_qa_judge(cfg: QAScoreConfig, rows: list[dict], out: Store, run_id: str)
     spec = StageSpec(name=STAGE, input_table=INPUT_TABLE, build_request=partial(build_judge_request, template),
                      handle_result=partial(handle_judge_result, template, cfg.judge_model, run_id), llm=llm,
                      limiter_name=limiter_name, cache_root=out.uri() if cfg.cache else None,
-                     api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job="score_qa",
+                     api_key=Secret(os.environ.get("OPENAI_API_KEY")), run_id=run_id, job=JOB,
                      batch_root=out.uri() if cfg.batch_api else None)
-
-    def judged() -> dict[str, dict]:
-        table = read_table(out, "judgements", JUDGEMENTS_SCHEMA)
-        return {r["qid"]: r for r in (table.to_pylist() if table is not None else []) if r["run_id"] == run_id}
-
-    def judge_pass(todo: list[dict]) -> None:
-        sink = TableSink(out.uri(), {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}, run_id)
-        ds = ray.data.from_items([judge_input(r) for r in todo], override_num_blocks=max(1, min(64, len(todo) // 16)))
-        apply_llm_stage(ds, spec, PoolConfig()).write_datasink(sink)
-
-    from operators.llm.batch import BatchAPIError
+    # The pass loop's settings: the judge's own, the LLM jobs' defaults for the rest (pool, batch files).
+    runner = LLMJobConfig(output=cfg.output, model=cfg.judge_model, base_url=base_url, batch_api=cfg.batch_api,
+                          batch_poll_s=cfg.batch_poll_s, batch_max_wait_s=cfg.batch_max_wait_s,
+                          max_reasks=llm.max_reasks)
+    stopped = ""
     try:
-        if not cfg.batch_api:
-            judge_pass(rows)
-        else:
-            # Pass 1 leaves the judge's requests in batch lines; the batches are waited for; pass 2
-            # takes the answers (a failed line: one more batch and pass, then its error row).
-            from operators.llm.batch import BatchAPI, BatchDriver, BatchSettings, BatchState
-            driver = BatchDriver(BatchState(out.uri(), "score_qa"), BatchAPI(base_url, spec.api_key.get()),
-                                 BatchSettings(poll_s=cfg.batch_poll_s), job="score_qa")
-            driver.wait()                      # batches a killed run left open
-            todo = rows
-            for _ in range(3):
-                if not todo:
-                    break
-                judge_pass(todo)
-                if not driver.submit() and not driver.state.waiting():
-                    break
-                if driver.wait()["open"]:
-                    raise SystemExit("jobs.score qa: batches still open; rerun to poll them")
-                if driver.quota:
-                    raise SystemExit(f"jobs.score qa: stopped: the provider's quota is exhausted ({driver.quota}); "
-                                     "rerun after a top-up")
-                done = judged()
-                todo = [r for r in rows if r["qid"] not in done]
-    except BatchAPIError as exc:    # read by its code (a quota, a refusal): one line, not a traceback
-        raise SystemExit(f"jobs.score qa: stopped: {exc}") from None
+        run_llm_job(runner, [judge_item(r) for r in rows], prepare_judge_item, {}, [spec],
+                    lambda: TableSink(out.uri(), SINK_SCHEMAS, run_id), limiter, out=out, job=JOB, run_id=run_id,
+                    key=KEY, done_table="judgements")
+    except (QuotaStop, BatchesOpen) as exc:
+        stopped = stop_line(exc)   # the verdicts so far are kept; the rerun judges the rest
     finally:
         ray.kill(limiter)
-    return judged()
+    table = read_table(out, "judgements", JUDGEMENTS_SCHEMA)
+    return {r["qid"]: r for r in (table.to_pylist() if table is not None else []) if r["run_id"] == run_id}, stopped
 
 
 def run_qa(cfg: QAScoreConfig) -> dict:
@@ -292,11 +271,11 @@ def run_qa(cfg: QAScoreConfig) -> dict:
     doc, rows = score_qa(matched, yes_no_types)
     judge = None
     if cfg.judge_model and rows:
-        judged = _run_qa_judge(cfg, rows, out, run_id)
+        judged, stopped = _run_qa_judge(cfg, rows, out, run_id)
         for r in rows:
             j = judged.get(r["qid"], {})
             r.update({k: j.get(k) for k in ("judge_score", "judge_correct", "judge_reason")})
-        judge = {"model": cfg.judge_model, **judge_summary(rows)}
+        judge = {"model": cfg.judge_model, **judge_summary(rows), "stopped": stopped}
     errors = _error_rows(problems + matched.problems, "score_qa", "score_qa", run_id)
     if cfg.judge_model:  # the judge's own failures, written by the LLM stage into errors/ for this run
         t = read_table(out, "errors", ERRORS_SCHEMA)
@@ -339,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     table = "per_question" if command == "qa" else "per_image"
     print(f"outputs: {cfg.output}/metrics.json and {cfg.output}/{{{table},errors}}/")
     console.print_errors("score:", Store(cfg.output), None)   # errors/ holds the last run's rows only
+    stopped = (doc.get("judge") or {}).get("stopped")
+    if stopped:   # the LLM judge stopped early (quota, batches still open, questions left over)
+        print(stopped)
+        return 3
     console.stop_if_nothing("score:", doc.get("n_images", 1) > 0, "no mask pair could be scored")
     return 0
 

@@ -28,22 +28,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Callable, Iterable
 
-import numpy as np
+from operators.annotation.agreement import class_agreement, compare, dilate, overlap, tolerant_f1
+from operators.annotation.batches import AWAITING, HELD, batch_agreements, batch_name, hold_rejected
+from operators.annotation.roles import (REVIEW_QUEUE, author, edit_order, editor, expert_of, made_order, people,
+                                        saved_later, voice, vote_of)
+from operators.annotation.versions import TASK_ROW, history_key, latest_versions, version_key, withdrawn_keys
+
+# The rules' parts live in a module each (versions, roles, agreement, batches); this module decides a pair
+# with them and names them all, so callers import the decision rules from one place.
+__all__ = ["STATUSES", "DECIDED", "WITH_MASK", "AWAITING", "HELD", "UNUSABLE_CHOICES", "FLAG_CHOICE",
+           "QUALITY_CHOICES", "REVIEW_QUEUE", "TASK_ROW", "DecisionConfig", "PairDecision", "Masks",
+           "version_key", "history_key", "latest_versions", "withdrawn_keys", "quality_of", "unusable_reasons",
+           "made_order", "edit_order", "author", "saved_later", "editor", "voice", "expert_of", "people", "vote_of",
+           "dilate", "overlap", "tolerant_f1", "class_agreement", "compare", "batch_name", "batch_agreements",
+           "hold_rejected", "decide_pair", "decide_all"]
 
 STATUSES = ("merged", "expert", "awaiting_check", "disagreement", "unusable", "unannotated", "not_exported",
             "unreadable")
 DECIDED = ("merged", "expert", "unusable")
 WITH_MASK = ("merged", "expert")
-AWAITING = ("merged", "disagreement")   # a batch's mean is over these: decided by no expert yet
 UNUSABLE_CHOICES = ("unusable", "cloud", "misregistered", "no data")
 FLAG_CHOICE = "needs expert"
 QUALITY_CHOICES = (*UNUSABLE_CHOICES, FLAG_CHOICE)
-REVIEW_QUEUE = "review"
-HELD = "batch ("   # how the reason of a pair held by its rejected batch begins (status tells them apart)
-TASK_ROW = -1   # annotation_id of the row recording that a task was seen (with or without annotations)
 
 
 @dataclass(frozen=True)
@@ -80,35 +88,6 @@ class PairDecision:
     masks: dict | None = field(default=None, repr=False)   # {class: bool mask} to write, for WITH_MASK
 
 
-def version_key(row: dict) -> tuple:
-    return (str(row.get("instance") or ""), int(row.get("project") or 0), int(row["task_id"]),
-            int(row["annotation_id"]))
-
-
-def history_key(row: dict) -> tuple:
-    return (*version_key(row), str(row.get("updated_at") or ""), bool(row.get("withdrawn")))
-
-
-def latest_versions(rows: Iterable[dict]) -> list[dict]:
-    """The latest version (by ``updated_at``; the later row on a tie) of each annotation not withdrawn;
-    task rows out. Label Studio never reuses an annotation id, so a withdrawal is final."""
-    best: dict[tuple, dict] = {}
-    gone = set()
-    for r in rows:
-        if int(r["annotation_id"]) == TASK_ROW:
-            continue
-        k = version_key(r)
-        if r.get("withdrawn"):
-            gone.add(k)
-        elif k not in best or str(r.get("updated_at") or "") >= str(best[k].get("updated_at") or ""):
-            best[k] = r
-    return [v for k, v in best.items() if k not in gone]
-
-
-def withdrawn_keys(rows: Iterable[dict]) -> set[tuple]:
-    return {version_key(r) for r in rows if r.get("withdrawn")}
-
-
 def quality_of(row: dict) -> list[str]:
     q = row.get("quality")
     if isinstance(q, str):
@@ -118,129 +97,6 @@ def quality_of(row: dict) -> list[str]:
 
 def unusable_reasons(row: dict) -> list[str]:
     return [q for q in quality_of(row) if q in UNUSABLE_CHOICES]
-
-
-def made_order(row: dict) -> tuple:
-    """Who came first: when the annotation was made; the id only breaks ties."""
-    return (str(row.get("created_at") or row.get("updated_at") or ""), int(row["annotation_id"]))
-
-
-def edit_order(row: dict) -> tuple:
-    return (str(row.get("updated_at") or ""), *made_order(row))
-
-
-def author(row: dict) -> str:
-    return str(row.get("annotator") or "")
-
-
-def saved_later(row: dict) -> bool:
-    """Whether a version was saved after the one that made the annotation: Label Studio stamps
-    ``created_at`` and ``updated_at`` in that first save too, microseconds apart, so a second or more."""
-    made, saved = str(row.get("created_at") or ""), str(row.get("updated_at") or "")
-    try:
-        return (datetime.fromisoformat(saved) - datetime.fromisoformat(made)).total_seconds() >= 1
-    except (ValueError, TypeError):   # not ISO times (or one without its zone): later is later
-        return saved > made
-
-
-def editor(row: dict) -> str | None:
-    """The user who edited the annotation in place after it was made, when that is not its author (the
-    one who saved it first, e.g. an admin creating it for its author through the API, is no editor)."""
-    e = str(row.get("updated_by") or "")
-    return e if e and e != author(row) and saved_later(row) else None
-
-
-def voice(row: dict) -> str:
-    """Whom a version speaks for: the user who made it what it is."""
-    return editor(row) or author(row)
-
-
-def expert_of(row: dict, annotators: set[str], experts: tuple) -> str | None:
-    """The expert whose decision ``row`` is (see rule 3), or None."""
-    acts = (row.get("queue") == REVIEW_QUEUE or bool(row.get("ground_truth"))
-            or (bool(experts) and editor(row) in experts))
-    who = voice(row)
-    if acts and who not in annotators and (not experts or who in experts):
-        return who
-    return None
-
-
-def people(drawings: list[dict]) -> list[str]:
-    """The people of a pair's drawings in the order they took part: an author when the annotation was
-    made, an editor when the version was edited (ties: annotation id, then name)."""
-    first: dict[str, tuple] = {}
-    for v in drawings:
-        for who, when in ((author(v), made_order(v)), (editor(v), (str(v.get("updated_at") or ""),
-                                                                    int(v["annotation_id"])))):
-            if who is not None and (who not in first or when < first[who]):
-                first[who] = when
-    return sorted(first, key=lambda who: (first[who], who))
-
-
-def vote_of(who: str, drawings: list[dict]) -> dict:
-    """A person's vote: the latest version that speaks for them, else the latest they authored."""
-    own = [v for v in drawings if voice(v) == who] or [v for v in drawings if author(v) == who]
-    return max(own, key=edit_order)
-
-
-def _disk(r: int) -> np.ndarray:
-    y, x = np.ogrid[-r:r + 1, -r:r + 1]
-    return (x * x + y * y <= r * r).astype(np.uint8)
-
-
-def dilate(mask: np.ndarray, r: int) -> np.ndarray:
-    if r <= 0 or not mask.any():
-        return mask
-    import cv2
-    return cv2.dilate(mask.astype(np.uint8), _disk(r)) > 0
-
-
-def overlap(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """(IoU, F1) of two boolean masks; 1.0 each when both are empty."""
-    a, b = np.asarray(a, bool), np.asarray(b, bool)
-    inter = int(np.count_nonzero(a & b))
-    sa, sb = int(np.count_nonzero(a)), int(np.count_nonzero(b))
-    union = sa + sb - inter
-    if union == 0:
-        return 1.0, 1.0
-    return inter / union, 2 * inter / (sa + sb)
-
-
-def tolerant_f1(a: np.ndarray, b: np.ndarray, tolerance_px: int) -> float:
-    """F1 where a pixel of one mask counts as matched when the other mask has a pixel within
-    ``tolerance_px`` (a disk): precision over ``a``, recall over ``b``. Stray brush pixels and a
-    boundary drawn a pixel or two apart do not count as disagreement; a missing building does."""
-    a, b = np.asarray(a, bool), np.asarray(b, bool)
-    if not (a.any() or b.any()):
-        return 1.0
-    if not (a.any() and b.any()):
-        return 0.0
-    # the mean over one mask's pixels of "near the other": boolean indexing, no count to get wrong
-    precision = float(dilate(b, tolerance_px)[a].mean())
-    recall = float(dilate(a, tolerance_px)[b].mean())
-    return 0.0 if precision + recall == 0 else float(2 * precision * recall / (precision + recall))
-
-
-def class_agreement(a: np.ndarray, b: np.ndarray, tolerance_px: int, noise_px: int) -> dict:
-    """One class of two drawings: plain IoU and F1, and the tolerant F1 the decision reads, where a side
-    with fewer than ``noise_px`` pixels of the class counts as not having drawn it (a stray dot is noise,
-    a missing building is not): neither drew it agrees (1.0, ``noise`` when a dot was there), only one
-    did disagrees (0.0)."""
-    iou, f1 = overlap(a, b)
-    floor = max(1, noise_px)
-    drawn_a, drawn_b = int(np.count_nonzero(a)) >= floor, int(np.count_nonzero(b)) >= floor
-    if drawn_a and drawn_b:
-        tolerant = tolerant_f1(a, b, tolerance_px)
-    else:
-        tolerant = 0.0 if drawn_a or drawn_b else 1.0
-    noise = not (drawn_a or drawn_b) and bool(np.any(a) or np.any(b))
-    return {"iou": iou, "f1": f1, "f1_tolerant": tolerant, "noise": noise}
-
-
-def compare(first: dict, second: dict, tolerance_px: int, noise_px: int = 0) -> tuple[float, dict]:
-    """(the pair's agreement: the lowest class's tolerant F1, {class: class_agreement})."""
-    per_class = {name: class_agreement(first[name], second[name], tolerance_px, noise_px) for name in first}
-    return (min(v["f1_tolerant"] for v in per_class.values()) if per_class else 1.0), per_class
 
 
 Masks = Callable[[dict], dict]   # a history row -> {class: bool mask}
@@ -337,20 +193,6 @@ def decide_pair(pair_id: str, rows: list[dict], masks_of: Masks, cfg: DecisionCo
     return d
 
 
-def batch_name(instance: str, project: int) -> str:
-    return f"project {project}" + (f" on {instance}" if instance else "")
-
-
-def batch_agreements(decisions: Iterable[PairDecision]) -> dict[tuple, tuple[float, int]]:
-    """{(instance, project): (mean agreement, pairs)} over each batch's checked pairs still awaiting a
-    decision (merged or disagreement): a pair the expert decided leaves its batch's mean."""
-    by: dict[tuple, list[float]] = {}
-    for d in decisions:
-        if d.status in AWAITING and d.agreement is not None and d.checker is not None and d.batch is not None:
-            by.setdefault((d.instance, d.batch), []).append(d.agreement)
-    return {k: (float(np.mean(v)), len(v)) for k, v in sorted(by.items())}
-
-
 def decide_all(rows: Iterable[dict], masks_of: Masks, cfg: DecisionConfig) -> dict[str, PairDecision]:
     """{pair_id: decision} for every pair the history names, batch acceptance applied."""
     by_pair: dict[str, list[dict]] = {}
@@ -366,12 +208,5 @@ def decide_all(rows: Iterable[dict], masks_of: Masks, cfg: DecisionConfig) -> di
                                     annotations=sum(1 for v in versions if not v.get("was_cancelled")),
                                     skipped=sum(1 for v in versions if v.get("was_cancelled")),
                                     withdrawn=len(withdrawn_keys(rs)))
-    batches = batch_agreements(out.values())
-    for d in out.values():
-        mean, n = batches.get((d.instance, d.batch), (None, 0))
-        if d.status == "merged" and mean is not None and mean < cfg.batch_min_agreement:
-            d.status = "disagreement"
-            d.reason = (f"{HELD}{batch_name(d.instance, d.batch)}) rejected: mean agreement {mean:.3f} over {n} "
-                        f"pairs awaiting a decision < {cfg.batch_min_agreement}; held for the expert")
-            d.merged_from, d.masks = None, None
+    hold_rejected(out, cfg.batch_min_agreement)
     return out

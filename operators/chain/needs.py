@@ -1,5 +1,5 @@
-"""Optional parts a chain step will need (extras, the Label Studio SDK), checked before anything runs,
-so a missing one is one line with its install hint instead of a traceback halfway through the chain."""
+"""Optional parts a chain step will need (extras, the Label Studio SDK, Java), checked before anything
+runs, so a missing one is one line with its install hint instead of a traceback halfway through the chain."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,6 +11,8 @@ from operators.optional import EXTRAS
 ALWAYS = {"report": ("matplotlib",), "score captions": ("pycocoevalcap",)}
 # (step, option) -> {option value: import names}
 BY_OPTION = {("annotate export", "prelabel"): {"pca-kmeans": ("sklearn",)}}
+# step -> programs it runs (the caption metrics' PTB tokenizer and METEOR run Java), tried before anything runs
+PROGRAMS = {"score captions": ("java",)}
 # step -> its options that talk to a Label Studio server when they hold a URL
 STUDIO_OPTIONS = {"annotate export": ("label-studio-url",), "annotate ingest": ("export",),
                   "review export": ("label-studio-url",), "review ingest": ("export",)}
@@ -39,9 +41,27 @@ def _studio_hint(step: str) -> str | None:
             f"(or set {sc.PYTHON_ENV})")
 
 
+def _java_problem() -> str | None:
+    """Why ``java`` cannot run here (not on PATH, or ``java -version`` fails), None when it runs."""
+    from operators.scoring.caption_metrics import JavaMissing, require_java
+    try:
+        require_java()
+    except JavaMissing as exc:
+        return str(exc)
+    return None
+
+
+PROGRAM_CHECKS = {"java": _java_problem}
+
+
 def missing(step: str, options: dict) -> list[str]:
-    """One line per optional part ``step`` needs with ``options`` (names with ``-``) that is not installed."""
+    """One line per optional part ``step`` needs with ``options`` (names with ``-``) that is not installed,
+    or program it runs that does not run here."""
     out = [_extra_hint(m, step) for m in ALWAYS.get(step, ()) if not _installed(m)]
+    for program in PROGRAMS.get(step, ()):
+        why = PROGRAM_CHECKS[program]()
+        if why:
+            out.append(f"step {step!r} needs a working {program}: {why}")
     for (s, opt), by_value in BY_OPTION.items():
         if s == step:
             out += [_extra_hint(m, step) for m in by_value.get(str(options.get(opt, "")), ()) if not _installed(m)]

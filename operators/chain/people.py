@@ -16,6 +16,10 @@ from operators.report.annotation import read_summary
 # step -> the option naming its human input (an export file or a server URL)
 HUMAN_STEPS = {"annotate ingest": "export", "review ingest": "export"}
 MISSING = "missing"
+# The annotation loop's own steps: they send work to people (an export, to either queue) or take it back
+# (an ingest). After an ingest that leaves pairs undecided, these still run (the expert's review queue is
+# exported and its answers ingested); the chain waits at the first other step.
+ANNOTATION_LOOP = ("annotate export", "annotate ingest")
 
 
 def file_fingerprint(data: bytes) -> str:
@@ -57,6 +61,18 @@ def progress(dataset: Store) -> dict | None:
     if not isinstance(pairs.get("total"), int) or not isinstance(pairs.get("decided"), int):
         return None
     return {"total": pairs["total"], "decided": pairs["decided"], "by_status": dict(pairs.get("by_status") or {})}
+
+
+def runs_while_waiting(step: str) -> bool:
+    """Whether ``step`` runs after an annotate ingest that left pairs undecided (see :data:`ANNOTATION_LOOP`)."""
+    return step in ANNOTATION_LOOP
+
+
+def waits_for_export(p: dict | None) -> bool:
+    """Whether an annotate ingest whose export has not arrived waits for it, given the dataset's progress
+    ``p`` (:func:`progress`): unless every pair is decided already (an expert's review export with no
+    disagreement in it never comes), or when nothing says how far the people are."""
+    return p is None or p["decided"] < p["total"]
 
 
 def waiting_line(p: dict, who: str = "annotators") -> str | None:

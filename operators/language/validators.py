@@ -57,6 +57,7 @@ that takes its verb's polarity; exceptions after a negation assert change): see
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -1062,3 +1063,17 @@ def rule_counts(violation_lists) -> dict[str, int]:
         for rule in {v["rule"] if isinstance(v, dict) else v.rule for v in vs}:
             counts[rule] = counts.get(rule, 0) + 1
     return counts
+
+
+def validator_tally(rows, validators: str) -> dict:
+    """Per-rule counts of the validators' findings over rows carrying ``validator_ok`` and
+    ``validator_violations`` (a JSON list of violations, or empty), and how many were not sent to the
+    judge (policy ``reject``): the summary line of the captions and QA jobs."""
+    caught: collections.Counter = collections.Counter()
+    rejected = 0
+    for r in rows:
+        if r["validator_violations"]:
+            caught.update(rule_counts([json.loads(r["validator_violations"])]))
+        rejected += r["validator_ok"] is False and validators == "reject"
+    return {"validators": validators, "validator_caught": {k: caught[k] for k in RULES} | dict(caught),
+            "validator_rejected": rejected}

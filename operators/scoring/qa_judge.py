@@ -9,12 +9,16 @@ import pyarrow as pa
 from operators.io.tables import envelope
 from operators.language.captions import PromptTemplate
 from operators.llm.client import LLMRequest, LLMResult
+from operators.llm.usage import USAGE_SCHEMA
 
+JOB = "score_qa"
 STAGE = "score_qa_judge"
 INPUT_TABLE = "_qa_judge"
+KEY = "qid"    # names a question in the work list, in judgements/ and in errors/
 JUDGEMENTS_SCHEMA = pa.schema([
     ("qid", pa.string()), ("judge_score", pa.int64()), ("judge_correct", pa.bool_()), ("judge_reason", pa.string()),
     ("judge_model", pa.string()), ("prompt_version", pa.string()), ("run_id", pa.string())])
+SINK_SCHEMAS = {"judgements": JUDGEMENTS_SCHEMA, "usage": USAGE_SCHEMA}   # errors/: the sink's own
 
 
 def judge_schema() -> dict:
@@ -28,6 +32,17 @@ def judge_input(row: dict) -> dict:
     """A per-question row -> the envelope the judge stage consumes (``item`` names it in errors/usage)."""
     return envelope(INPUT_TABLE, {"item": row["qid"], "qid": row["qid"], "question": row["question"],
                                   "reference": row["reference"], "prediction": row["prediction"]})
+
+
+def judge_item(row: dict) -> dict:
+    """A per-question row -> its work-list item: what the judge is asked about (``item`` names the
+    question in an error row of the pass loop's own, as ``pair_id`` does a pair)."""
+    return {"item": row[KEY], **{k: row[k] for k in (KEY, "question", "reference", "prediction")}}
+
+
+def prepare_judge_item(item: dict) -> list[dict]:
+    """The judge's prepare step in the LLM pass loop: a work-list item -> the judge stage's input."""
+    return [judge_input(item)]
 
 
 def build_judge_request(template: PromptTemplate, record: dict) -> LLMRequest:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from operators.annotation import agreement
 from operators.annotation import decisions as dc
 from operators.annotation.decisions import DecisionConfig, decide_all, decide_pair
 from tests.annotation.test_decisions import SHAPE, masks_of, rect, row
@@ -66,7 +67,7 @@ def test_dilate_grows_by_the_disk_and_not_at_all_at_radius_zero():
     m[4, 4] = True
     assert dc.dilate(m, 0) is m and dc.dilate(m, -1) is m
     assert np.count_nonzero(dc.dilate(m, 1)) == 5 and np.count_nonzero(dc.dilate(m, 2)) == 13
-    assert dc._disk(1).tolist() == [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
+    assert agreement._disk(1).tolist() == [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
     empty = np.zeros((9, 9), bool)
     assert dc.dilate(empty, 3) is empty
 
@@ -239,8 +240,8 @@ def test_decide_all_holds_unreadable_pairs_named_and_rejects_a_batch_only_below_
 
 def test_the_tolerance_disk_is_round_at_every_radius():
     for r, pixels in ((1, 5), (2, 13), (3, 29), (4, 49)):               # lattice points with x^2 + y^2 <= r^2
-        assert np.count_nonzero(dc._disk(r)) == pixels, r
-        assert dc._disk(r).shape == (2 * r + 1, 2 * r + 1)
+        assert np.count_nonzero(agreement._disk(r)) == pixels, r
+        assert agreement._disk(r).shape == (2 * r + 1, 2 * r + 1)
 
 
 
@@ -263,6 +264,17 @@ def test_the_expert_who_edited_last_decides_not_the_one_who_started_last():
         d = decide_pair("p", rows, masks_of, CFG)
         assert (d.status, d.expert) == ("expert", "expert-a"), d
         assert np.array_equal(d.masks["new"], first["mask"])
+
+
+def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a_warning():
+    # The intersection is a boolean and: an arithmetic stand-in (a // b) gives the same count but divides
+    # by zero wherever a mask is empty, a RuntimeWarning on every ordinary pair.
+    import warnings
+    a, b = np.zeros((4, 4), bool), np.zeros((4, 4), bool)
+    a[:2, :2], b[1:3, 1:3] = True, True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert agreement.overlap(a, b) == (1 / 7, 2 / 8)
 
 
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &

@@ -21,6 +21,7 @@ def nothing_optional(monkeypatch, tmp_path):
     monkeypatch.setattr(needs, "_installed", lambda m: False if m in (
         "matplotlib", "pycocoevalcap", "sklearn", "label_studio_sdk") else real(m))
     monkeypatch.setattr(sc, "sdk_python", lambda: str(tmp_path / "venv" / "bin" / "python"))
+    monkeypatch.setitem(needs.PROGRAM_CHECKS, "java", lambda: None)    # Java: its own test below
     return tmp_path
 
 
@@ -63,3 +64,31 @@ def test_an_sdk_venv_on_disk_or_an_importable_sdk_is_enough(nothing_optional, mo
     monkeypatch.setattr(needs, "_installed", lambda m: m == "label_studio_sdk")
     assert needs.missing("review ingest", {"export": "http://127.0.0.1:8080"}) == []
     assert len(needs.missing("report", {"export": "http://127.0.0.1:8080"})) == 1     # matplotlib still missing
+
+
+def _path_with(tmp_path, java: str | None) -> str:
+    """A PATH holding only a ``java`` script with the body ``java`` (None: no java at all)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    if java is not None:
+        (bin_ / "java").write_text("#!/bin/sh\n" + java + "\n")
+        (bin_ / "java").chmod(0o755)
+    return str(bin_)
+
+
+@pytest.mark.parametrize("java, why", [(None, "java not found: the caption metrics need Java"),
+                                       ("exit 1", "/bin/java does not run (")])
+def test_score_captions_needs_a_java_that_runs(monkeypatch, tmp_path, java, why):
+    monkeypatch.setattr(needs, "_installed", lambda m: True)
+    monkeypatch.setenv("PATH", _path_with(tmp_path, java))
+    [line] = needs.missing("score captions", {})
+    assert line.startswith("step 'score captions' needs a working java: ") and why in line, line
+    assert "apt-get install -y default-jre-headless" in line
+    for step in ("score qa", "score change", "caption", "report"):     # they run no Java before their work
+        assert needs.missing(step, {}) == [], step
+
+
+def test_a_java_that_runs_is_enough(monkeypatch, tmp_path):
+    monkeypatch.setattr(needs, "_installed", lambda m: True)
+    monkeypatch.setenv("PATH", _path_with(tmp_path, "exit 0"))
+    assert needs.missing("score captions", {}) == []

@@ -95,3 +95,18 @@ def test_progress_needs_integer_totals_and_the_waiting_line_lists_only_open_stat
     assert people.waiting_line({"total": 3, "decided": 2, "by_status": {
         "merged": 1, "expert": 0, "unusable": 1, "awaiting_check": 1, "not_exported": 0}}) == \
         "waiting for annotators: 2 of 3 pairs decided (awaiting check 1)"
+
+
+def test_only_the_annotation_loop_s_steps_run_after_a_waiting_ingest():
+    # an export (to either queue) sends work to people and an ingest takes it back; the rest waits
+    assert people.runs_while_waiting("annotate export") and people.runs_while_waiting("annotate ingest")
+    for step in ("caption", "qa", "validate", "report", "publish", "pairs", "review export", "review ingest",
+                 "score change", "annotate status", "annotate", "annotate exports"):
+        assert not people.runs_while_waiting(step), step
+
+
+def test_a_missing_export_is_waited_for_unless_every_pair_is_decided():
+    assert people.waits_for_export(None)                               # nothing says how far the people are
+    assert people.waits_for_export({"total": 5, "decided": 4, "by_status": {}})
+    assert not people.waits_for_export({"total": 5, "decided": 5, "by_status": {}})
+    assert not people.waits_for_export({"total": 0, "decided": 0, "by_status": {}})

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jobs.caption import run_stages
+from operators.llm.job_passes import run_stages
 from operators.io.storage import Store
 from operators.io.tables import TableSink, envelope, read_table
 from operators.llm.client import LLMConfig, LLMRequest, Secret
@@ -120,7 +120,7 @@ def test_no_pair_is_prepared_before_the_llm_actors_are_up(ray_session, tmp_path)
     # pipeline wait for them (and fail with a timeout if they never start).
     import ray.data
 
-    from jobs.caption import configure_pipeline
+    from operators.llm.job_passes import configure_pipeline
     from operators.io.work_list import read_work_list, write_work_list
 
     ctx = ray.data.DataContext.get_current()

@@ -109,4 +109,10 @@ def test_the_full_loop_chain_file_checks_out_in_a_dry_run(tmp_path, monkeypatch,
     assert "needs --" not in out                  # every required option is given or wired
     root = cwd / "out" / "chain-naip"
     assert f"--input {root / 'pairs'}" in out and f"--output {root / 'releases'}" in out
+    # the expert's review queue has a folder of its own; each ingest reads the tasks its export sent
+    assert f"--queue review --label-studio-url http://localhost:8080 --input {root / 'pairs'} --output " \
+           f"{root / 'annotate-review'}" in out
+    ingests = re.findall(r"annotate ingest .*? --tasks (\S+)", out)
+    assert ingests == [str(root / "annotate" / "tasks.json"), str(root / "annotate-review" / "tasks.json")]
+    assert out.rstrip().splitlines()[-1] == "[chain] dry run: nothing ran; no problems found"
     assert not root.exists()                      # a dry run writes nothing

@@ -25,6 +25,7 @@ import pytest
 
 from tests.annotation import drawing
 from tests.annotation.drawing import brush
+from tests.jobs.chain_runs import run_chain, save_export as save_export_of
 from tests.conftest import DATA, REPO
 from tests.review.test_review_label_studio import api
 
@@ -62,7 +63,6 @@ def loop(tmp_path_factory, label_studio, openai_test_server_process, ray_session
     # min-agreement and batch-min-agreement 0.6: round 1's batch (two agreeing pairs and one
     # disagreement, mean F1 0.67) is accepted, while the disagreement (F1 0) still goes to the expert; at
     # the batch default of 0.8 the whole batch would wait for expert review.
-    from operators.labelstudio.client import call
     from operators.chain import people
 
     server, llm = label_studio, openai_test_server_process
@@ -95,14 +95,10 @@ steps:
            "RAY_ADDRESS": ray_address}
 
     def chain(*extra):
-        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
-                              env=env, capture_output=True, text=True, timeout=1200)
-        return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+        return run_chain(config, base, env, *extra)
 
-    def save_export(project_id: int, path: Path) -> None:   # the team lead: Export -> JSON in the UI
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("LABEL_STUDIO_API_KEY", server.token)
-            path.write_text(json.dumps(call("export_json", url=server.url, project_id=project_id)))
+    def save_export(project_id: int, path: Path) -> None:
+        save_export_of(server, project_id, path)
 
     pairs = root / "pairs"
     out = {"root": root, "pairs": pairs, "export": export, "server": server}

@@ -58,8 +58,8 @@ def history(tmp_path_factory, ray_session, openai_test_server_process):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OPENAI_API_KEY": "test-key",
            "RAY_ADDRESS": ray_session.address_info["gcs_address"]}
 
-    def chain(*extra):
-        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
+    def chain(*extra, command="chain"):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", command, "--config", str(config), *extra], cwd=base,
                               env=env, capture_output=True, text=True, timeout=900)
         return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
 
@@ -101,6 +101,7 @@ def history(tmp_path_factory, ray_session, openai_test_server_process):
 
     chain_file(config, root, levir, llm, "1.1.0")
     out["explain"] = chain("--explain")
+    out["status"] = chain(command="status")
     out["captions_after_explain"] = current(root / "captions" / "pairs")
     shutil.copytree(root / "captions", base / "captions-1")     # the captions as release 1.0.0 shipped them
     llm.reset()
@@ -133,6 +134,10 @@ def test_explain_lists_exactly_the_changed_pairs_with_their_causes(history):
     assert "8 current, 3 stale (mask 2, template 1: test_102_0512_0000, test_121_0768_0256, train_36_0512_0512)" in qa
     assert "would run" in explained(history["explain"], "publish")
     assert history["captions_after_explain"] == history["captions1"]     # --explain ran nothing
+    # changeforge status says the same, line for line
+    lines = lambda run: [ln for ln in run["out"].splitlines() if "explain: step" in ln]  # noqa: E731
+    assert history["status"]["code"] == 0 and lines(history["status"]) == lines(history["explain"]), \
+        tail(history["status"])
     # docs/lineage.md shows these lines: as printed
     shown = [ln for ln in (REPO / "docs" / "lineage.md").read_text().splitlines() if ln.startswith("[chain] explain:")]
     assert len(shown) == 3 and all(ln in history["explain"]["out"] for ln in shown), history["explain"]["out"]

@@ -13,6 +13,7 @@ import pytest
 from jobs import chain as chain_job
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+REAL_RUN = subprocess.run     # the recorder below stands in for it (in the subprocess module itself)
 
 
 class Recorder:
@@ -23,6 +24,8 @@ class Recorder:
         self.calls, self.summary = [], None
 
     def __call__(self, cmd, env=None, **kw):
+        if cmd[0] != sys.executable:      # not a step (the chain's check of a program, e.g. `java -version`)
+            return REAL_RUN(cmd, env=env, **kw)
         assert cmd[:3] == [sys.executable, "-m", "jobs.cli"], cmd     # through the changeforge command
         job = " ".join(cmd[3:5]) if cmd[3] in ("annotate", "review", "score") else cmd[3]
         self.calls.append((job, cmd[3:]))

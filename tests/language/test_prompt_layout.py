@@ -21,7 +21,7 @@ from operators.language.qa_ops import build_generate_request as qa_generate
 from operators.language.qa_ops import build_judge_request as qa_judge
 from operators.language.qa_ops import handle_generate_result as qa_handle
 from operators.llm.client import LLMCaller, LLMConfig, LLMResult, Secret, prompt_schema
-from operators.llm.job_runner import LLMJobConfig
+from operators.llm.job_options import LLMJobConfig
 
 
 @pytest.fixture(scope="module")

@@ -150,9 +150,10 @@ def test_lines_of_a_submission_begun_are_not_exported_elsewhere(openai_server, t
 def run_job(server, tmp_path, monkeypatch, one_pass, todo, **cfg_overrides):
     """run_llm_job with each pass's pipeline replaced by ``one_pass(n, todo, state, cache)``."""
     from operators.io.storage import Store
-    from operators.llm import job_runner
+    from operators.llm import job_passes
     from operators.llm.client import LLMConfig, Secret
-    from operators.llm.job_runner import LLMJobConfig, run_llm_job
+    from operators.llm.job_options import LLMJobConfig
+    from operators.llm.job_passes import run_llm_job
     from operators.llm.stage import StageSpec
     cache = ResponseCache(str(tmp_path))
     passes = []
@@ -161,7 +162,7 @@ def run_job(server, tmp_path, monkeypatch, one_pass, todo, **cfg_overrides):
         passes.append(part)
         one_pass(len(passes) - 1, todo, BatchState(str(tmp_path), "caption", run_id), cache)
         return {}
-    monkeypatch.setattr(job_runner, "run_stages", pipeline)
+    monkeypatch.setattr(job_passes, "run_stages", pipeline)
     cfg = LLMJobConfig(output=str(tmp_path), model="test-model", base_url=server.base_url, batch_api=True,
                        batch_poll_s=0.05, **cfg_overrides)
     spec = StageSpec(name="caption_generate", input_table="pairs", build_request=None, handle_result=None,
@@ -199,7 +200,7 @@ def test_a_pair_needing_more_passes_than_stages_allow_still_ends_with_its_row(op
 
 
 def test_a_pair_left_with_neither_row_nor_line_is_an_error_row_and_a_stop(openai_server, tmp_path, monkeypatch):
-    from operators.llm.job_runner import PairsLeftOver, stop_line
+    from operators.llm.job_passes import PairsLeftOver, stop_line
 
     def one_pass(n, todo, state, cache):
         if n == 0:
@@ -213,7 +214,7 @@ def test_a_pair_left_with_neither_row_nor_line_is_an_error_row_and_a_stop(openai
 
 
 def test_passes_are_bounded_and_a_pair_never_done_is_an_error_row(openai_server, tmp_path, monkeypatch):
-    from operators.llm.job_runner import PairsLeftOver
+    from operators.llm.job_passes import PairsLeftOver
 
     def one_pass(n, todo, state, cache):
         defer(openai_server, state, cache, requests(1, tag=f"forever{n}"))

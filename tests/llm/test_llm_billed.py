@@ -68,7 +68,7 @@ def test_cached_tokens_are_billed_at_the_cached_price_in_real_time_and_in_batche
 
 
 def test_unknown_usage_shows_as_unknown_in_the_totals_and_on_the_progress_line():
-    from operators.llm.job_runner import progress_line
+    from operators.llm.job_summary import progress_line
     rows = [{"stage": "g", "attempts": 1, "cached": False, "status": "ok", "prompt_tokens": 100,
              "completion_tokens": 10, "cost_usd": 0.001, "usage_complete": True, "batch_id": ""},
             {"stage": "g", "attempts": 2, "cached": False, "status": "ok", "prompt_tokens": None,

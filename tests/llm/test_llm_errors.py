@@ -87,6 +87,15 @@ PROVIDERS = [
     ("moonshot balance", 429, {"error": {"message": "Your account org-abc<ak-xyz> is suspended due to insufficient "
                                                     "balance, please recharge your account or check your plan and billing details",
                                          "type": "exceeded_current_quota_error"}}, {}, "quota"),
+    # Moonshot answers an account out of balance with 403 too (its errors page: "403 Forbidden (insufficient
+    # balance)"; the body as MoonshotAI/Kimi-K2#5 shows it): the type, not the status, says quota. Its other
+    # documented 403, permission_denied_error, is a refusal.
+    ("moonshot 403 balance", 403, {"error": {"message": "Your account org-abc<ak-xyz> is not active, organization "
+                                                        "<org-abc> exceeded current quota, please check your plan and "
+                                                        "billing details", "type": "exceeded_current_quota_error"}},
+     {}, "quota"),
+    ("moonshot 403 permission", 403, {"error": {"message": "The API you are accessing is not open",
+                                                "type": "permission_denied_error"}}, {}, "reject"),
     ("moonshot overloaded", 429, {"error": {"message": "The engine is currently overloaded, please try again later",
                                             "type": "engine_overloaded_error"}}, {}, "wait"),
     # vLLM: {"object": "error", ...} (older) or {"error": {...}}, code as an integer; a 400 is final.
@@ -112,8 +121,8 @@ def test_the_rule_reads_each_providers_body(name, status, body, headers, kind):
     assert read_error(status, body, _retry_after(headers)).kind == kind
 
 
-@pytest.mark.parametrize("name,status,body,headers,kind", [p for p in PROVIDERS if p[1] == 429], ids=[
-    p[0] for p in PROVIDERS if p[1] == 429])
+@pytest.mark.parametrize("name,status,body,headers,kind", [p for p in PROVIDERS if p[1] == 429 or p[4] == "quota"],
+                         ids=[p[0] for p in PROVIDERS if p[1] == 429 or p[4] == "quota"])
 def test_real_time_stops_on_a_quota_and_waits_on_a_rate_limit(openai_server, name, status, body, headers, kind):
     """Through the caller against the test server answering with the provider's own reply once: a quota
     stops at once (one request, QuotaExhausted); a rate limit is waited and the request answered."""
@@ -297,9 +306,10 @@ def test_a_batch_endpoint_refusal_stops_the_job_with_its_reason_not_a_traceback(
     """Through run_llm_job (its pass's pipeline replaced by the callers deferring the lines): a quota at
     /files or /batches is QuotaStop (the jobs print it and exit 3), a 400 is BatchStopped (exit 3 too)."""
     from operators.io.storage import Store
-    from operators.llm import job_runner
+    from operators.llm import job_passes
     from operators.llm.client import LLMConfig, Secret
-    from operators.llm.job_runner import LLMJobConfig, QuotaStop, run_llm_job
+    from operators.llm.job_options import LLMJobConfig
+    from operators.llm.job_passes import QuotaStop, run_llm_job
     from operators.llm.stage import StageSpec
     status = 400 if stop == "BatchStopped" else 429
     openai_server.configure(error_reply={"status": status, "body": body, "times": 1, "paths": [path]})
@@ -308,12 +318,12 @@ def test_a_batch_endpoint_refusal_stops_the_job_with_its_reason_not_a_traceback(
     def one_pass(todo, *args, **kwargs):
         defer(openai_server, state, cache, requests(len(todo), tag="job"))
         return {}
-    monkeypatch.setattr(job_runner, "run_stages", one_pass)
+    monkeypatch.setattr(job_passes, "run_stages", one_pass)
     cfg = LLMJobConfig(output=str(tmp_path), model="test-model", base_url=openai_server.base_url, batch_api=True,
                        batch_poll_s=0.05)
     spec = StageSpec(name="caption_generate", input_table="pairs", build_request=None, handle_result=None,
                      llm=LLMConfig(model="test-model", base_url=openai_server.base_url), api_key=Secret(KEY))
-    with pytest.raises((QuotaStop, job_runner.BatchesOpen)) as stopped:
+    with pytest.raises((QuotaStop, job_passes.BatchesOpen)) as stopped:
         run_llm_job(cfg, [{"pair_id": "job0"}], None, {}, [spec], lambda: None, None, out=Store(str(tmp_path)),
                     job="caption", run_id="r1")
     assert type(stopped.value).__name__ == stop

@@ -361,8 +361,9 @@ def test_a_batch_never_done_stops_the_job_at_its_maximum_wait(openai_server, tmp
     """--batch-max-wait-s 600 with polls every 30 s: a batch the provider never finishes ends the
     wait after 600 s (at most one poll more), as BatchesOpen with the rerun hint, its lines kept."""
     from operators.io.storage import Store
-    from operators.llm import job_runner
-    from operators.llm.job_runner import BatchesOpen, LLMJobConfig, run_llm_job, stop_line
+    from operators.llm import job_passes
+    from operators.llm.job_options import LLMJobConfig
+    from operators.llm.job_passes import BatchesOpen, run_llm_job, stop_line
     from operators.llm.stage import StageSpec
     openai_server.configure(batch_hold=True)                   # the batch stays in progress
     state, cache = BatchState(str(tmp_path), "caption"), ResponseCache(str(tmp_path))
@@ -370,7 +371,7 @@ def test_a_batch_never_done_stops_the_job_at_its_maximum_wait(openai_server, tmp
     assert len(driver_for(openai_server, state).submit()) == 1   # ... and the driver is killed here
     max_wait, poll = 600.0, 30.0
     fake = _FakeTime(ceiling=10 * max_wait)
-    monkeypatch.setattr(job_runner, "BatchDriver", functools.partial(BatchDriver, sleep=fake.sleep, clock=fake))
+    monkeypatch.setattr(job_passes, "BatchDriver", functools.partial(BatchDriver, sleep=fake.sleep, clock=fake))
     cfg = LLMJobConfig(output=str(tmp_path), model="test-model", base_url=openai_server.base_url, batch_api=True,
                        batch_poll_s=poll, batch_max_wait_s=max_wait)
     spec = StageSpec(name="caption_generate", input_table="pairs", build_request=None, handle_result=None,

@@ -49,7 +49,7 @@ def run_pool(server, n, limits, limiter_name, key_file, actors=2, on_row=None, b
     spec = pool_spec(server, limiter_name, key_file)
     rows = [envelope("_ask", {"item": f"q{i}"}) for i in range(n)] + [envelope("other", {"x": 1})]
     pool = PoolConfig(actors=actors, concurrent_batches=4, batch_size=4)
-    # As the jobs do (job_runner.configure_pipeline): rows go out once every actor is up, so work is
+    # As the jobs do (job_passes.configure_pipeline): rows go out once every actor is up, so work is
     # spread over the pool and not taken by whichever actor started first on a loaded machine. Set
     # before the dataset is made (it keeps the context it was made in), restored after the run.
     ctx = ray.data.DataContext.get_current()

@@ -89,10 +89,16 @@ def read_window(uri: str, window: Sequence[int], bands: Sequence[int] | None = N
     Windows running off the raster are padded and marked invalid (boundless read).
     """
     col, row, width, height = (int(v) for v in window)
-    win = Window(col, row, width, height)
     with rasterio.Env(**gdal_env()):
         with rasterio.open(gdal_path(uri)) as src:
             idx = list(bands) if bands else list(range(1, src.count + 1))
+            shift = None if grid is None else whole_pixel_shift(src, grid)
+            if shift is not None:
+                # The grid is the raster's own, or moved by whole pixels: a warp would only
+                # copy pixels (bilinear weights 1 and 0), so they are read directly.
+                col, row, grid = col + shift[0], row + shift[1], None
+                window = (col, row, width, height)
+            win = Window(col, row, width, height)
             if grid is None:
                 # rasterio serves boundless reads through a VRT: several times slower, so only
                 # for windows that really run off the raster.
@@ -159,6 +165,18 @@ def scene_positions(uri: str, grid: Grid, grid_x: np.ndarray, grid_y: np.ndarray
     px, py = _to_pixels(inv, np.reshape(tx, gx.shape), np.reshape(ty, gx.shape))
     fine_y, fine_x = np.arange(h), np.arange(w)
     return (_interp2(ys, xs, px, fine_y, fine_x), _interp2(ys, xs, py, fine_y, fine_x))
+
+
+def whole_pixel_shift(src, grid: Grid, tol: float = 1e-9) -> tuple[int, int] | None:
+    """(columns, rows) to add to a ``grid`` pixel to get the open raster ``src``'s pixel when
+    the two grids differ by whole pixels only (same CRS, pixel size and orientation), else None."""
+    if src.crs is None or src.crs != CRS.from_user_input(grid.crs):
+        return None
+    m = ~src.transform * grid.affine
+    dc, dr = round(m.c), round(m.f)
+    if max(abs(m.a - 1), abs(m.b), abs(m.d), abs(m.e - 1), abs(m.c - dc), abs(m.f - dr)) > tol:
+        return None
+    return int(dc), int(dr)
 
 
 def grid_to_scene(uri: str, grid: Grid) -> np.ndarray | None:

@@ -32,7 +32,7 @@ from operators.pairs.registration.guided_matching import (MatchPrior, first_pass
 from operators.pairs.regional.regional import (TileFeatures, TileMatches, block_features, fit_slice,
                                                guided_match_tile, match_tile, neighbour_tiles)
 from operators.pairs.registration.tiles import grow, tile_core, tiles_for_window
-from operators.pairs.registration.registration import RegistrationConfig, feature_grey
+from operators.pairs.registration.registration import RegistrationConfig, feature_image
 from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, crop_window, finish_crop, inputs_hash,
                                             plain_row, read_post, read_pre, read_registered_post,
                                             single_thread, slice_record, with_shift_envelopes)
@@ -172,8 +172,8 @@ def features_block_rows(rows: Sequence[dict], cfg: RegistrationConfig, out_root:
         window = grow((c0, r0, c1 - c0, r1 - r0), cfg.tile_context_px)
         pre, pre_valid = read_pre(rows[need[0]], window)
         post, post_valid = read_post(rows[need[0]], window)
-        feats = block_features(feature_grey(pre, pre_valid, cfg), pre_valid,
-                               feature_grey(post, post_valid, cfg), post_valid, window, cores,
+        feats = block_features(feature_image(pre, pre_valid, cfg), pre_valid,
+                               feature_image(post, post_valid, cfg), post_valid, window, cores,
                                cfg)
         for i, f in zip(need, feats):
             store.write_bytes(rels[i], f.to_bytes())

@@ -217,8 +217,9 @@ class ScreeningConfig:
     screen_lean: bool = _opt(True, "off-nadir lean: a crop whose windows above the limit all "
                                    "lean one way from a well supported ground field (elevated "
                                    "objects, not one rigid region) is judged on the ground field "
-                                   "and its lean recorded (lean_px, lean_deg); off: such windows "
-                                   "reject it as a displaced region")
+                                   "and its lean recorded (lean_px, lean_deg); off, and in "
+                                   "screening windows under 64 px: such windows reject it as a "
+                                   "displaced region")
     screen_lean_spread_deg: float = _opt(20.0, "leaning windows' displacements from the ground "
                                                "field must lie within this angle of their mean "
                                                "direction (one view direction)", lo=0.0, hi=90.0)

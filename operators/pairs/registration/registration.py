@@ -72,6 +72,15 @@ def feature_grey(data: np.ndarray, valid: Optional[np.ndarray], cfg: Registratio
                       cfg.sift_clahe_tile_px, invalid)
 
 
+def feature_image(data: np.ndarray, valid: Optional[np.ndarray], cfg: RegistrationConfig,
+                  invalid: Optional[np.ndarray] = None) -> np.ndarray:
+    """SIFT's 8-bit input: :func:`feature_grey` as :func:`detect_features` quantises it (the same
+    values), made without the float image (``local_unit(..., as_uint8=True)``)."""
+    return local_unit(data, valid, cfg.sift_normalisation,
+                      (cfg.sift_stretch_low, cfg.sift_stretch_high), cfg.sift_clahe_clip,
+                      cfg.sift_clahe_tile_px, invalid, as_uint8=True)
+
+
 def detection_mask(valid: np.ndarray, erode_px: int) -> np.ndarray:
     """uint8 mask (255 = may hold keypoints): valid pixels shrunk by ``erode_px``."""
     mask = valid.astype(np.uint8) * 255
@@ -83,16 +92,17 @@ def detection_mask(valid: np.ndarray, erode_px: int) -> np.ndarray:
 
 
 def make_sift(cfg: RegistrationConfig):
-    return cv2.SIFT_create(nfeatures=int(cfg.sift_max_features),
-                           nOctaveLayers=int(cfg.sift_octave_layers),
-                           contrastThreshold=float(cfg.sift_contrast_threshold),
-                           edgeThreshold=float(cfg.sift_edge_threshold),
-                           sigma=float(cfg.sift_sigma))
+    # 8-bit descriptors: OpenCV rounds and saturates them to [0, 255] in either type, so these
+    # are the float descriptors' values without the float copy.
+    return cv2.SIFT_create(int(cfg.sift_max_features), int(cfg.sift_octave_layers),
+                           float(cfg.sift_contrast_threshold), float(cfg.sift_edge_threshold),
+                           float(cfg.sift_sigma), cv2.CV_8U)
 
 
 def detect_features(grey: np.ndarray, valid: Optional[np.ndarray],
                     cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray]:
-    """SIFT on a float grey image -> (xy (N, 2) float32, descriptors (N, 128) uint8).
+    """SIFT on a float grey image in [0, 1], or its 8-bit form (:func:`feature_image`) ->
+    (xy (N, 2) float32, descriptors (N, 128) uint8).
 
     SIFT descriptors in OpenCV are integer valued in [0, 255], so uint8 storage is lossless and
     a quarter of the size (they travel between regional stages).
@@ -107,13 +117,13 @@ def detect_features(grey: np.ndarray, valid: Optional[np.ndarray],
         rows, cols = np.flatnonzero(valid.any(axis=1)), np.flatnonzero(valid.any(axis=0))
         r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
         grey, mask = grey[r0:r1, c0:c1], mask[r0:r1, c0:c1]
-    image = np.rint(np.clip(grey, 0.0, 1.0) * 255.0).astype(np.uint8)
-    keypoints, desc = make_sift(cfg).detectAndCompute(image, mask)
+    image = grey if grey.dtype == np.uint8 else \
+        np.rint(np.clip(grey, 0.0, 1.0) * 255.0).astype(np.uint8)
+    keypoints, desc = make_sift(cfg).detectAndCompute(np.ascontiguousarray(image), mask)
     if desc is None or not keypoints:
         return np.zeros((0, 2), np.float32), np.zeros((0, 128), np.uint8)
-    xy = np.asarray([kp.pt for kp in keypoints], dtype=np.float32).reshape(-1, 2) + \
-        np.float32([c0, r0])
-    return xy, np.clip(np.rint(desc), 0, 255).astype(np.uint8)
+    xy = cv2.KeyPoint_convert(keypoints).astype(np.float32).reshape(-1, 2) + np.float32([c0, r0])
+    return xy, np.clip(np.rint(desc), 0, 255).astype(np.uint8) if desc.dtype != np.uint8 else desc
 
 
 def seed_flann(seed: int) -> None:

@@ -754,6 +754,9 @@ def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: f
 # Windows under this side hold too few pixels for the repeated-texture test: natural texture in
 # 16-24 px windows matches itself at 0.8 somewhere near by chance (real NAIP crops were lost).
 REPEAT_MIN_WINDOW = 64
+# Lean is told from ground moved as a whole by the width of what moved (:func:`wide_areas`); in
+# smaller windows that layer is too fragmented to measure one, and a lean is displacement there.
+LEAN_MIN_WINDOW = 64
 REPEAT_TWIN_SLACK = 0.1   # a rival's twin one period the other way may match this much less
 
 
@@ -878,7 +881,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
-    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) if cfg.screen_lean else None
+    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) \
+        if cfg.screen_lean and win >= LEAN_MIN_WINDOW else None
     if lean is not None:
         # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
         # region test and the corner fields.

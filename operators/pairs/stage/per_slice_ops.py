@@ -8,8 +8,8 @@ import numpy as np
 
 from operators.io.tables import envelope, error_envelope
 from operators.pairs.catalogue.band_stack import forget_reads
-from operators.pairs.registration.registration import (RegistrationConfig, crop_offset, feature_grey,
-                                                       register_slice_pair)
+from operators.pairs.registration.registration import (RegistrationConfig, crop_offset,
+                                                       feature_image, register_slice_pair)
 from operators.pairs.crops.slice_io import (JOB, STAGE, Clock, finish_crop, plain_row, read_post,
                                             read_pre, read_registered_post, single_thread, slice_record,
                                             with_shift_envelopes)
@@ -26,8 +26,8 @@ def register_slice_per_slice(row: dict, cfg: RegistrationConfig, out_root: str,
         size = window[2]
         pre, pre_valid = read_pre(row, window)
         post, post_valid = read_post(row, window)
-        fit = register_slice_pair(feature_grey(pre, pre_valid, cfg), pre_valid,
-                                  feature_grey(post, post_valid, cfg), post_valid, cfg)
+        fit = register_slice_pair(feature_image(pre, pre_valid, cfg), pre_valid,
+                                  feature_image(post, post_valid, cfg), post_valid, cfg)
         if fit.homography is None:
             return envelope("metadata", slice_record(row, cfg, run_id, clock, fit, "rejected",
                                                 fit.reject_reason))

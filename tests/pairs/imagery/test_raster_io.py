@@ -65,3 +65,46 @@ def test_grid_to_scene_composed_with_a_crop_homography_equals_the_three_maps(tmp
     assert abs(rx[0, 0] - px[0, 0]) < 1e-9 and np.ptp(px) > 2000     # a real, large map
     other = Grid("EPSG:32619", grid.transform)
     assert grid_to_scene(str(path), other) is None
+
+
+def test_a_grid_moved_by_whole_pixels_is_read_directly_with_the_warps_values(tmp_path):
+    """A post scene on the pre grid, or on it moved by whole pixels, is read without a warp:
+    the same values and validity as the bilinear warp gives (weights 1 and 0), at windows
+    inside, across the edges and outside the raster; a sub-pixel offset still warps."""
+    from affine import Affine
+
+    from operators.pairs.imagery import raster_io
+    from operators.pairs.imagery.raster_io import Grid, read_window, read_window_anywhere
+
+    rng = np.random.default_rng(0)
+    data = rng.integers(1, 60000, (2, 300, 260)).astype(np.uint16)
+    data[:, :20, :30] = 0                                  # nodata in a corner
+    path = tmp_path / "post.tif"
+    post_t = Affine(2.0, 0, 500006.0, 0, -2.0, 4499996.0)  # 3 px right, 2 px down of the grid
+    with rasterio.open(path, "w", driver="GTiff", width=260, height=300, count=2,
+                       dtype="uint16", crs="EPSG:32618", transform=post_t, nodata=0) as dst:
+        dst.write(data)
+    grid = Grid("EPSG:32618", (2.0, 0.0, 500000.0, 0.0, -2.0, 4500000.0))
+    with rasterio.open(path) as src:
+        assert raster_io.whole_pixel_shift(src, grid) == (-3, -2)
+        assert raster_io.whole_pixel_shift(src, Grid(grid.crs, (2.0, 0.0, 500000.5, 0.0, -2.0,
+                                                                4500000.0))) is None
+        assert raster_io.whole_pixel_shift(src, Grid("EPSG:32619", grid.transform)) is None
+
+    def warped(window):   # the warp path, forced
+        real = raster_io.whole_pixel_shift
+        raster_io.whole_pixel_shift = lambda src, grid: None
+        try:
+            return read_window_anywhere(str(path), window, [1, 2], grid)
+        finally:
+            raster_io.whole_pixel_shift = real
+
+    for window in [(10, 12, 100, 90), (0, 0, 50, 40), (-7, -9, 60, 50), (230, 270, 80, 70),
+                   (400, 500, 20, 20)]:
+        fast, fast_ok = read_window_anywhere(str(path), window, [1, 2], grid)
+        slow, slow_ok = warped(window)
+        np.testing.assert_array_equal(fast_ok, slow_ok)
+        np.testing.assert_array_equal(fast[:, fast_ok], slow[:, slow_ok])
+    inside, ok = read_window(str(path), (40, 30, 100, 90), [1, 2], grid)
+    assert ok.all()
+    np.testing.assert_array_equal(inside, data[:, 28:118, 37:137])
