@@ -293,7 +293,7 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
         go, why = plan.must_run(done.get((i, step)), argv, fp, stale)
         # Caption and QA resume by lineage: a finished step runs again when its pairs' inputs changed
         # (read only when the step would otherwise be skipped, or to explain).
-        data = _data_status(module, command, parser, step, values) if (explain or not go) else None
+        data = _data_status(module, command, parser, step, values, explain) if (explain or not go) else None
         if data is not None:
             go, why = plan.must_run(done.get((i, step)), argv, fp, stale, data)
         pairs_line = "" if data is None else "; pairs: " + (
@@ -342,11 +342,13 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
     return {"ran": ran, "failed": None, "returncode": 0}
 
 
-def _data_status(module: str, command: list[str], parser, step: str, values: dict) -> dict | None:
+def _data_status(module: str, command: list[str], parser, step: str, values: dict,
+                 explain: bool = False) -> dict | None:
     """A step's items by lineage (current, stale by cause, missing: the job's ``status``), for the steps
-    whose job resumes by lineage (caption, qa); None for the others. Reads only."""
+    whose job has one (caption and qa, which resume by lineage; publish, whose latest release is compared
+    with its sources only to explain: ``STATUS_TO_EXPLAIN``); None for the others. Reads only."""
     job = importlib.import_module(module)
-    if command or not hasattr(job, "status"):
+    if command or not hasattr(job, "status") or (getattr(job, "STATUS_TO_EXPLAIN", False) and not explain):
         return None
     try:
         return job.status(job.parse_args(_tokens(parser, step, values)))
@@ -372,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--explain", action=argparse.BooleanOptionalAction, default=False,
                     help="without running anything, say per step whether it would run and why, and for the caption "
                          "and QA steps how many pairs are current, stale (and why: mask, image, caption, template, "
-                         "model, options) or missing")
+                         "model, options) or missing; for publish, the latest release's pairs against today's "
+                         "dataset")
     ap.add_argument("--partial", action=argparse.BooleanOptionalAction, default=False,
                     help="go on past an annotate ingest whose pairs are not all decided: the later steps run "
                          "on the decided pairs (without it only the annotation loop's exports and ingests run "

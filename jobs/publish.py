@@ -45,6 +45,7 @@ from operators.publish.versions import (changelog, changelog_entry, code_version
 from operators.pairs.selection.splits import SPLITS
 
 VERSIONS_FILE = "versions.json"
+STATUS_TO_EXPLAIN = True   # status() reads every released pair's sources: for --explain, not each chain run
 VERIFY_HELP = ("changeforge publish --verify <release folder> [--sources <dataset> | --no-sources]: re-check a "
                "finished release (every file against SHA256SUMS, no file beyond them; each pair's captions and QA made from the mask, "
                "images and captions it ships; its sources unchanged, unless --no-sources) and exit 1 on any mismatch")
@@ -337,12 +338,30 @@ def verify_main(argv: list[str]) -> int:
     return 0
 
 
+def parse_args(argv: list[str]) -> PublishConfig:
+    return config_from_args(PublishConfig, parse_job_args(build_parser(), argv))
+
+
+def status(cfg: PublishConfig) -> dict:
+    """The latest release in ``--output`` against today's dataset (operators.publish.made_from.release_status),
+    reading only: for ``changeforge chain --explain``. No release yet: every pair missing."""
+    root = Store(cfg.output)
+    versions = json.loads(root.read_bytes(VERSIONS_FILE)) if root.exists(VERSIONS_FILE) else []
+    today = {p.pair_id for p in read_dataset(cfg.input, cfg.default_split).pairs}
+    if not versions:
+        missing = sorted(today)
+        return {"current": 0, "stale": 0, "stale_by_cause": {}, "stale_first": [], "missing": len(missing),
+                "missing_first": missing[:5], "failed": 0, "unrecorded": 0, "needs_run": False}
+    latest = max(versions, key=lambda v: parse_version(v["version"]))
+    return made_from.release_status(root.child(latest.get("path") or latest["version"]), cfg.input, today)
+
+
 def main(argv: list[str] | None = None) -> dict | int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--verify" or a.startswith("--verify=") for a in argv):
         return verify_main(argv)
-    cfg = config_from_args(PublishConfig, parse_job_args(build_parser(), argv))
+    cfg = parse_args(argv)
     s = run(cfg)
     print(f"[publish] done in {s['seconds']}s: {s['output']} ({sum(s['pairs'].values())} pairs: "
           + ", ".join(f"{k} {v}" for k, v in s["pairs"].items()) + f"; {s['excluded']} excluded; {s['files']} files; "

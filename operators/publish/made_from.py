@@ -107,7 +107,6 @@ def verify(release: Store, check_sources: bool = True, dataset: str | None = Non
     note = "--no-sources" if not check_sources else f"dataset {dataset!r} not found here: give --sources"
     if src is not None and not src.list("", recursive=False) and not src.exists(""):
         src = None
-    sources_checked = 0
     for pid, entry in (doc.get("pairs") or {}).items():
         recorded = entry.get("sources") or {}
         label = f"{entry['split']}/label/{pid}.png"
@@ -119,14 +118,48 @@ def verify(release: Store, check_sources: bool = True, dataset: str | None = Non
         captions = shipped_captions.get(pid, []) if has_captions else None
         for cause in mismatches(released, captions, entry.get("made_from") or {}):
             add(cause, pid)
-        if src is not None and entry.get("source_files"):
-            sources_checked += 1
-            for role, d in _source_digests(src, entry["source_files"]).items():
-                if recorded.get(role) and d != recorded[role]:
-                    add(f"sources changed since the release ({SOURCE_KIND[role]})", pid)
+    changed = changed_sources(doc, src) if src is not None else {}
+    for pid, kinds in changed.items():
+        for kind in sorted(kinds):
+            add(f"sources changed since the release ({kind})", pid)
+    sources_checked = sum(1 for e in (doc.get("pairs") or {}).values() if e.get("source_files")) if src else 0
     counts = {"files": len(sums), "pairs": len(doc.get("pairs") or {}), "sources_checked": sources_checked,
               "sources_note": note}
     return problem_lines(problems), counts
+
+
+def changed_sources(doc: Mapping, src: Store) -> dict[str, set[str]]:
+    """pair id -> what changed in its sources since the release (``images``, ``mask``), read from ``src``
+    (a file gone is a change); pairs whose release recorded no source files are left out."""
+    out: dict[str, set[str]] = {}
+    for pid, entry in (doc.get("pairs") or {}).items():
+        recorded = entry.get("sources") or {}
+        for role, d in _source_digests(src, entry.get("source_files") or {}).items():
+            if recorded.get(role) and d != recorded[role]:
+                out.setdefault(pid, set()).add(SOURCE_KIND[role])
+    return out
+
+
+def release_status(release: Store, dataset: str, today: set[str]) -> dict:
+    """A finished release against today's dataset, in the shape of :func:`operators.io.lineage.status`
+    (``changeforge chain --explain``): its pairs current or stale (by what changed: mask, images), the
+    dataset's pairs in no release ``missing`` (``today``: their ids) unless the release excluded them
+    (``failed``: excluded.json), pairs released without their source files ``unrecorded``. Reads only; ``needs_run`` stays False (a new release is a new version, asked for)."""
+    doc = json.loads(release.read_bytes("release.json"))
+    pairs = doc.get("pairs") or {}
+    changed = changed_sources(doc, Store(dataset))
+    unrecorded = [p for p, e in pairs.items() if not e.get("source_files")]
+    by_cause: dict[str, int] = {}
+    for kinds in changed.values():
+        for kind in kinds:
+            by_cause[kind] = by_cause.get(kind, 0) + 1
+    excluded = {str(e.get("item") or e.get("pair_id")) for e in (json.loads(release.read_bytes("excluded.json"))
+                                                if release.exists("excluded.json") else [])}
+    missing = sorted(today - set(pairs) - excluded)
+    return {"current": len(pairs) - len(changed) - len(unrecorded), "stale": len(changed),
+            "stale_by_cause": dict(sorted(by_cause.items())), "stale_first": sorted(changed)[:5],
+            "missing": len(missing), "missing_first": missing[:5], "failed": len(today & excluded),
+            "unrecorded": len(unrecorded), "needs_run": False}
 
 
 def _source_digests(src: Store, files: Mapping[str, str]) -> dict[str, str]:

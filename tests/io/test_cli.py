@@ -258,3 +258,15 @@ def test_cli_reference_matches_the_parsers():
     assert documented == parsed, "docs/cli-reference.md differs from the parsers: regenerate it with " \
         "python -m jobs.cli_reference > docs/cli-reference.md"
     assert committed == reference_markdown(), "docs/cli-reference.md is stale: regenerate it"
+
+
+def test_status_is_the_chain_s_explain_and_no_chain_step(monkeypatch):
+    """``changeforge status`` runs ``chain --explain`` (nothing else) with the options given; a chain file
+    cannot name it as a step (it is no job)."""
+    from jobs import chain, cli as changeforge
+    seen = []
+    monkeypatch.setattr(chain, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(cli, "PROG", cli.PROG)
+    assert changeforge.main(["status", "--config", "c.yaml"]) == 0
+    assert seen == [["--explain", "--config", "c.yaml"]]
+    assert "status" not in changeforge.JOBS

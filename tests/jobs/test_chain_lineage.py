@@ -140,7 +140,8 @@ def test_explain_lists_exactly_the_changed_pairs_with_their_causes(history):
         tail(history["status"])
     # docs/lineage.md shows these lines: as printed
     shown = [ln for ln in (REPO / "docs" / "lineage.md").read_text().splitlines() if ln.startswith("[chain] explain:")]
-    assert len(shown) == 3 and all(ln in history["explain"]["out"] for ln in shown), history["explain"]["out"]
+    printed = history["explain"]["out"].splitlines()
+    assert len(shown) == 3 and all(ln in printed for ln in shown), history["explain"]["out"]
 
 
 def test_the_refusal_shown_in_the_docs_is_the_one_printed(history):

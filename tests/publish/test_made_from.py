@@ -174,6 +174,33 @@ def test_verify_names_sources_changed_since_the_release(levir, tmp_path, capsys,
     assert code == 1 and lines == ["sources changed since the release (images): 1 pair(s) (first: test_102_0512_0000)"]
 
 
+def test_status_counts_the_latest_release_s_pairs_current_stale_by_cause_and_missing(levir, tmp_path):
+    """``changeforge chain --explain``'s view of a publish step: before any release every pair is missing;
+    after one, a redrawn mask and a replaced image are stale by their cause, a pair added to the dataset
+    is missing, the pair without a mask (excluded) is counted apart."""
+    from jobs.publish import status
+    src, caps, qa = levir
+    cfg = PublishConfig(input=str(src), captions=str(caps), output=str(tmp_path / "rel"), name="t",
+                        version="1.0.0", date="2026-01-01", threads=2)
+    before = status(cfg)
+    assert (before["current"], before["missing"]) == (0, 12), before
+    release(src, caps, tmp_path / "rel")
+    s = status(cfg)
+    assert (s["current"], s["stale"], s["missing"], s["failed"]) == (11, 0, 0, 1), s
+    m = cv2.imread(str(src / "label" / "test_102_0512_0000.png"), cv2.IMREAD_GRAYSCALE)
+    m[0, 0] = 255 - m[0, 0]
+    cv2.imwrite(str(src / "label" / "test_102_0512_0000.png"), m)
+    b = src / "B" / "test_121_0768_0256.png"
+    cv2.imwrite(str(b), 255 - cv2.imread(str(b)))
+    for role in ("A", "B", "label"):
+        shutil.copy(src / role / "train_36_0512_0512.png", src / role / "train_99_0000_0000.png")
+    s = status(cfg)
+    assert (s["current"], s["stale"], s["missing"], s["failed"]) == (9, 2, 1, 1), s
+    assert s["stale_by_cause"] == {"images": 1, "mask": 1} and s["stale_first"] == \
+        ["test_102_0512_0000", "test_121_0768_0256"] and s["missing_first"] == ["train_99_0000_0000"], s
+    assert not s["needs_run"]          # a new release is a new version, asked for
+
+
 def test_a_folder_that_is_not_a_finished_release_is_said_to_be_one(levir, tmp_path, capsys):
     src, caps, qa = levir
     release(src, caps, tmp_path / "rel")
