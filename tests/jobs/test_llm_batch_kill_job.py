@@ -5,8 +5,8 @@ finished, and the batch the killed driver never heard of is found at the provide
 
 The test knows where the driver is from the wire (tests/llm/test_llm_batch_kill.py's gate holds that
 ``POST /v1/batches`` after the server answered it), not from a sleep. The steps before it, and the
-kill while polling, are killed in the driver alone (tests/llm/test_llm_batch_kill.py) and in the job
-while polling (tests/jobs/test_llm_money_jobs.py)."""
+kill while polling, are killed in the driver alone (tests/llm/test_llm_batch_kill.py); the rerun here
+polls the batch the killed driver left open, as after a kill while polling."""
 from __future__ import annotations
 
 import os

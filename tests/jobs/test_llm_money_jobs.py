@@ -1,8 +1,8 @@
 """The captions job's money end to end (Ray Data + the test server): --batch-api gives the selection of
 a real-time run on the same replies at the batch price and a rerun sends nothing; a quota 429 stops
-the job at once (nothing waited for), non-zero, and the rerun re-sends nothing that was answered."""
-import time
-
+the job at once (nothing waited for), non-zero, and the rerun re-sends nothing that was answered. A
+driver SIGKILLed mid-submission: tests/jobs/test_llm_batch_kill_job.py (the job) and
+tests/llm/test_llm_batch_kill.py (every step of a submission)."""
 import pytest
 
 from jobs.caption import main, run
@@ -155,70 +155,3 @@ def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import
     assert openai_server.stats()["total"] == sent
     assert not (files / "in4.jsonl").exists() or not (files / "in4.jsonl").read_text().strip()
     assert len(tables(out)["usage"]) == rows
-
-
-@pytest.mark.timeout(900)   # three runs of the job, one in a process (and a Ray) of its own
-def test_a_driver_killed_with_batches_in_flight_resumes_them_and_submits_no_line_twice(
-        ray_session, openai_server, tmp_path):
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    from tests.jobs.test_caption_job import REPO
-    run(config(openai_server, LEVIR, tmp_path / "realtime"))
-    realtime = tables(tmp_path / "realtime")
-    openai_server.reset()
-    openai_server.configure(batch_hold=True)                  # every batch stays in progress until released
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    import tempfile
-    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")      # short: Ray's socket paths are bounded (107 bytes)
-    env.update(OPENAI_API_KEY="sk-test", RAY_TMPDIR=ray_tmp, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "jobs.caption", *argv(openai_server, out), "--batch-api", "--batch-poll-s", "0.2",
-           "--num-cpus", "2"]
-    # A session of its own, so that the Ray it starts can be ended with it (by its process group).
-    log = open(tmp_path / "job.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
-    batches = out / "_batch" / "caption" / "batches"
-    try:
-        deadline = time.monotonic() + 300
-        while not (batches.is_dir() and any(batches.glob("*.json"))):
-            assert proc.poll() is None, "the job ended before it submitted a batch: " + \
-                (tmp_path / "job.log").read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "no batch id stored within 300 s"
-            time.sleep(0.2)
-        while not openai_server.stats()["batch_polls"]:       # until the driver polls the held batch
-            assert proc.poll() is None, "the job ended before it polled its batch: " + \
-                (tmp_path / "job.log").read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the stored batch not polled within 300 s"
-            time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)                # the Ray the killed driver started
-        except ProcessLookupError:
-            pass
-        log.close()
-        import shutil
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert proc.returncode == -signal.SIGKILL
-    stored = [json.loads(p.read_text()) for p in batches.glob("*.json")]
-    assert len(stored) == 1 and not stored[0]["done"] and len(stored[0]["custom_ids"]) == 11
-    submitted = dict(openai_server.stats()["batch_submissions"])
-    assert set(submitted) == set(stored[0]["custom_ids"]) and set(submitted.values()) == {1}
-    assert not (out / "pairs").exists() or not tables(out)["pairs"]   # killed before any pair finished
-
-    # Rerun with the batch released: it polls the batch it finds open, then goes on from there.
-    openai_server.configure(batch_hold=False)
-    summary = run(config(openai_server, LEVIR, out, batch_api=True, batch_poll_s=0.1))
-    stats = openai_server.stats()
-    assert summary["stopped"] == "" and stats["total"] == 0
-    assert len(stats["batch_submissions"]) == 22 and set(stats["batch_submissions"].values()) == {1}
-    t = tables(out)
-    assert accounted(t) == ALL_PAIRS
-    key = lambda c: (c["pair_id"], c["candidate_index"])       # noqa: E731
-    assert [tuple(c[k] for k in CANDIDATE) for c in sorted(t["captions"], key=key)] == \
-        [tuple(c[k] for k in CANDIDATE) for c in sorted(realtime["captions"], key=key)]
-    assert len(t["usage"]) == 22 and all(u["batch_id"] for u in t["usage"])
