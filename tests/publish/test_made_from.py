@@ -187,17 +187,19 @@ def test_status_counts_the_latest_release_s_pairs_current_stale_by_cause_and_mis
     release(src, caps, tmp_path / "rel")
     s = status(cfg)
     assert (s["current"], s["stale"], s["missing"], s["failed"]) == (11, 0, 0, 1), s
-    m = cv2.imread(str(src / "label" / "test_102_0512_0000.png"), cv2.IMREAD_GRAYSCALE)
-    m[0, 0] = 255 - m[0, 0]
-    cv2.imwrite(str(src / "label" / "test_102_0512_0000.png"), m)
+    for pid in ("test_102_0512_0000", "test_2_0000_0000"):      # two of one cause: counted, not toggled
+        m = cv2.imread(str(src / "label" / f"{pid}.png"), cv2.IMREAD_GRAYSCALE)
+        m[0, 0] = 255 - m[0, 0]
+        cv2.imwrite(str(src / "label" / f"{pid}.png"), m)
     b = src / "B" / "test_121_0768_0256.png"
     cv2.imwrite(str(b), 255 - cv2.imread(str(b)))
     for role in ("A", "B", "label"):
         shutil.copy(src / role / "train_36_0512_0512.png", src / role / "train_99_0000_0000.png")
     s = status(cfg)
-    assert (s["current"], s["stale"], s["missing"], s["failed"]) == (9, 2, 1, 1), s
-    assert s["stale_by_cause"] == {"images": 1, "mask": 1} and s["stale_first"] == \
-        ["test_102_0512_0000", "test_121_0768_0256"] and s["missing_first"] == ["train_99_0000_0000"], s
+    assert (s["current"], s["stale"], s["missing"], s["failed"]) == (8, 3, 1, 1), s
+    assert s["stale_by_cause"] == {"images": 1, "mask": 2} and s["stale_first"] == \
+        ["test_102_0512_0000", "test_121_0768_0256", "test_2_0000_0000"] and \
+        s["missing_first"] == ["train_99_0000_0000"], s
     assert not s["needs_run"]          # a new release is a new version, asked for
 
 
