@@ -296,8 +296,9 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
               source: Optional[str] = None, overlays: Optional[bool] = None,
               magnitude_px: Optional[float] = None, kind: Optional[str] = None) -> FieldCase:
     """One generated case (deterministic in its arguments). ``magnitude_px`` fixes the field's
-    largest displacement (patches, smooth; the lean's largest roof for lean) instead of drawing
-    it; ``kind`` fixes the family's variant."""
+    largest displacement (patches, smooth; the lean's largest roof for lean; for periodic, the
+    period along x, the region moved by one period that way, or not moved with 0) instead of
+    drawing it; ``kind`` fixes the family's variant."""
     rng = np.random.default_rng([seed, crop, FAMILIES.index(family)])
     source = source or ("s2" if rng.random() < 0.5 else "naip")
     src = scene(source, crop)
@@ -361,6 +362,9 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
         lo, hi = max(8, int(8 * scale)), max(9, int(64 * scale))
         px = int(rng.integers(lo, hi + 1))
         py = px if kind == "orchard" else int(rng.integers(lo, hi + 1))
+        if magnitude_px:
+            px = int(round(magnitude_px))
+            py = px if kind == "orchard" else py
         tile = _periodic_tile(src, x0, y0, px, py, rng)
         reg = region_mask("convex", crop, rng)
         big = np.tile(tile, (crop // py + 3, crop // px + 3))
@@ -375,7 +379,7 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
         v = np.array([px if axis in (0, 2) else 0, py if axis in (1, 2) else 0], float) \
             if moved else np.zeros(2)
         if magnitude_px is not None:
-            v = np.array([magnitude_px, 0.0]) if magnitude_px > 0 else np.zeros(2)
+            v = np.array([float(px), 0.0]) if magnitude_px > 0 else np.zeros(2)
         # The region and a margin of ground round it move together (edges included).
         margin = cv2.dilate(reg.astype(np.uint8), np.ones((9, 9), np.uint8)) > 0
         target = np.zeros_like(margin)

@@ -150,7 +150,8 @@ def run(cfg: CaptionJobConfig) -> dict:
     finished = run_on_worker(finish_captions_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "lineage": resume.counts(), "redone": lineage.redo_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
+            "lineage": resume.counts(), "redone": lineage.redo_line(resume),
+            "unreadable": lineage.unreadable_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
           f"finished, {summary['pairs_finished_total']} finished in total, {summary['errors']} errors in this run")
     if summary["redone"]:
         print(summary["redone"])
+    if summary["unreadable"]:
+        print(summary["unreadable"])
     if summary["pairs_skipped"]:
         print(skipped_line(summary["pairs_skipped"]))
     print(f"validators ({summary['validators']}) caught per rule: "

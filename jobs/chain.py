@@ -22,9 +22,9 @@ parser, and an option a step requires that is neither given nor wired, or an opt
 that is not installed, is named (``--dry-run`` lists them all). Each step runs as its own process;
 ``<root>/chain_state.json`` records the finished ones with their command lines and, for the human
 steps (annotate ingest, review ingest), a fingerprint of their input (operators.chain.people). A rerun
-skips a finished step whose command line and input are unchanged and, for caption and qa, whose pairs
-are all current by lineage (a redrawn mask re-runs them: operators.io.lineage), and runs every step
-after one that ran again. ``--explain`` says what each step would do, and why, without running. After
+skips a finished step whose command line and input are unchanged and, for caption, qa, validate, report
+and score, whose items are all current by lineage (a redrawn mask re-runs them: operators.io.lineage),
+and runs every step after one that ran again. ``--explain`` says what each step would do, and why, without running. After
 annotate ingest the chain reads the dataset's ``annotation_summary.json``: while pairs are undecided it
 goes on only through the annotation loop's own steps (an export, e.g. the expert's review queue, and the
 ingest of its answers: operators.chain.people) and stops before the first other step with exit status 3
@@ -344,14 +344,16 @@ def run(config: str, from_step: str = "", dry_run: bool = False, partial: bool =
 
 def _data_status(module: str, command: list[str], parser, step: str, values: dict,
                  explain: bool = False) -> dict | None:
-    """A step's items by lineage (current, stale by cause, missing: the job's ``status``), for the steps
-    whose job has one (caption and qa, which resume by lineage; publish, whose latest release is compared
-    with its sources only to explain: ``STATUS_TO_EXPLAIN``); None for the others. Reads only."""
+    """A step's items by lineage (current, stale by cause, missing, failed: the job's ``status``), for the
+    steps whose job has one: caption, qa and validate (which resume by lineage), report and the score
+    commands (recomputed whole when an item is stale or missing); publish and the review commands, whose
+    counts only explain (``STATUS_TO_EXPLAIN``: a release is a version you ask for, a review people's
+    work). None for the others. Reads only; an input that cannot be read is said, not fatal."""
     job = importlib.import_module(module)
-    if command or not hasattr(job, "status") or (getattr(job, "STATUS_TO_EXPLAIN", False) and not explain):
+    if not hasattr(job, "status") or (getattr(job, "STATUS_TO_EXPLAIN", False) and not explain):
         return None
     try:
-        return job.status(job.parse_args(_tokens(parser, step, values)))
+        return job.status(job.parse_args([*command, *_tokens(parser, step, values)]))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - an input that is not there yet: said, not fatal
         return {"error": f"{type(exc).__name__}: {exc}"[:200], "needs_run": False}
 
@@ -372,10 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "part a step needs but is not given or installed, without running anything (exit status 2 "
                          "when one is missing)")
     ap.add_argument("--explain", action=argparse.BooleanOptionalAction, default=False,
-                    help="without running anything, say per step whether it would run and why, and for the caption "
-                         "and QA steps how many pairs are current, stale (and why: mask, image, caption, template, "
-                         "model, options) or missing; for publish, the latest release's pairs against today's "
-                         "dataset")
+                    help="without running anything, say per step whether it would run and why, and for the caption, "
+                         "QA, validate, review, report and score steps how many items are current, stale (and why: "
+                         "mask, image, caption, QA, template, model, options, prediction, review), missing or failed; "
+                         "for publish, the latest release's pairs against today's dataset")
     ap.add_argument("--partial", action=argparse.BooleanOptionalAction, default=False,
                     help="go on past an annotate ingest whose pairs are not all decided: the later steps run "
                          "on the decided pairs (without it only the annotation loop's exports and ingests run "

@@ -192,7 +192,8 @@ def run(cfg: QAJobConfig) -> dict:
     finished = run_on_worker(finish_qa_run, out.uri(), run_id, cfg.validators)
     log.info("end of run assembled in a worker (peak RSS %.0f MB)", finished.pop("assembly_peak_rss_mb"))
     return {"run_id": run_id, "pairs_found": n_found, "pairs_skipped_finished": n_found - n_todo,
-            "lineage": resume.counts(), "redone": lineage.redo_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
+            "lineage": resume.counts(), "redone": lineage.redo_line(resume),
+            "unreadable": lineage.unreadable_line(resume), "pairs_no_mask": len(no_mask), "pairs_no_mask_first": no_mask[:5],
             "pairs_skipped": skipped, "rows_written": counts, "stopped": stopped, **finished}
 
 
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['pairs_finished_total']} finished in total, {s['errors']} errors in this run")
     if s["redone"]:
         print(s["redone"])
+    if s["unreadable"]:
+        print(s["unreadable"])
     if s["pairs_skipped"]:
         print(skipped_line(s["pairs_skipped"]))
     print(f"QA pairs in this run: {s['qa_candidates']} generated, {s['qa_selected']} selected; validators "

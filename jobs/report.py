@@ -25,13 +25,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from operators.io import validation
+from operators.io import lineage, validation
 from operators.io.cli import add_config_args, config_from_args, parse_job_args
 from operators.io.sources import dataset_of
 from operators.io.storage import Store
 from operators.report import figures as fig
 from operators.report.annotation import mask_table, read_classes, read_summary
 from operators.report.html_page import Figure, GalleryItem, render_page
+from operators.report.made_from import pair_lineage
 from operators.report.markdown import markdown_table, review_result_tables
 from operators.report.stats import (car_stats, car_table, caption_stats, caption_table, pairs_job_car, pairs_job_stats,
                                     pairs_job_table, qa_stats, qa_table, reject_reason_table, usage_stats, usage_table)
@@ -245,6 +246,7 @@ def run(cfg: ReportConfig) -> dict:
     sections = [(key, heading, tables[key], figures.get(key, [])) for key, heading in order]
     page = render_page(cfg.title, "from " + ", ".join(f"{k}: {v}" for k, v in data["uris"].items()), sections,
                        gallery(cfg, data), cfg.gallery_side)
+    stats["made_from"] = pair_lineage(data)   # per pair, what the report counted (operators.report.made_from)
     _write(out / "stats.json", json.dumps(stats, indent=1, default=_json_default))
     _write(out / "tables.md", md)
     _write(out / "index.html", page)
@@ -276,6 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ReportConfig:
     return config_from_args(ReportConfig, parse_job_args(build_parser(), argv))
+
+
+def status(cfg: ReportConfig) -> dict:
+    """The pairs the report counted against today's tables (operators.report.made_from), reading the
+    tables only (no figure, no image): a pair whose captions, QA pairs or review verdicts changed since
+    is stale (caption, QA, review), one not in the report yet missing. No report yet: every pair missing."""
+    path = Path(cfg.output) / "stats.json"
+    made = json.loads(path.read_text()).get("made_from") if path.exists() else None
+    today = pair_lineage(load_inputs(list(cfg.input)))
+    recorded = {pid: None for pid in today} if made is None and path.exists() else (made or {})
+    return lineage.keyed_status(recorded, today)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
 from operators.io.tables import ERRORS_SCHEMA, error_record, new_run_id, prune_shards, write_table_shard
 from operators.review.image_urls import ImageUrls
-from operators.review.items import review_items, stratum_columns
+from operators.review.items import review_items, review_status, stratum_columns
 from operators.review.label_studio import labeling_config, review_rows, task
 from operators.review.outputs import ImageIndex, output_kinds, read_current
 from operators.review.sampling import stratified_sample
@@ -195,6 +195,48 @@ def run_ingest(cfg: IngestConfig) -> dict:
 def review_markdown(s: dict) -> str:
     from operators.report.markdown import review_tables
     return review_tables(s)
+
+
+# -- status (changeforge chain --explain) -------------------------------------------------------------
+STATUS_TO_EXPLAIN = True   # reviews are people's work: their status explains, it never runs the step again
+
+
+def _sampled(out: Store, command: str) -> tuple[pd.DataFrame | None, str]:
+    """(the sampled items with what they were made from, the captions or QA output they came from):
+    export's ``sample.parquet``; ingest's review rows (their verdicts)."""
+    summary = json.loads(out.read_bytes("export_summary.json")) if out.exists("export_summary.json") else {}
+    if command == "export":
+        rows = pd.read_parquet(io.BytesIO(out.read_bytes("sample.parquet"))) if out.exists("sample.parquet") else None
+    else:
+        rows = read_current(out, "review")
+    source = summary.get("input") or ""
+    if not source and rows is not None and "source" in rows.columns and rows["source"].notna().any():
+        source = str(rows["source"].dropna().iloc[0])
+    return rows, source
+
+
+def status(cfg: ExportConfig | IngestConfig) -> dict:
+    """The review's sampled items against today's captions or QA (operators.review.items.review_status),
+    reading only: an item whose text was redone since it was sampled or reviewed is stale (cause caption
+    or QA). No sample yet: nothing to count."""
+    command = "export" if isinstance(cfg, ExportConfig) else "ingest"
+    rows, source = _sampled(Store(cfg.output), command)
+    source = getattr(cfg, "input", "") or source
+    current = {}
+    if rows is not None and source:
+        src = Store(source)
+        for kind in sorted(set(rows["kind"].dropna()) if "kind" in rows.columns else ()):
+            table = read_current(src, kind)
+            if table is not None:
+                current[kind] = review_items(kind, table, None)
+    return review_status(rows, current)
+
+
+def parse_args(argv: list[str]) -> ExportConfig | IngestConfig:
+    """``export ...`` or ``ingest ...`` as the command's config, for :func:`status` (which reads only the
+    output): the export a later ingest takes need not have arrived, so paths are not checked here."""
+    args = build_parser().parse_args(argv)
+    return config_from_args(ExportConfig if args.command == "export" else IngestConfig, args)
 
 
 # -- command line ------------------------------------------------------------------------------------

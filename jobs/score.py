@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # `python jobs/score.py` (e.g. under `ray job sub
 
 from operators.io import console  # noqa: E402
 from operators.io.cli import add_config_args, config_from_args, init_ray, parse_job_args  # noqa: E402
-from operators.io.storage import Store  # noqa: E402
+from operators.io.storage import Store, read_uri  # noqa: E402
 from operators.io.tables import new_run_id, prune_shards  # noqa: E402
 
 log = logging.getLogger("changeforge.score")
@@ -54,22 +54,32 @@ def _ensure_ray(num_cpus: int | None) -> None:
             os.environ["PYTHONPATH"] = before
 
 
+def _change_items(cfg: ChangeScoreConfig):
+    """(items to score with their masks' URIs and stamps, matched pairs, matching problems, prediction
+    names, label names): one listing of each folder, its stamps with it."""
+    from operators.scoring.masks import MASK_SUFFIXES, match_masks
+
+    pred_store, label_store = Store(cfg.pred), Store(cfg.label)
+    pred_stamps = pred_store.stamps(suffixes=MASK_SUFFIXES, recursive=False)
+    label_stamps = label_store.stamps(suffixes=MASK_SUFFIXES, recursive=False)
+    if not label_stamps:
+        raise SystemExit(f"jobs.score change: no PNG masks in --label {cfg.label}")
+    pairs, problems = match_masks(sorted(pred_stamps), sorted(label_stamps))
+    items = [{"name": p["name"], "pred": pred_store.uri(p["pred"]), "label": label_store.uri(p["label"]),
+              "pred_stamp": pred_stamps[p["pred"]], "label_stamp": label_stamps[p["label"]],
+              "error_type": "", "message": ""} for p in pairs]
+    items += [{"name": p["name"], "pred": "", "label": "", "pred_stamp": "", "label_stamp": "",
+               **{k: p[k] for k in ("error_type", "message")}} for p in problems]
+    return items, pairs, problems, sorted(pred_stamps), sorted(label_stamps)
+
+
 def run_change(cfg: ChangeScoreConfig) -> dict:
     """Score change masks; returns the metrics document (also written to ``metrics.json``)."""
     from operators.scoring.change_ops import (JOB, TABLE_SCHEMAS, aggregate, dumps, metrics_document,
                                               score_batch, to_envelopes)
-    from operators.scoring.masks import MASK_SUFFIXES, match_masks
 
-    pred_store, label_store, out = Store(cfg.pred), Store(cfg.label), Store(cfg.output)
-    pred_names = pred_store.list(suffixes=MASK_SUFFIXES, recursive=False)
-    label_names = label_store.list(suffixes=MASK_SUFFIXES, recursive=False)
-    if not label_names:
-        raise SystemExit(f"jobs.score change: no PNG masks in --label {cfg.label}")
-    pairs, problems = match_masks(pred_names, label_names)
-    items = [{"name": p["name"], "pred": pred_store.uri(p["pred"]), "label": label_store.uri(p["label"]),
-              "error_type": "", "message": ""} for p in pairs]
-    items += [{"name": p["name"], "pred": "", "label": "", **{k: p[k] for k in ("error_type", "message")}}
-              for p in problems]
+    out = Store(cfg.output)
+    items, pairs, problems, pred_names, label_names = _change_items(cfg)
     run_id = new_run_id()
     log.info("%d labels, %d predictions: %d pairs to score, %d matching problems (run %s)",
              len(label_names), len(pred_names), len(pairs), len(problems), run_id)
@@ -286,6 +296,61 @@ def run_qa(cfg: QAScoreConfig) -> dict:
     doc.update(n_errors=len(errors), split=cfg.split, judge=judge)
     out.write_bytes("metrics.json", dumps(doc))
     return doc
+
+
+def _mask_digest(uri: str) -> str:
+    from operators.io import lineage
+    from operators.scoring.masks import decode_mask
+    try:
+        return lineage.mask_digest(decode_mask(read_uri(uri)))
+    except Exception as exc:  # noqa: BLE001 - said with its file and reason, counted as failed
+        return lineage.unreadable(uri, f"{type(exc).__name__}: {exc}")
+
+
+def _today(command: str, cfg) -> tuple[dict[str, dict], str, str]:
+    """(item -> its lineage from today's inputs, the table its rows are in, that table's key column)."""
+    from operators.scoring.caption_sets import load_json, pick_split
+    if command == "change":
+        from operators.scoring.change_ops import today_lineage
+        items = [i for i in _change_items(cfg)[0] if not i["error_type"]]
+        return today_lineage(items, _recorded(Store(cfg.output), "per_image", "name"), _mask_digest), "per_image", "name"
+    if command == "captions":
+        from operators.scoring.caption_scoring import row_lineage
+        from operators.scoring.caption_sets import match_captions, read_caption_predictions, read_references
+        refs = load_json(cfg.refs)
+        images, _ = read_references(refs, pick_split([refs], cfg.split))
+        matched = match_captions(images, read_caption_predictions(load_json(cfg.pred))[0], pick_split([refs], cfg.split))
+        return ({img.filename: row_lineage(img, matched.predictions[img.key]) for img in matched.images},
+                "per_image", "filename")
+    from operators.scoring.qa import match_answers, read_qa_references
+    from operators.scoring.qa_scoring import row_lineage
+    refs = _load_qa_refs(cfg.refs)
+    questions, _ = read_qa_references(refs, pick_split(refs, cfg.split))
+    matched = match_answers(questions, load_json(cfg.pred))
+    return {q.qid: row_lineage(q, matched.answers[q.qid]) for q in matched.questions}, "per_question", "qid"
+
+
+def _recorded(out: Store, table: str, key: str) -> dict[str, dict | None]:
+    from operators.io import lineage
+    from operators.io.tables import read_table
+    t = read_table(out, table, columns=[key, "lineage"], key=(key,))
+    if t is None:
+        return {}
+    col = t.column("lineage").to_pylist() if "lineage" in t.column_names else [None] * t.num_rows
+    return {k: lineage.loads(v) for k, v in zip(t.column(key).to_pylist(), col) if k is not None}
+
+
+def status(parsed) -> dict:
+    """The scored items (images, questions) by lineage against today's references, predictions and masks
+    (operators.io.lineage.keyed_status), reading only: an item whose reference, prediction or mask changed
+    since it was scored is stale, one not scored yet missing (failed, when the last run could not score
+    it). A run scores the whole set again (corpus metrics), so any of them makes the step run."""
+    from operators.io import lineage
+    from operators.io.tables import current_error_items
+    command, cfg, _ = parsed
+    out = Store(cfg.output)
+    today, table, key = _today(command, cfg)
+    return lineage.keyed_status(_recorded(out, table, key), today, current_error_items(out))
 
 
 COMMANDS = {

@@ -1,8 +1,8 @@
 """Which steps a chain run runs: a step is skipped when it finished before with the same command line
 and the same fingerprint of its human input, and nothing before it ran again in this run (a re-run
 step's output is every later step's input); ``--from-step`` re-runs that step and every later one. A step
-whose job resumes by lineage (caption, qa) also runs when its pairs' inputs changed since it ran (a redrawn
-mask changes neither its command line nor a fingerprint: operators.io.lineage)."""
+whose job follows lineage (caption, qa, validate, report, score) also runs when its items' inputs changed
+since it ran (a redrawn mask changes neither its command line nor a fingerprint: operators.io.lineage)."""
 from __future__ import annotations
 
 

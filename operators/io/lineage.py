@@ -40,8 +40,16 @@ STAMPS = "stamps"
 # input name -> the cause a change of it is reported as
 CAUSES = {"A": "image", "B": "image", "mask": "mask", "captions": "caption",
           "generate_template": "template", "judge_template": "template",
-          "model": "model", "judge_model": "model", "options": "options"}
+          "model": "model", "judge_model": "model", "options": "options",
+          "qa": "QA", "rules": "options",   # the validate job's claims (operators.language.claims_resume)
+          "prediction": "prediction", "pred_mask": "prediction", "reference": "QA",   # the score job's rows
+          "review": "review", "pairs": "pairs"}   # the report's pairs (operators.report.made_from)
+REMOVED = "removed"   # the cause of an item recorded but no longer in today's inputs
 FILE_INPUTS = ("A", "B", "mask")   # read from the dataset; the rest are the job's settings
+# The prefix of a "digest" that is none: the file could not be read today (``unreadable(rel, reason)``).
+# It tells nothing about what changed, so the item is neither current nor stale: it is reported, with
+# the file and the reason, and counted as failed; redoing it would fail the same way on every run.
+UNREADABLE = "unreadable: "
 
 
 def bytes_digest(data: bytes) -> str:
@@ -72,6 +80,17 @@ def template_digest(template: Any) -> str:
 def caption_set_digest(captions: Iterable[str]) -> str:
     """Of the captions a pair ships (order and surrounding spaces aside)."""
     return value_digest(sorted(str(c).strip() for c in captions))
+
+
+def unreadable(rel: str, reason: str) -> str:
+    """The digest text of a file that cannot be read today: ``unreadable: <rel>: <reason>``."""
+    return f"{UNREADABLE}{rel}: {' '.join(str(reason).split())}"[:300]
+
+
+def unreadable_inputs(today: Mapping[str, Any]) -> list[str]:
+    """The ``<rel>: <reason>`` of each input of ``today`` that could not be read."""
+    return [str(v)[len(UNREADABLE):] for k, v in sorted(today.items())
+            if k != STAMPS and isinstance(v, str) and v.startswith(UNREADABLE)]
 
 
 def dumps(lineage: Mapping[str, Any]) -> str:
@@ -111,13 +130,14 @@ class ResumePlan:
     missing: list[str] = field(default_factory=list)
     stale: dict[str, list[str]] = field(default_factory=dict)     # item -> causes
     unrecorded: list[str] = field(default_factory=list)           # finished before lineage was recorded
+    unreadable: dict[str, str] = field(default_factory=dict)      # item -> "<file>: <reason>" (cannot tell)
 
     def stale_by_cause(self) -> Counter:
         return Counter(c for cs in self.stale.values() for c in cs)
 
     def counts(self) -> dict:
         return {"current": len(self.current), "stale": len(self.stale), "missing": len(self.missing),
-                "unrecorded": len(self.unrecorded), "stale_by_cause": dict(sorted(self.stale_by_cause().items()))}
+                "unrecorded": len(self.unrecorded), "unreadable": len(self.unreadable), "stale_by_cause": dict(sorted(self.stale_by_cause().items()))}
 
 
 def plan_resume(items: Iterable[dict], recorded: Mapping[str, dict | None], today: Callable[[dict, dict], dict],
@@ -125,7 +145,9 @@ def plan_resume(items: Iterable[dict], recorded: Mapping[str, dict | None], toda
     """Split ``items`` by their finished rows' ``recorded`` lineage (item key -> lineage, None for a row
     written before lineage existed). ``today(item, recorded)`` gives an item's lineage now (it may reuse
     the recorded digests of files whose stamps did not change). A row without lineage is kept as
-    current, counted apart: nothing says what it was made from, and redoing it would pay again."""
+    current, counted apart: nothing says what it was made from, and redoing it would pay again. A finished
+    item one of whose files cannot be read today (:func:`unreadable`) is neither: it is ``unreadable``,
+    not redone (it would fail the same way each run, and a chain would run its step each time)."""
     plan = ResumePlan()
     for item in items:
         k = item[key]
@@ -137,7 +159,12 @@ def plan_resume(items: Iterable[dict], recorded: Mapping[str, dict | None], toda
         if rec is None:
             plan.unrecorded.append(k)
             continue
-        why = causes(rec, today(item, rec))
+        now = today(item, rec)
+        cannot = unreadable_inputs(now)
+        if cannot:
+            plan.unreadable[k] = "; ".join(cannot)
+            continue
+        why = causes(rec, now)
         if why:
             plan.stale[k] = why
             plan.todo.append(item)
@@ -149,23 +176,41 @@ def plan_resume(items: Iterable[dict], recorded: Mapping[str, dict | None], toda
 def status(plan: ResumePlan, failed: Iterable[str] = ()) -> dict:
     """What a step would do, without doing it: ``current``, ``stale`` (by cause), ``missing`` (never
     attempted), ``failed`` (missing, with a current error: a rerun tries them, but they do not make a
-    chain step run again by themselves), ``unrecorded``; ``needs_run`` when anything is stale or missing."""
+    chain step run again by themselves; items whose files cannot be read today count here too, named with
+    the file and the reason in ``unreadable_first``), ``unrecorded``; ``needs_run`` when anything is stale
+    or missing."""
     failed = set(failed)
     missing = [k for k in plan.missing if k not in failed]
+    cannot = sorted(plan.unreadable)
     return {"current": len(plan.current), "stale": len(plan.stale),
             "stale_by_cause": dict(sorted(plan.stale_by_cause().items())),
             "stale_first": sorted(plan.stale)[:5], "missing": len(missing), "missing_first": sorted(missing)[:5],
-            "failed": len(plan.missing) - len(missing), "unrecorded": len(plan.unrecorded),
+            "failed": len(plan.missing) - len(missing) + len(cannot), "unrecorded": len(plan.unrecorded),
+            "unreadable": len(cannot), "unreadable_first": [f"{k}: {plan.unreadable[k]}" for k in cannot[:3]],
             "needs_run": bool(plan.stale or missing)}
 
 
+def keyed_status(recorded: Mapping[str, dict | None], today: Mapping[str, dict], failed: Iterable[str] = ()) -> dict:
+    """:func:`status` of a step whose outputs are recomputed as a whole (scores, a report): ``recorded``
+    (item -> the lineage its output row records; None: made before lineage was kept), ``today`` (item ->
+    its lineage from today's inputs). An item recorded but no longer in today's inputs is stale (cause
+    ``removed``): the output still counts it. Items whose input cannot be read today are unreadable."""
+    plan = plan_resume([{"key": k} for k in sorted(today)], recorded, lambda item, rec: today[item["key"]], key="key")
+    for k in sorted(set(recorded) - set(today)):
+        plan.stale[k] = [REMOVED]
+    return status(plan, failed)
+
+
 def status_line(s: Mapping[str, Any]) -> str:
-    """"9 current, 2 stale (mask 2: a, b), 0 missing, 1 failed"."""
+    """"9 current, 2 stale (mask 2: a, b), 0 missing, 1 failed"; items whose files cannot be read are named
+    with the file and the reason: "1 failed (1 unreadable: p: label/p.png: not an image)"."""
     causes_ = ", ".join(f"{c} {n}" for c, n in s["stale_by_cause"].items())
     stale = f"{s['stale']} stale" + (f" ({causes_}: {', '.join(s['stale_first'])})" if s["stale"] else "")
     missing = f"{s['missing']} missing" + (f" ({', '.join(s['missing_first'])})" if s["missing"] else "")
     extra = f", {s['unrecorded']} without lineage" if s["unrecorded"] else ""
-    return f"{s['current']} current, {stale}, {missing}, {s['failed']} failed{extra}"
+    cannot = (f" ({s['unreadable']} unreadable: {'; '.join(s.get('unreadable_first') or [])})"
+              if s.get("unreadable") else "")
+    return f"{s['current']} current, {stale}, {missing}, {s['failed']} failed{cannot}{extra}"
 
 
 def redo_line(plan: ResumePlan) -> str:
@@ -175,6 +220,15 @@ def redo_line(plan: ResumePlan) -> str:
         return ""
     return (f"{len(plan.stale)} redone because their input changed: "
             + ", ".join(f"{cause} {n}" for cause, n in sorted(by.items())))
+
+
+def unreadable_line(plan: ResumePlan, what: str = "pair(s) not redone") -> str:
+    """"1 pair(s) not redone, a file cannot be read: p: label/p.png: not a readable image" (empty when none):
+    one line per run, however often the run is repeated it says the same and redoes nothing."""
+    if not plan.unreadable:
+        return ""
+    first = "; ".join(f"{k}: {plan.unreadable[k]}" for k in sorted(plan.unreadable)[:3])
+    return f"{len(plan.unreadable)} {what}, a file cannot be read: {first}"
 
 
 FILE_KEYS = (("A", "a"), ("B", "b"), ("mask", "label"))   # role -> the item's key prefix (a_rel, a_stamp)

@@ -61,18 +61,18 @@ def recorded_lineage(out: Store, schema) -> dict[str, dict | None]:
 
 def file_digest(root: str, role: str, rel: str) -> str:
     """Today's digest of one file: its bytes (images), the binary mask's pixels (masks). A file that
-    cannot be read or decoded has a digest no row records, so its pair is redone and fails there with
-    its reason (an errors/ row), not here."""
+    cannot be read or decoded gives :func:`operators.io.lineage.unreadable` (its path and the reason):
+    its pair is then reported as unreadable and counted as failed, not redone on every run."""
     try:
         data = Store(root).read_bytes(rel)
         if role != "mask":
             return lineage.bytes_digest(data)
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
         if img is None:
-            return f"unreadable: {rel} is not an image"
+            return lineage.unreadable(rel, "not a readable image")
         return lineage.mask_digest(binarize_mask(img))
     except Exception as exc:  # noqa: BLE001 - see the docstring
-        return f"unreadable: {type(exc).__name__}"
+        return lineage.unreadable(rel, f"{type(exc).__name__}: {exc}")
 
 
 def plan(out: Store, pairs: list[dict], lineage_of: Callable[[dict], dict], schema,

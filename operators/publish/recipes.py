@@ -71,20 +71,22 @@ def _did(summary) -> str:
 
 def review_summary(uri: str, caps: LanguageSource | None = None, qa: LanguageSource | None = None) -> dict | None:
     """The review's summary; with the language sources released, ``reviewed_on_other_text``: the reviewed
-    items whose text was redone since they were reviewed (their verdicts describe earlier text)."""
+    items whose text was redone since they were reviewed. Their verdicts describe earlier text, so they
+    are left out of every figure (acceptance, agreement, verdicts, corrections): they count as sampled
+    tasks, unreviewed since redone (docs/lineage.md)."""
     from operators.io.storage import Store
-    from operators.review.items import review_items, reviewed_on_other_text
+    from operators.review.items import review_items, reviewed_on_other_text, set_aside_redone
     from operators.review.outputs import read_current
     from operators.review.summary import summarize_reviews
     reviews = read_current(Store(uri), "review")
     if reviews is None or not len(reviews):
         return None
-    out = summarize_reviews(reviews)
     stale = []
     for kind, src in (("captions", caps), ("qa", qa)):
         mine = reviews[reviews["kind"] == kind] if "kind" in reviews else reviews.iloc[0:0]
         if src is not None and src.table is not None and len(mine):
             stale += reviewed_on_other_text(mine, review_items(kind, src.table, None))
+    out = summarize_reviews(set_aside_redone(reviews, stale))
     out["reviewed_on_other_text"] = stale
     return out
 
@@ -110,9 +112,9 @@ def annotation_facts(caps: LanguageSource | None, qa: LanguageSource | None, rev
             facts["human review"] = (f"{review['reviewed']} of {review['tasks']} sampled items reviewed; acceptance "
                                      f"{acc['accepted']}/{acc['n']}" + (f" (Wilson 95% {lo:.3f}-{hi:.3f})" if lo is not None else "")
                                      + f"; human-judge agreement Cohen's kappa {kappa if kappa is None else round(kappa, 3)}"
-                                     + (f"; {len(review['reviewed_on_other_text'])} reviewed item(s) were redone since "
-                                        "(their verdicts describe earlier text)" if review.get("reviewed_on_other_text")
-                                        else ""))
+                                     + (f"; {len(review['reviewed_on_other_text'])} sampled item(s) unreviewed since "
+                                        "redone (their text changed after the review: their verdicts are left out of "
+                                        "these figures)" if review.get("reviewed_on_other_text") else ""))
         else:
             facts["human review"] = "none recorded for this release"
     return facts

@@ -75,3 +75,52 @@ def stratum_columns(spec: str) -> list[str]:
             raise ValueError(f"cannot stratify by {name!r}; use any of {sorted(STRATUM_ALIASES)}")
         cols.append(STRATUM_ALIASES[name])
     return cols
+
+
+# The cause a reviewed item is stale by, when the text the reviewer judged was redone: the step's input.
+TEXT_CAUSE = {"captions": "caption", "qa": "QA"}
+REDONE = "unreviewed since redone"   # a review row's status once its item's text was redone
+
+
+def review_status(reviewed: pd.DataFrame, current: dict[str, pd.DataFrame]) -> dict:
+    """The review step's items by lineage (:func:`operators.io.lineage.status`'s shape), reading only:
+    ``reviewed`` holds the sampled items (``item_id``, ``kind``, ``lineage``; with the review table's
+    ``status``, an item no annotation gave a verdict yet is missing: its reviewers' work), ``current``
+    each kind's :func:`review_items` today. A reviewed item is stale when the text the reviewer saw was
+    redone (cause ``caption`` or ``QA``; also when the item is gone), or, its text the same, when what it
+    was made from changed (``mask``: the verdict was about another mask). An item recorded without lineage
+    is counted apart. Reviews are people's work: stale items never make the step run by themselves
+    (``needs_run`` is False); a new sample is a review you ask for."""
+    plan = lineage.ResumePlan()
+    now = {kind: dict(zip(t["item_id"], t["lineage"])) for kind, t in current.items() if t is not None}
+    if reviewed is None or not len(reviewed):
+        return {**lineage.status(plan), "needs_run": False}
+    has_status = "status" in reviewed.columns
+    for item_id, rows in reviewed.groupby("item_id", sort=True):
+        first = rows.iloc[-1]
+        rec = lineage.loads(first.get("lineage"))
+        if rec is None:
+            plan.unrecorded.append(str(item_id))
+            continue
+        kind = str(first.get("kind") or "captions")
+        today = lineage.loads(now.get(kind, {}).get(item_id))
+        changed = lineage.changed_inputs(rec, today or {})
+        if today is None or "text" in changed:
+            plan.stale[str(item_id)] = [TEXT_CAUSE.get(kind, kind)]
+        elif changed:
+            plan.stale[str(item_id)] = lineage.causes(rec, today)
+        elif has_status and not (rows["status"] == "reviewed").any():
+            plan.missing.append(str(item_id))
+        else:
+            plan.current.append(str(item_id))
+    return {**lineage.status(plan), "needs_run": False}
+
+
+def set_aside_redone(reviews: pd.DataFrame, redone: list[str]) -> pd.DataFrame:
+    """``reviews`` with the rows of the ``redone`` items (their text changed since the review:
+    :func:`reviewed_on_other_text`) marked ``unreviewed since redone``: their verdicts describe earlier
+    text, so they count as sampled tasks but enter no acceptance, agreement or correction."""
+    out = reviews.copy()
+    hit = out["item_id"].astype(str).isin(set(redone))
+    out.loc[hit, "status"] = REDONE
+    return out

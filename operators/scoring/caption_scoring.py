@@ -40,6 +40,11 @@ def change_flags_from_masks(images: list[RefImage], masks: str) -> tuple[dict[st
     return flags, problems
 
 
+def row_lineage(img: RefImage, prediction: str) -> dict:
+    """What an image's row was scored from: its reference caption set and the prediction."""
+    return {"captions": lineage.caption_set_digest(img.refs), "prediction": lineage.value_digest(prediction)}
+
+
 def score_caption_set(images: list[RefImage], predictions: dict[str, str],
                       flags: dict[str, int | None]) -> tuple[dict, list[dict]]:
     """Corpus metrics (all, change, no_change) and one row per image. Tokenisation runs once for all."""
@@ -56,8 +61,7 @@ def score_caption_set(images: list[RefImage], predictions: dict[str, str],
     doc["n_images"] = len(images)
     rows = [{"filename": img.filename, "split": img.split, "changeflag": flags.get(img.key),
              "prediction": predictions[img.key], "references": img.refs, **per_id.get(img.key, {}),
-             "lineage": lineage.dumps({"captions": lineage.caption_set_digest(img.refs),
-                                       "prediction": lineage.value_digest(predictions[img.key])})}
+             "lineage": lineage.dumps(row_lineage(img, predictions[img.key]))}
             for img in images]
     return doc, rows
 

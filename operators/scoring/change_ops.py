@@ -28,6 +28,28 @@ ROW_KEYS = ("name", "pred", "label", "height", "width", *COUNT_KEYS, *SCORE_KEYS
             "error_type", "message")
 
 
+def row_lineage(pred: str, label: str, row: dict) -> dict:
+    """What a row was scored from: both masks' pixel digests, and their files' stamps when listed
+    (``pred_stamp``, ``label_stamp``: a status reads again only the masks whose stamps moved)."""
+    stamps = {role: row[k] for role, k in (("pred_mask", "pred_stamp"), ("mask", "label_stamp")) if row.get(k)}
+    return {"pred_mask": pred, "mask": label, **({lineage.STAMPS: stamps} if stamps else {})}
+
+
+def today_lineage(pairs: list[dict], recorded: dict, digest_of) -> dict[str, dict]:
+    """name -> the lineage of each matched pair today (``pairs``: ``name``, ``pred``, ``label`` URIs and
+    their ``pred_stamp``, ``label_stamp``): a mask whose stamp is the one recorded keeps its recorded digest
+    (the file is not read); another is read (``digest_of(uri)``: a pixel digest, or
+    :func:`operators.io.lineage.unreadable`)."""
+    out = {}
+    for p in pairs:
+        rec = recorded.get(p["name"]) or {}
+        stamps = rec.get(lineage.STAMPS) or {}
+        out[p["name"]] = {role: rec[role] if p.get(k + "_stamp") and stamps.get(role) == p[k + "_stamp"]
+                          and rec.get(role) else digest_of(p[k])
+                          for role, k in (("pred_mask", "pred"), ("mask", "label"))}
+    return out
+
+
 def score_pair(row: dict) -> dict:
     """One (prediction, label) pair -> counts and scores, or the reason it cannot be scored."""
     out = {k: row.get(k) for k in ("name", "pred", "label")}
@@ -52,7 +74,7 @@ def score_pair(row: dict) -> dict:
         return out
     counts = confusion_counts(pred, label)
     out.update(dict(zip(COUNT_KEYS, counts)), height=label.shape[0], width=label.shape[1], scored=1,
-               lineage=lineage.dumps({"pred_mask": lineage.mask_digest(pred), "mask": lineage.mask_digest(label)}))
+               lineage=lineage.dumps(row_lineage(lineage.mask_digest(pred), lineage.mask_digest(label), row)))
     out.update(scores_from_counts(*counts))
     return out
 

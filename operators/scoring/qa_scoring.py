@@ -16,6 +16,11 @@ PER_QUESTION_SCHEMA = pa.schema(
        ("lineage", pa.string())])   # the reference QA pair and the prediction scored (operators.io.lineage)
 
 
+def row_lineage(q, answer) -> dict:
+    """What a question's row was scored from: the reference QA pair and the predicted answer."""
+    return {"reference": lineage.value_digest([q.question, q.answer]), "prediction": lineage.value_digest(answer)}
+
+
 def score_qa(m: MatchedQA, yes_no_types: tuple[str, ...], caption_metrics: bool = True) -> tuple[dict, list[dict]]:
     closed = {t.lower() for t in yes_no_types}
     rows = []
@@ -24,8 +29,7 @@ def score_qa(m: MatchedQA, yes_no_types: tuple[str, ...], caption_metrics: bool 
         rows.append({"qid": q.qid, "filename": q.filename, "split": q.split, "type": q.type,
                      "kind": "yes_no" if yn else "open", "question": q.question, "reference": q.answer,
                      "prediction": m.answers[q.qid], "correct": answer_correct(q, m.answers[q.qid], yn),
-                     "lineage": lineage.dumps({"reference": lineage.value_digest([q.question, q.answer]),
-                                               "prediction": lineage.value_digest(m.answers[q.qid])})})
+                     "lineage": lineage.dumps(row_lineage(q, m.answers[q.qid]))})
     per_type: dict[str, dict] = {}
     for t in sorted({r["type"] for r in rows}):
         these = [r for r in rows if r["type"] == t]

@@ -177,3 +177,48 @@ def test_digests_keep_their_format_across_versions():
     assert lineage.template_digest(PromptTemplate(version="t.v1", system="You describe change.",
                                                   user="Describe $pair.")) == \
         "18ef3c0b9806363e77329209ce571a309da387795d0a5c423e0e5f2665b49dd4"
+
+
+def test_an_item_whose_file_cannot_be_read_is_neither_current_nor_stale_but_failed_with_its_reason():
+    bad = lineage.unreadable("label/p.png", "ValueError:  not\n an image")
+    assert bad == "unreadable: label/p.png: ValueError: not an image" and bad.startswith(lineage.UNREADABLE)
+    assert lineage.unreadable_inputs({"A": "a", "mask": bad, lineage.STAMPS: {"mask": bad}}) == \
+        ["label/p.png: ValueError: not an image"]
+    items = [{"pair_id": p} for p in ("ok", "bad", "both", "new", "moved")]
+    recorded = {"ok": {"mask": "m"}, "bad": {"mask": "m"}, "both": {"A": "a", "mask": "m"}, "moved": {"mask": "m"}}
+    today = {"ok": {"mask": "m"}, "bad": {"mask": bad}, "moved": {"mask": "m2"},
+             "both": {"A": lineage.unreadable("A/p.png", "gone"), "mask": bad}}
+    plan = lineage.plan_resume(items, recorded, lambda item, rec: today[item["pair_id"]])
+    assert plan.unreadable == {"bad": "label/p.png: ValueError: not an image",
+                               "both": "A/p.png: gone; label/p.png: ValueError: not an image"}
+    assert plan.current == ["ok"] and plan.stale == {"moved": ["mask"]} and plan.missing == ["new"]
+    assert [i["pair_id"] for i in plan.todo] == ["new", "moved"]
+    assert plan.counts()["unreadable"] == 2
+    s = lineage.status(plan, failed={"new"})
+    assert (s["failed"], s["unreadable"], s["missing"], s["needs_run"]) == (3, 2, 0, True)
+    assert s["unreadable_first"] == ["bad: label/p.png: ValueError: not an image",
+                                     "both: A/p.png: gone; label/p.png: ValueError: not an image"]
+    only = lineage.status(lineage.ResumePlan(current=["ok"], unreadable={"bad": "label/p.png: gone"}))
+    assert only["needs_run"] is False and only["failed"] == 1
+    assert lineage.status_line(only) == "1 current, 0 stale, 0 missing, 1 failed (1 unreadable: bad: label/p.png: gone)"
+    assert lineage.unreadable_line(lineage.ResumePlan(unreadable={"b": "x: gone", "a": "y: gone"})) == \
+        "2 pair(s) not redone, a file cannot be read: a: y: gone; b: x: gone"
+    assert lineage.unreadable_line(lineage.ResumePlan(), "claim(s)") == ""
+    many = lineage.ResumePlan(unreadable={k: "f: r" for k in "abcde"})
+    assert lineage.status(many)["unreadable_first"] == ["a: f: r", "b: f: r", "c: f: r"]
+    assert lineage.unreadable_line(many, "claim(s) not checked again") == \
+        "5 claim(s) not checked again, a file cannot be read: a: f: r; b: f: r; c: f: r"
+
+
+def test_a_step_recomputed_whole_counts_its_items_by_what_they_were_made_from():
+    recorded = {"same": {"prediction": "p"}, "edited": {"prediction": "p"}, "gone": {"prediction": "p"},
+                "old": None, "tried": {"prediction": "p"}}
+    today = {"same": {"prediction": "p"}, "edited": {"prediction": "q", "captions": "c"}, "old": {"prediction": "p"},
+             "new": {"prediction": "p"}, "failed": {"prediction": "p"},
+             "tried": {"prediction": lineage.unreadable("m.png", "gone")}}
+    s = lineage.keyed_status(recorded, today, failed={"failed", "same"})
+    assert (s["current"], s["stale"], s["missing"], s["failed"], s["unrecorded"], s["unreadable"]) == (1, 2, 1, 2, 1, 1)
+    assert s["stale_by_cause"] == {"caption": 1, "prediction": 1, "removed": 1} and s["stale_first"] == ["edited", "gone"]
+    assert s["missing_first"] == ["new"] and s["needs_run"] is True
+    assert lineage.keyed_status({"a": {"x": 1}}, {"a": {"x": 1}})["needs_run"] is False
+    assert lineage.keyed_status({"a": {"x": 1}}, {})["stale_by_cause"] == {lineage.REMOVED: 1}

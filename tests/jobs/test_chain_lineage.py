@@ -235,3 +235,45 @@ def test_a_release_hand_edited_to_pair_an_old_caption_with_a_new_mask_is_refused
                               output=str(tmp_path / "rel"), name="x", version="1.0.0", date="2026-01-01"))
     assert f"captions made from another mask than the one released: 1 pair(s) (first: {EMPTIED})" in \
         str(refused.value)
+
+
+def test_reviews_of_the_redrawn_pairs_captions_are_stale_and_left_out_of_the_release_figures(history, tmp_path):
+    """On this chain's outputs (no chain run more): a review drawn from the captions as release 1.0.0 shipped
+    them, covering a redrawn pair and an untouched one. The review step's --explain counts the redrawn pair's
+    reviewed captions stale by caption; the release's review figures leave their verdicts out."""
+    import pandas as pd
+    from jobs.chain import _data_status, _parser_for
+    from jobs.review import REVIEW_SCHEMA
+    from operators.io import lineage
+    from operators.io.storage import Store
+    from operators.io.tables import write_table_shard
+    from operators.publish import recipes
+    from operators.publish.sources import read_captions
+    from operators.review.items import review_items
+    from operators.review.outputs import read_current
+    then = review_items("captions", read_current(Store(str(history["base"] / "captions-1")), "captions"), None)
+    now = review_items("captions", read_current(Store(str(history["root"] / "captions")), "captions"), None)
+    sample = then[then["pair_id"].isin([EMPTIED, TOUCHED]) & then["selected"]].reset_index(drop=True)
+    now_text = dict(zip(now["item_id"], now["text"]))
+    redone = sorted(i for i, t in zip(sample["item_id"], sample["text"]) if now_text.get(i) != t)
+    same_text = sorted(i for i in sample["item_id"] if i.startswith(EMPTIED) and i not in redone)  # its mask changed
+    assert redone and all(i.startswith(EMPTIED) for i in redone)
+    rows = pd.DataFrame({"task_id": range(len(sample)), "annotation_id": range(len(sample)), "status": "reviewed",
+                         "item_id": sample["item_id"], "kind": "captions", "pair_id": sample["pair_id"],
+                         "facet": sample["facet"], "text": sample["text"], "selected": True, "judge_accept": True,
+                         "verdict": "correct", "annotated_at": "2026-01-01", "source": str(history["root"] / "captions"),
+                         "lineage": sample["lineage"]})
+    review = tmp_path / "review"
+    write_table_shard(Store(str(review)), "review", rows.to_dict("records"), REVIEW_SCHEMA, "20260101T000000-aaaaaa")
+    (tmp_path / "export.json").write_text("[]")
+    module, command, parser = _parser_for("review ingest")
+    s = _data_status(module, command, parser, "review ingest",
+                     {"export": str(tmp_path / "export.json"), "output": str(review)}, explain=True)
+    stale = sorted(redone + same_text)
+    causes = ", ".join([f"caption {len(redone)}"] + ([f"mask {len(same_text)}"] if same_text else []))
+    assert lineage.status_line(s) == (f"{len(sample) - len(stale)} current, {len(stale)} stale "
+                                      f"({causes}: {', '.join(stale[:5])}), 0 missing, 0 failed")
+    assert s["needs_run"] is False                   # people's work: counted, never re-run by the chain
+    summary = recipes.review_summary(str(review), read_captions(str(history["root"] / "captions")))
+    assert summary["reviewed_on_other_text"] == redone
+    assert summary["reviewed"] == len(sample) - len(redone) and summary["tasks"] == len(sample)

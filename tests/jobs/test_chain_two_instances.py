@@ -82,11 +82,14 @@ def history(tmp_path_factory):
     shutil.rmtree(ds / "metadata")                       # a LEVIR-CD-layout dataset
     a, b = LabelStudioServer(base / "lab-a", docroot, startup_s=900), LabelStudioServer(base / "lab-b", docroot,
                                                                                           startup_s=900)
-    a.start()
-    try:
-        b.start()
+    try:   # started together: the two start in about the time of one
+        a.launch()
+        b.launch()
+        a.ready()
+        b.ready()
     except BaseException:
         a.stop()
+        b.stop()
         raise
     env = {**os.environ, "PYTHONPATH": str(REPO), "LABEL_STUDIO_API_KEY": a.token,
            "LABEL_STUDIO_PYTHON": str(venv_dir() / "bin" / "python")}
@@ -184,6 +187,9 @@ steps:
         out["known"] = known
         return out
     finally:
+        for server in (a, b):      # both told to stop first, then each waited for
+            if server.proc and server.proc.poll() is None:
+                server.proc.terminate()
         a.stop()
         b.stop()
 

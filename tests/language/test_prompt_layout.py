@@ -165,8 +165,8 @@ def test_in_json_schema_mode_the_reply_line_is_sent_instead_of_the_schema(pair_1
 
 def test_v3_requests_keep_their_reply_line_in_the_stage_text(pair_1024):
     """An output made with v3 reruns with v3 (prompts.json): its requests are the bytes they were."""
-    for request, body in zip(stage_requests(pair_1024, "high", "v3"), sent_bodies(stage_requests(pair_1024, "high", "v3"),
-                                                                                  "json_object")):
+    requests = stage_requests(pair_1024, "high", "v3")     # built once (sent_bodies leaves them as they are)
+    for request, body in zip(requests, sent_bodies(requests, "json_object")):
         assert request.reply_note == ""
         assert "Answer as a JSON object" in body["messages"][1]["content"][-2]["text"]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.project.test_import_graph import ROOT, find_cycle, import_graph, imported_names, module_name
+from tests.project.test_import_graph import ROOT, find_cycle, imported_names, module_name, repo_graph
 
 LLM_JOBS = ("caption", "qa", "score", "validate")
 RUNNER = ("job_options", "job_passes", "job_summary", "job_runner")
 
 
 def test_the_llm_layer_imports_nothing_from_the_language_layer():
-    graph, _ = import_graph(ROOT)
+    graph, _ = repo_graph()   # parsed once for the suite (read only)
     llm = {m: deps for m, deps in graph.items() if m.startswith("operators.llm.")}
     assert len(llm) >= 10
     upward = sorted((m, d) for m, deps in llm.items() for d in deps if d.startswith("operators.language"))
@@ -21,7 +21,7 @@ def test_the_llm_layer_imports_nothing_from_the_language_layer():
 
 
 def test_the_runner_is_split_into_modules_without_a_cycle():
-    graph, _ = import_graph(ROOT)
+    graph, _ = repo_graph()   # parsed once for the suite (read only)
     runner = {f"operators.llm.{m}" for m in RUNNER}
     assert runner <= set(graph)
     sub = {m: graph[m] & runner for m in runner}

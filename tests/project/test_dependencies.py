@@ -45,17 +45,34 @@ def declared() -> dict[str, set[str]]:
     return out
 
 
+def _guards_import_error(node: ast.AST) -> bool:
+    return isinstance(node, ast.Try) and any(
+        isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers)
+
+
+def _statements(body: list, guarded: bool = False):
+    """(statement, inside a ``try`` that catches ImportError) for every statement, nested ones included.
+    An import is a statement, so only statement lists are walked, never expressions (the same imports
+    as ``ast.walk`` finds, in a fraction of its time)."""
+    for node in body:
+        yield node, guarded
+        inner = guarded or _guards_import_error(node)
+        for field in ("body", "orelse", "finalbody"):
+            children = getattr(node, field, None)
+            if isinstance(children, list):
+                yield from _statements(children, inner)
+        for part in getattr(node, "handlers", None) or getattr(node, "cases", None) or []:
+            yield from _statements(part.body, inner)
+
+
 @functools.cache   # three tests read the same folders: parsed once
 def imports(folder: str) -> tuple[tuple[str, str, bool, bool], ...]:
     """(top-level module, file:line, at module level, guarded by ``except ImportError``)."""
     found = []
     for path in sorted((REPO / folder).rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
-                   and any(isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
-                           for h in t.handlers) for n in ast.walk(t)}
         top_level = {id(n) for n in tree.body}
-        for node in ast.walk(tree):
+        for node, guarded in _statements(tree.body):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -66,8 +83,7 @@ def imports(folder: str) -> tuple[tuple[str, str, bool, bool], ...]:
                 top = name.split(".")[0]
                 if top in sys.stdlib_module_names or top in OWN or top == "__future__":
                     continue
-                found.append((top, f"{path.relative_to(REPO)}:{node.lineno}", id(node) in top_level,
-                              id(node) in guarded))
+                found.append((top, f"{path.relative_to(REPO)}:{node.lineno}", id(node) in top_level, guarded))
     return tuple(found)
 
 

@@ -28,7 +28,7 @@ def imported_names(path: Path, module: str) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in statements(tree.body):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -41,6 +41,19 @@ def imported_names(path: Path, module: str) -> set[str]:
             out.add(prefix)
             out.update(f"{prefix}.{alias.name}" for alias in node.names)
     return out
+
+
+def statements(body: list):
+    """Every statement of ``body``, nested ones included. An import is a statement, so walking the
+    statement lists alone finds every import ``ast.walk`` finds, without visiting the expressions."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            children = getattr(node, field, None)
+            if isinstance(children, list):
+                yield from statements(children)
+        for part in getattr(node, "handlers", None) or getattr(node, "cases", None) or []:
+            yield from statements(part.body)
 
 
 def import_graph(root: Path, top: str = "operators") -> tuple[dict[str, set[str]], set[str]]:

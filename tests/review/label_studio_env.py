@@ -111,23 +111,35 @@ class LabelStudioServer:
         return env
 
     def start(self) -> "LabelStudioServer":
+        """Start the server and wait until it answers (``launch`` then ``ready``)."""
+        return self.launch().ready()
+
+    def launch(self) -> "LabelStudioServer":
+        """Start the process, not waiting for it: two servers started together start in the time of one
+        (``ready`` waits for each)."""
         venv = ensure_venv()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        template = venv / TEMPLATE_DB
-        fresh = not (self.data_dir / DB_NAME).exists()
-        if fresh and template.exists():
-            shutil.copyfile(template, self.data_dir / DB_NAME)   # migrated already: starts in seconds
+        self._template = venv / TEMPLATE_DB
+        self._fresh = not (self.data_dir / DB_NAME).exists()
+        if self._fresh and self._template.exists():
+            shutil.copyfile(self._template, self.data_dir / DB_NAME)   # migrated already: starts in seconds
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [str(venv / "bin" / "label-studio"), "start", "--no-browser", "--host", "127.0.0.1",
              "--internal-host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir)],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(self.data_dir))
-        deadline = time.time() + self.startup_s
+        self._deadline = time.time() + self.startup_s
+        return self
+
+    def ready(self) -> "LabelStudioServer":
+        """Wait (within ``startup_s`` of the launch) until the launched server is the listener on its port
+        and its API answers; stopped when it does not."""
+        fresh, template, deadline = self._fresh, self._template, self._deadline
         try:
             # Ours listening on the port first (through the migrations of a first start): a stranger
             # there is an error at once, naming its pid; then its API answering.
             try:
-                wait_for_port(self.port, self.startup_s, proc=self.proc)
+                wait_for_port(self.port, max(1.0, deadline - time.time()), proc=self.proc)
             except RuntimeError as e:
                 raise RuntimeError(f"label-studio (pid {self.proc.pid}) on 127.0.0.1:{self.port}: {e}; "
                                    f"see {self.log_path}:\n{self._log_tail()}") from None
@@ -145,7 +157,7 @@ class LabelStudioServer:
                             return self
                 except OSError:
                     pass
-                time.sleep(1.0)
+                time.sleep(0.25)
             raise RuntimeError(f"label-studio did not answer within {self.startup_s:.0f}s; see {self.log_path}")
         except BaseException:
             self.stop()

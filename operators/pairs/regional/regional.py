@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from operators.pairs.registration.guided_matching import MatchPrior, guided_match, prior_sample
+from operators.pairs.registration.guided_matching import MatchPrior, chance_rate, guided_match, prior_sample
 from operators.pairs.registration.tiles import grow, inside, tile_core, tiles_for_window
 from operators.pairs.registration.registration import (HomographyFit, RegistrationConfig, checked_fit,
                                                        detect_features, match_descriptors)
@@ -46,6 +46,9 @@ class TileMatches:
     pre_xy: np.ndarray     # (N, 2) float32
     post_xy: np.ndarray    # (N, 2) float32
     distance: np.ndarray   # (N,) float32 descriptor distance of the best match
+    # (N,) float32: per guided match, the measured chance that a wrong partner chosen near its
+    # prediction lands within the RANSAC threshold (``chance_rate``); None: not measured.
+    chance: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return int(len(self.pre_xy))
@@ -57,23 +60,28 @@ class TileMatches:
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez_compressed(buf, pre_xy=self.pre_xy, post_xy=self.post_xy, distance=self.distance)
+        extra = {} if self.chance is None else {"chance": self.chance}
+        np.savez_compressed(buf, pre_xy=self.pre_xy, post_xy=self.post_xy, distance=self.distance,
+                            **extra)
         return buf.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "TileMatches":
         with np.load(io.BytesIO(data)) as z:
+            chance = z["chance"].astype(np.float32) if "chance" in z.files else None
             return cls(z["pre_xy"].astype(np.float32), z["post_xy"].astype(np.float32),
-                       z["distance"].astype(np.float32))
+                       z["distance"].astype(np.float32), chance)
 
     @classmethod
     def concat(cls, parts: Iterable["TileMatches"]) -> "TileMatches":
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
+        chance = None if any(p.chance is None for p in parts) else \
+            np.concatenate([p.chance for p in parts])
         return cls(np.concatenate([p.pre_xy for p in parts]),
                    np.concatenate([p.post_xy for p in parts]),
-                   np.concatenate([p.distance for p in parts]))
+                   np.concatenate([p.distance for p in parts]), chance)
 
 
 # ---- tile geometry --------------------------------------------------------------------------
@@ -197,8 +205,10 @@ def guided_match_tile(own: TileFeatures, neighbours: Iterable[TileFeatures], til
         return TileMatches.empty()
     post_xy, post_desc = search_pool(neighbours, tile_col, tile_row, cfg)
     qi, ti, dist = guided_match(own.pre_xy, own.pre_desc, post_xy, post_desc, affine, cfg)
+    A = np.asarray(affine, np.float64)
+    pred = own.pre_xy[qi].astype(np.float64) @ A[:, :2].T + A[:, 2]
     return TileMatches(own.pre_xy[qi].astype(np.float32), post_xy[ti].astype(np.float32),
-                       dist.astype(np.float32))
+                       dist.astype(np.float32), chance_rate(pred, post_xy, cfg).astype(np.float32))
 
 
 # ---- per slice ------------------------------------------------------------------------------
@@ -210,7 +220,19 @@ def slice_matches(matches: TileMatches, window: Sequence[int]) -> tuple[np.ndarr
     return matches.post_xy[keep] - offset, matches.pre_xy[keep] - offset
 
 
+def slice_chance_rate(matches: TileMatches, window: Sequence[int]) -> Optional[float]:
+    """The chance rate of a wrong match in the slice: the mean of its matches' measured rates
+    (``TileMatches.chance``), or None when they were not measured."""
+    if matches.chance is None:
+        return None
+    rates = matches.chance[inside(matches.pre_xy, window)]
+    rates = rates[np.isfinite(rates)]
+    return float(rates.mean()) if len(rates) else None
+
+
 def fit_slice(matches: TileMatches, window: Sequence[int], cfg: RegistrationConfig) -> HomographyFit:
-    """One RANSAC homography (post-slice -> pre-slice) from the regional matches in a slice."""
+    """One RANSAC homography (post-slice -> pre-slice) from the regional matches in a slice; the
+    chance its inliers must beat is measured on the slice's own keypoints where guided matching
+    measured it (:func:`slice_chance_rate`)."""
     post_xy, pre_xy = slice_matches(matches, window)
-    return checked_fit(post_xy, pre_xy, int(window[2]), cfg)
+    return checked_fit(post_xy, pre_xy, int(window[2]), cfg, slice_chance_rate(matches, window))

@@ -115,7 +115,8 @@ class FitConfig:
                                        "beyond it the floor stays at 8 + min_inlier_ratio x this",
                                   lo=0, hi=1_000_000)
     fit_chance_factor: float = _opt(2.0, "a fit needs more inliers than this x the inliers chance "
-                                         "gives (matches x (RANSAC threshold / match radius)^2) "
+                                         "gives (matches x p; p is measured for guided matches, "
+                                         "at least (RANSAC threshold / match radius)^2) "
                                          "plus fit_chance_sigma standard deviations", lo=1.0, hi=100.0)
     fit_chance_sigma: float = _opt(4.0, "standard deviations of the chance inlier count a fit must "
                                         "exceed (with fit_chance_factor)", lo=0.0, hi=100.0)

@@ -133,6 +133,38 @@ def fit_match_prior(pre_xy: np.ndarray, post_xy: np.ndarray, tiles: list[Cell],
     return prior
 
 
+CHANCE_SHIFTS = ((4.0, 0.0), (-4.0, 0.0), (0.0, 4.0), (0.0, -4.0))  # wrong priors, in guided radii
+
+
+def chance_rate(pred_xy: np.ndarray, post_xy: np.ndarray, cfg: RegistrationConfig) -> np.ndarray:
+    """Per predicted position, the probability that a wrong guided match lands within the RANSAC
+    threshold of the model, measured on this pool of post keypoints.
+
+    A wrong partner is one of the ``guided_candidates`` post keypoints nearest the prediction
+    (within ``guided_radius_px``), whichever the descriptors pick; it lands within the threshold
+    as often as the candidates do. Keypoints crowd on texture, so on real imagery that is not
+    (threshold / radius)^2: the nearest 8 lie closer than the radius. The prediction is moved by
+    four wrong priors (``CHANCE_SHIFTS`` x the radius, so the true partner is never a candidate)
+    and each position's rate is the mean, over the moves that find candidates, of the share of
+    its candidates within the threshold (the expectation of a uniform pick: no draw, no noise).
+    NaN where no move finds a candidate. Returns (N,) float64."""
+    pred = np.asarray(pred_xy, np.float64).reshape(-1, 2)
+    post = np.asarray(post_xy, np.float64).reshape(-1, 2)
+    out = np.full(len(pred), np.nan)
+    if len(pred) == 0 or len(post) == 0:
+        return out
+    r, t = float(cfg.guided_radius_px), float(cfg.ransac_threshold_px)
+    k = int(min(cfg.guided_candidates, len(post)))
+    moved = np.concatenate([pred + np.float64(s) * r for s in CHANCE_SHIFTS])
+    d, _ = cKDTree(post).query(moved, k=k, distance_upper_bound=r)
+    d = np.asarray(d).reshape(len(CHANCE_SHIFTS), len(pred), k)
+    n_cand = np.isfinite(d).sum(axis=2)
+    share = np.where(n_cand > 0, (d <= t).sum(axis=2) / np.maximum(n_cand, 1), np.nan)
+    seen = n_cand.sum(axis=0) > 0
+    out[seen] = np.nanmean(share[:, seen], axis=0)
+    return out
+
+
 def guided_match(pre_xy: np.ndarray, pre_desc: np.ndarray, post_xy: np.ndarray,
                  post_desc: np.ndarray, affine: np.ndarray,
                  cfg: RegistrationConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -171,11 +171,13 @@ class HomographyFit:
 
 
 def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationConfig,
-                   slice_side: Optional[float] = None) -> HomographyFit:
+                   slice_side: Optional[float] = None,
+                   chance_rate: Optional[float] = None) -> HomographyFit:
     """RANSAC homography from matched points (post -> pre), with the inlier-count rule applied.
 
     When the inliers do not span ``slice_side`` (default: the points' own extent) in both
     directions, the homography is replaced by a similarity fitted to the same inliers.
+    ``chance_rate``: the slice's measured chance rate per wrong match (:func:`chance_inliers`).
     """
     post_xy = np.asarray(post_xy, np.float64).reshape(-1, 2)
     pre_xy = np.asarray(pre_xy, np.float64).reshape(-1, 2)
@@ -193,16 +195,16 @@ def fit_homography(post_xy: np.ndarray, pre_xy: np.ndarray, cfg: RegistrationCon
     if n_in < cfg.min_inliers:
         return HomographyFit(None, n, n_in, f"too few inliers ({n_in} < {cfg.min_inliers})")
     side = float(slice_side or max(np.ptp(pre_xy[:, 0]), np.ptp(pre_xy[:, 1]), 1.0))
-    need = confidence_inliers(n, cfg, side)
+    need = confidence_inliers(n, cfg, side, chance_rate)
     if n_in <= need:
-        mu, _ = chance_inliers(n, cfg, side)
+        mu, _ = chance_inliers(n, cfg, side, rate=chance_rate)
         return HomographyFit(None, n, n_in, f"low fit confidence: {n_in} inliers of {n} matches "
                                             f"(<= {need:.0f}: chance gives {mu:.0f} within "
                                             f"{cfg.ransac_threshold_px:g} of {match_radius(cfg, side):g} "
                                             f"px)")
     keep0 = inliers.ravel().astype(bool)
     if slice_side:
-        cover = inlier_coverage(pre_xy, keep0, int(slice_side), cfg)
+        cover = inlier_coverage(pre_xy, keep0, int(slice_side), cfg, chance_rate)
         if cover is not None and cover < cfg.min_inlier_coverage:
             return HomographyFit(None, n, n_in, f"inliers back {cover:.0%} of the crop's cells "
                                                 f"with matches (< {cfg.min_inlier_coverage:.0%}: "
@@ -228,18 +230,26 @@ def match_radius(cfg: RegistrationConfig, slice_side: float) -> float:
 
 
 def chance_inliers(n_matches: int, cfg: RegistrationConfig, slice_side: float,
-                   radius: Optional[float] = None) -> tuple[float, float]:
+                   radius: Optional[float] = None,
+                   rate: Optional[float] = None) -> tuple[float, float]:
     """(mean, standard deviation) of the RANSAC inliers ``n_matches`` wrong matches give by
-    chance: each lies within the threshold of a model near the truth with probability
-    (threshold / radius)^2 (a disc of the threshold inside the disc the wrong partner is drawn
-    from, :func:`match_radius`)."""
+    chance: each lies within the threshold of a model near the truth with probability p.
+
+    p is at least (threshold / radius)^2, a wrong partner spread evenly over the disc it is
+    drawn from (:func:`match_radius`). ``rate``, when given, is p as measured on the slice's
+    own keypoints (``guided_matching.chance_rate``; NaN or None: not measured); the larger of the
+    two is used. Guided matching picks among the 8 keypoints nearest the prediction, and on real
+    texture those crowd closer than the radius: measured rates exceed the disc's."""
     r = match_radius(cfg, slice_side) if radius is None else float(radius)
     p = min(1.0, (float(cfg.ransac_threshold_px) / max(r, 1e-9)) ** 2)
+    if rate is not None and np.isfinite(rate):
+        p = min(1.0, max(p, float(rate)))
     return n_matches * p, float(np.sqrt(n_matches * p * (1.0 - p)))
 
 
 def confidence_inliers(n_matches: int, cfg: RegistrationConfig,
-                       slice_side: Optional[float] = None) -> float:
+                       slice_side: Optional[float] = None,
+                       chance_rate: Optional[float] = None) -> float:
     """Inliers a fit must exceed: more than chance gives (``fit_chance_factor`` x its mean plus
     ``fit_chance_sigma`` standard deviations, :func:`chance_inliers`), and for small match sets
     the Brown-Lowe share (OpenCV stitching's ``inliers / (8 + 0.3 matches) > 1``) up to
@@ -250,7 +260,7 @@ def confidence_inliers(n_matches: int, cfg: RegistrationConfig,
     floor = 8.0 + float(cfg.min_inlier_ratio) * min(n, int(cfg.fit_floor_matches))
     if slice_side is None:
         return floor
-    mu, sd = chance_inliers(n, cfg, slice_side)
+    mu, sd = chance_inliers(n, cfg, slice_side, rate=chance_rate)
     return max(floor, cfg.fit_chance_factor * mu + cfg.fit_chance_sigma * sd)
 
 
@@ -260,7 +270,7 @@ COVERAGE_MIN_CELLS = 4  # cells that count before a share means anything (fewer:
 
 
 def inlier_coverage(pre_xy: np.ndarray, inliers: np.ndarray, slice_side: int,
-                    cfg: RegistrationConfig) -> Optional[float]:
+                    cfg: RegistrationConfig, chance_rate: Optional[float] = None) -> Optional[float]:
     """How much of the kept crop backs the fit: the crop is cut into ``COVERAGE_CELLS`` x
     ``COVERAGE_CELLS`` cells; of the cells holding at least ``COVERAGE_MATCHES`` matches, the
     share whose inliers exceed what chance gives their matches (its mean plus two standard
@@ -280,7 +290,7 @@ def inlier_coverage(pre_xy: np.ndarray, inliers: np.ndarray, slice_side: int,
     n_cell = np.bincount(flat, minlength=k)
     in_cell = np.bincount(flat, weights=np.asarray(inliers, bool)[inside].astype(float),
                           minlength=k)
-    p = chance_inliers(1, cfg, slice_side)[0]              # per match
+    p = chance_inliers(1, cfg, slice_side, rate=chance_rate)[0]     # per match
     # Per cell, a looser bar than the slice's (a cell is a small sample, and the slice's count
     # already beat chance): more than the chance mean plus two standard deviations.
     need = np.maximum(2.0, n_cell * p + 2.0 * np.sqrt(n_cell * p * (1 - p)))
@@ -436,19 +446,19 @@ def register_slice_pair(pre_grey: np.ndarray, pre_valid: np.ndarray, post_grey: 
 
 
 def checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
-                cfg: RegistrationConfig) -> HomographyFit:
+                cfg: RegistrationConfig, chance_rate: Optional[float] = None) -> HomographyFit:
     """:func:`fit_homography` plus the plausibility checks. A homography that fails them (few or
     noisy inliers make its perspective terms wild) is replaced by a similarity fitted to the same
     inliers when that passes; screening then judges the result on the pixels. The fit carries
     its matches (``matches``) for the rescue's check."""
     matches = (np.asarray(post_xy, np.float64).reshape(-1, 2),
                np.asarray(pre_xy, np.float64).reshape(-1, 2))
-    return replace(_checked_fit(post_xy, pre_xy, slice_size, cfg), matches=matches)
+    return replace(_checked_fit(post_xy, pre_xy, slice_size, cfg, chance_rate), matches=matches)
 
 
 def _checked_fit(post_xy: np.ndarray, pre_xy: np.ndarray, slice_size: int,
-                 cfg: RegistrationConfig) -> HomographyFit:
-    fit = fit_homography(post_xy, pre_xy, cfg, slice_side=slice_size)
+                 cfg: RegistrationConfig, chance_rate: Optional[float] = None) -> HomographyFit:
+    fit = fit_homography(post_xy, pre_xy, cfg, slice_side=slice_size, chance_rate=chance_rate)
     if fit.homography is None:
         return fit
     reason = homography_problem(fit.homography, slice_size, cfg.crop_size, cfg)

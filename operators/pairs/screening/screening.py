@@ -44,6 +44,9 @@ import numpy as np
 
 from operators.pairs.registration.config import ScreeningConfig
 from operators.pairs.registration.registration import RegistrationConfig
+from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, UNKNOWN, RegionShift,
+                                               repeat_period, repeated_groups, region_shift,
+                                               repeats_itself)
 
 # The screening settings' defaults, for the pure functions called without a config (one source: the
 # settings themselves).
@@ -81,6 +84,7 @@ class ScreeningResult:
 DISPLACED = "displaced_region"       # a region of windows displaced beyond the limit
 CORNER = "corner"                    # the displacement field beyond the limit at a crop corner
 INSUFFICIENT = "insufficient_evidence"   # too little measured to say either way
+REPEATS_MOVED = "repeated_texture_moved"   # a region of repeated texture whose outline moved
 
 
 @dataclass
@@ -710,71 +714,9 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
 
 
 
-def repeats_itself(pre: np.ndarray, x: int, y: int, win: int, reach: int, ncc: float) -> bool:
-    """Whether the pre window at (x, y) matches its own surroundings within ``reach`` px as well
-    as ``ncc`` somewhere apart from its own peak: the surface above ``ncc`` is more than the one
-    region about the window's own place (smooth texture's wide peak is one region; a period's
-    rival is another, with a twin the other way). True for repeated texture (an orchard, a solar
-    farm, a parking lot), whose shift by whole periods no correlation can see. At half
-    resolution for windows of 64 px and more (periods of 8 px and up stay resolved)."""
-    h, w = pre.shape
-    sx0, sy0 = max(0, x - reach), max(0, y - reach)
-    sx1, sy1 = min(w, x + win + reach), min(h, y + win + reach)
-    region = pre[sy0:sy1, sx0:sx1]
-    tmpl = pre[y:y + win, x:x + win]
-    f = 2 if win >= 64 else 1
-    if f == 2:
-        region = cv2.resize(region, (region.shape[1] // 2, region.shape[0] // 2),
-                            interpolation=cv2.INTER_AREA)
-        tmpl = cv2.resize(tmpl, (win // 2, win // 2), interpolation=cv2.INTER_AREA)
-    surface = cv2.matchTemplate(region, tmpl, cv2.TM_CCOEFF_NORMED)
-    cv2.patchNaNs(surface, -1.0)
-    high = (surface >= ncc).astype(np.uint8)
-    n, labels = cv2.connectedComponents(high, connectivity=8)
-    if n <= 2:               # background + the window's own peak: nothing else matches
-        return False
-    # A period repeats both ways: a rival at +s has a twin at -s. Smooth texture (an image
-    # enlarged 4.5x) can hold a lone second region above ncc; it was read as an orchard and 14
-    # of 100 archive-scale crops were lost.
-    sh, sw = surface.shape
-    # The window lies inside the region, so its own place is a cell of the surface at either
-    # scale (floor(a/2) + floor(b/2) <= floor((a+b)/2)): no clamp needed.
-    cx, cy = (x - sx0) // f, (y - sy0) // f
-    own = labels[cy, cx]
-    for k in range(1, n):
-        if k == own:
-            continue
-        py, px = np.unravel_index(int(np.argmax(np.where(labels == k, surface, -2.0))), surface.shape)
-        ty, tx = 2 * cy - py, 2 * cx - px
-        if 0 <= ty < sh and 0 <= tx < sw and surface[ty, tx] >= ncc - REPEAT_TWIN_SLACK:
-            return True
-    return False
-
-
-# Windows under this side hold too few pixels for the repeated-texture test: natural texture in
-# 16-24 px windows matches itself at 0.8 somewhere near by chance (real NAIP crops were lost).
-REPEAT_MIN_WINDOW = 64
 # Lean is told from ground moved as a whole by the width of what moved (:func:`wide_areas`); in
 # smaller windows that layer is too fragmented to measure one, and a lean is displacement there.
 LEAN_MIN_WINDOW = 64
-REPEAT_TWIN_SLACK = 0.1   # a rival's twin one period the other way may match this much less
-
-
-def repeated_region(cells: set[tuple[int, int]], need: int) -> Optional[list[tuple[int, int]]]:
-    """The largest group of grid-adjacent windows in ``cells``, when it holds ``need`` or more."""
-    left, best = set(cells), []
-    while left:
-        stack, group = [left.pop()], []
-        while stack:
-            i, j = stack.pop()
-            group.append((i, j))
-            for di in (-1, 0, 1):
-                for dj in (-1, 0, 1):
-                    if (i + di, j + dj) in left:
-                        left.discard((i + di, j + dj))
-                        stack.append((i + di, j + dj))
-        best = max(best, group, key=len)
-    return best if len(best) >= need else None
 
 
 def stayed_put(pre: np.ndarray, post: np.ndarray, x: int, y: int, shape: tuple,
@@ -851,13 +793,14 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     _, _, post_std = window_stats(post, valid, ys, xs, win)
     usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
-    repeated: set[tuple[int, int]] = set()
+    repeated: dict[tuple[int, int], tuple[int, int]] = {}     # cell -> its texture's period
     reach = max(near, win // 2)
     for i, j in zip(*np.nonzero(usable)):
         i, j, y, x = int(i), int(j), ys[i], xs[j]
-        if win >= REPEAT_MIN_WINDOW and cfg.screen_repeat_ncc < 1.0 and \
-                repeats_itself(pre, x, y, win, reach, cfg.screen_repeat_ncc):
-            repeated.add((i, j))     # a shift by whole periods would look like none
+        period = repeat_period(pre, x, y, win, reach, cfg.screen_repeat_ncc) \
+            if win >= REPEAT_MIN_WINDOW and cfg.screen_repeat_ncc < 1.0 else None
+        if period is not None:
+            repeated[(i, j)] = period     # a shift by whole periods would look like none
             continue
         a = pre[y:y + win, x:x + win]
         if count[i, j] < win * win:     # unusable pixels take the window's mean
@@ -890,7 +833,12 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         trusted = lean[0]
         agreed = [s for s in agreed if id(s) not in leaning]
     found_lean = lean[1] if lean is not None else None
-    ev = Evidence(w, h, win, trusted, agreed, shifts, n_textured, repeated, ys, xs, found_lean, cfg)
+    # Repeated texture is read by its outline instead (:mod:`.repeats`), as far as a region's
+    # content could have moved.
+    outlines = [(g, region_shift(pre, post, valid, g, repeated, ys, xs, win, far,
+                                 cfg.max_residual_px)) for g in repeated_groups(repeated)]
+    ev = Evidence(w, h, win, trusted, agreed, shifts, n_textured, outlines, ys, xs, found_lean,
+                  cfg)
     for k, test in enumerate(SCREEN_TESTS):
         verdict = test(ev)
         if verdict is not None:
@@ -908,7 +856,7 @@ class Evidence:
     agreed: list             # windows with a neighbour's support (the corner fields read them)
     shifts: list             # every window with a peak
     n_textured: int
-    repeated: set            # grid cells of windows whose texture repeats itself
+    outlines: list           # (cells, RegionShift) per region of repeated-texture windows
     ys: list
     xs: list
     lean: Optional[Lean]
@@ -921,6 +869,12 @@ class Evidence:
     @cached_property
     def mags(self) -> np.ndarray:
         return np.hypot([s.dx for s in self.trusted], [s.dy for s in self.trusted])
+
+    @cached_property
+    def moved_outline(self) -> Optional[RegionShift]:
+        """The region of repeated texture that moved farthest beyond the limit, if any."""
+        moved = [r for _, r in self.outlines if r.verdict == MOVED]
+        return max(moved, key=lambda r: r.px) if moved else None
 
     @cached_property
     def coverage(self) -> float:
@@ -944,6 +898,8 @@ class Evidence:
             return ScreeningResult(None, None, self.n_textured, n, reason, self.fraction,
                                    self.trusted, self.shifts, reject_code=code)
         residual, median = float(self.mags.max()), float(np.median(self.mags))
+        if self.moved_outline is not None:
+            residual = max(residual, self.moved_outline.px)
         coverage = self.coverage
         corner = self.corner
         if corner is None:
@@ -958,16 +914,19 @@ class Evidence:
 # The screen's tests, in order: each returns None (passes) or (code, reason) (rejects).
 
 def repeated_texture(ev: Evidence) -> Optional[tuple[str, str]]:
-    """A region of windows whose texture repeats itself: a shift by whole periods is unseen."""
-    region = repeated_region(ev.repeated, ev.cfg.screen_region_windows)
-    if region is None:
+    """Repeated texture whose move cannot be read: an outline found but not aligned (hidden by
+    cloud or the crop's edge, or texture everywhere), or a region of windows
+    (``screen_region_windows`` or more) with no outline at all. A shift by whole periods is
+    unseen inside it. (A window or two repeating with no outline is natural texture by chance.)"""
+    need = ev.cfg.screen_region_windows
+    unknown = [(g, r) for g, r in ev.outlines
+               if r.verdict == UNKNOWN or (r.verdict == NONE and len(g) >= need)]
+    if not unknown:
         return None
-    half = (ev.win - 1) / 2
-    ci = float(np.mean([ev.ys[i] for i, _ in region])) + half
-    cj = float(np.mean([ev.xs[j] for _, j in region])) + half
-    return INSUFFICIENT, (f"insufficient evidence: repeated texture over {len(region)} windows "
-                          f"near ({cj:.0f}, {ci:.0f}) of the crop (a shift by whole periods "
-                          f"cannot be seen)")
+    g, r = unknown[0]
+    return INSUFFICIENT, (f"insufficient evidence: repeated texture over {len(g)} windows near "
+                          f"({r.x:.0f}, {r.y:.0f}) of the crop, its outline not aligned in both "
+                          f"dates (a shift by whole periods cannot be seen)")
 
 
 def too_little_assessed(ev: Evidence) -> Optional[tuple[str, str]]:
@@ -1005,6 +964,17 @@ def displaced_region(ev: Evidence) -> Optional[tuple[str, str]]:
                        f"({worst.x:.0f}, {worst.y:.0f}) of the crop")
 
 
+def repeated_texture_moved(ev: Evidence) -> Optional[tuple[str, str]]:
+    """A region of repeated texture whose outline moved beyond the limit (a whole period, say:
+    its windows match as well as none)."""
+    moved = ev.moved_outline
+    if moved is None:
+        return None
+    return REPEATS_MOVED, (f"displaced region: repeated texture moved {moved.px:.1f} px > "
+                       f"{ev.cfg.max_residual_px:g} px near ({moved.x:.0f}, {moved.y:.0f}) of the "
+                       f"crop (its outline; period {moved.period[0]}, {moved.period[1]} px)")
+
+
 def corner_beyond(ev: Evidence) -> Optional[tuple[str, str]]:
     """The displacement field beyond the limit at a crop corner (value plus k standard errors),
     or no field to say."""
@@ -1021,11 +991,12 @@ def corner_beyond(ev: Evidence) -> Optional[tuple[str, str]]:
 
 
 SCREEN_TESTS = (repeated_texture, too_little_assessed, too_little_spread, displaced_region,
-                corner_beyond)
+                repeated_texture_moved, corner_beyond)
 MEASURED_FROM = SCREEN_TESTS.index(displaced_region)   # the tests before it judge evidence only
 
 
-RESCUABLE = (DISPLACED, CORNER)   # rejections a smooth field can explain
+RESCUABLE = (DISPLACED, CORNER)   # rejections a smooth field can explain (a region of repeated
+                                  # texture moved against its windows is no field)
 
 
 def rescue_field(result: ScreeningResult, w: int, h: int,

@@ -463,6 +463,7 @@ def test_a_sampled_first_pass_is_redone_in_full_when_the_pair_has_no_prior(scene
     np.testing.assert_array_equal(final.pre_xy, full.pre_xy)
 
 
+@pytest.mark.slow   # three first passes over the scenes: about 3 s, the quick loop's slowest
 def test_a_weak_sampled_prior_is_refitted_from_every_feature(scenes, tmp_path):
     """A pair whose sampled first pass gives a prior on fewer than ``prior_sample_min_inliers``
     inliers gets the prior of the first pass over every feature (what it got before sampling);

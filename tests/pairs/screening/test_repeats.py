@@ -1,0 +1,157 @@
+"""Repeated texture read by its outline (``operators/pairs/screening/repeats.py``): the
+disagreement sums against a direct reference, outlines moved by generated offsets on either side
+of the 8 px limit, periods to the pixel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from operators.pairs.screening.repeats import (MOVED, NONE, STAYED, UNKNOWN, canonical,
+                                               outline_disagreement, periodic_mask,
+                                               refine_period, region_shift, repeat_period,
+                                               repeated_groups)
+
+pytestmark = pytest.mark.quick
+
+
+def reference_disagreement(a, ka, b, kb, ox, oy):
+    """The documented rule, pixel by pixel: among a's pixels known in both at the offset, the
+    disagreeing ones, as a share of a's region seen there; inf when under half of it is seen."""
+    h, w = a.shape
+    diff = seen = total = 0.0
+    for y in range(h):
+        for x in range(w):
+            total += ka[y, x] * a[y, x]
+            both = ka[y, x] * kb[y + oy, x + ox]
+            diff += both * (a[y, x] - b[y + oy, x + ox]) ** 2
+            seen += both * a[y, x]
+    if seen < 0.5 * total:
+        return np.inf
+    return diff / max(seen, 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(4, 9), st.integers(4, 9), st.integers(0, 4),
+       st.integers(0, 4))
+def test_outline_disagreement_is_the_documented_share(seed, h, w, ry, rx):
+    rng = np.random.default_rng(seed)
+    a = (rng.random((h, w)) < 0.5).astype(np.float32)
+    ka = (rng.random((h, w)) < 0.8).astype(np.float32)
+    b = (rng.random((h + ry, w + rx)) < 0.5).astype(np.float32)
+    kb = (rng.random((h + ry, w + rx)) < 0.8).astype(np.float32)
+    got = outline_disagreement(a, ka, b, kb)
+    assert got.shape == (ry + 1, rx + 1)
+    for oy in range(ry + 1):
+        for ox in range(rx + 1):
+            want = reference_disagreement(a, ka, b, kb, ox, oy)
+            if np.isinf(want):
+                assert np.isinf(got[oy, ox])
+            else:
+                assert got[oy, ox] == pytest.approx(want, abs=1e-4)
+
+
+def orchard(size: int, period: tuple[int, int], box: tuple[int, int, int, int], seed: int):
+    """Random ground with a rectangle of repeated texture (a random tile of ``period``)."""
+    rng = np.random.default_rng(seed)
+    img = rng.random((size, size)).astype(np.float32)
+    tile = rng.random((period[1], period[0])).astype(np.float32)
+    y0, y1, x0, x1 = box
+    big = np.tile(tile, (size // period[1] + 2, size // period[0] + 2))[:size, :size]
+    img[y0:y1, x0:x1] = big[y0:y1, x0:x1]
+    return img
+
+
+def moved_pair(size, period, box, d, seed):
+    """The orchard (its tile in place) with its edges moved by ``d`` = (dx, dy)."""
+    pre = orchard(size, period, box, seed)
+    y0, y1, x0, x1 = box
+    post = orchard(size, period, (y0 + d[1], y1 + d[1], x0 + d[0], x1 + d[0]), seed)
+    # The ground is the same random field in both; only where the orchard is differs.
+    return pre, post
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(9, 24),
+       st.sampled_from([(1, 0), (0, 1), (1, 1), (-1, 0), (0, -1), (-1, 1)]),
+       st.sampled_from([0, 5, 6, 9, 10, 14]))
+def test_an_outline_moved_either_side_of_the_limit_is_read_as_such(seed, period, axis, move):
+    """An orchard moved by ``move`` px (not always a whole period: the outline is what is read),
+    any way (negative offsets too), on random ground: never read on the wrong side of the limit (STAYED at 9 px or more, MOVED at
+    6 px or less); not moved, STAYED; moved 14 px, MOVED by that offset. Near the limit
+    UNKNOWN (insufficient evidence, a rejection) is allowed: 8 and 9 px differ by a 1 px strip."""
+    size, win = 512, 64
+    d = (axis[0] * move, axis[1] * move)
+    truth = float(np.hypot(*d))
+    box = (150, 350, 140, 360)
+    pre, post = moved_pair(size, (period, period), box, d, seed)
+    ys = xs = list(range(0, size - win + 1, win // 2))
+    cells = {(i, j): (period, 0) for i in range(len(ys)) for j in range(len(xs))
+             if box[0] <= ys[i] and ys[i] + win <= box[1] and box[2] <= xs[j] and
+             xs[j] + win <= box[3]}
+    group = repeated_groups(cells)[0]
+    r = region_shift(pre, post, np.ones(pre.shape, bool), group, cells, ys, xs, win, 32, 8.0)
+    if truth <= 6.0:
+        assert r.verdict != MOVED, (r, truth)
+    if truth >= 9.0:
+        assert r.verdict != STAYED, (r, truth)
+    if truth == 0.0:
+        assert r.verdict == STAYED, r
+    if truth >= 14.0:
+        assert r.verdict == MOVED, (r, truth)
+        assert (r.dx, r.dy) == pytest.approx(d, abs=1.0)
+
+
+def test_an_outline_hidden_by_cloud_cannot_be_aligned():
+    """The orchard moved 20 px right, the post date clouded over everything but its middle: no
+    edge of it is seen in both dates, so which offset is right cannot be told."""
+    size, win = 512, 64
+    box = (150, 350, 140, 360)
+    pre, post = moved_pair(size, (12, 12), box, (20, 0), 3)
+    valid = np.zeros(pre.shape, bool)
+    valid[200:300, 200:300] = True
+    ys = xs = list(range(0, size - win + 1, win // 2))
+    cells = {(i, j): (12, 0) for i in range(len(ys)) for j in range(len(xs))
+             if 160 <= ys[i] <= 300 and 160 <= xs[j] <= 300}
+    group = repeated_groups(cells)[0]
+    r = region_shift(pre, post, valid, group, cells, ys, xs, win, 32, 8.0)
+    assert r.verdict in (UNKNOWN, NONE), r
+
+
+@pytest.mark.parametrize("period", [(9, 0), (0, 11), (13, 13), (17, 5)])
+def test_a_period_is_refined_to_the_pixel(period):
+    """A half-resolution period is known to 2 px; a periodicity map one pixel off repeats nowhere."""
+    size = 256
+    tile_w = period[0] if period[0] else 7
+    tile_h = period[1] if period[1] else 7
+    rng = np.random.default_rng(1)
+    img = np.tile(rng.random((tile_h, tile_w)).astype(np.float32),
+                  (size // tile_h + 1, size // tile_w + 1))[:size, :size]
+    seeds = np.zeros((size, size), bool)
+    seeds[40:200, 40:200] = True
+    off = (period[0] + 1, period[1] - 1)
+    got = refine_period(img, seeds, off)
+    assert got in {canonical(period), canonical((tile_w, 0)), canonical((0, tile_h)),
+                   canonical((tile_w, tile_h)), canonical((tile_w, -tile_h))}
+    mask, known = periodic_mask(img, np.ones(img.shape, bool), got)
+    assert mask[40:200, 40:200].mean() > 0.95      # inside (the blur's box reads the edges)
+
+
+def test_repeat_period_finds_an_orchard_and_not_noise():
+    rng = np.random.default_rng(2)
+    noise = rng.random((384, 384)).astype(np.float32)
+    assert repeat_period(noise, 128, 128, 128, 64, 0.8) is None
+    img = orchard(384, (20, 20), (0, 384, 0, 384), 2)
+    t = repeat_period(img, 128, 128, 128, 64, 0.8)
+    assert t is not None and t == canonical(t)
+    assert {abs(t[0]) % 20, abs(t[1]) % 20} <= {0, 18, 2} and max(map(abs, t)) <= 42
+
+
+def test_groups_are_8_connected_and_largest_first():
+    cells = {(0, 0), (1, 1), (5, 5), (5, 6), (6, 7), (9, 0)}
+    groups = repeated_groups(cells)
+    assert [len(g) for g in groups] == [3, 2, 1]
+    assert groups[0] == [(5, 5), (5, 6), (6, 7)]
+    assert canonical((-3, -4)) == (3, 4) and canonical((-3, 0)) == (3, 0)
+    assert canonical((3, -4)) == (-3, 4)
