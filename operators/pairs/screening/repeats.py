@@ -229,6 +229,17 @@ def disagreement_at(a: np.ndarray, ka: np.ndarray, b: np.ndarray, kb: np.ndarray
     return float((both * (a - bb) ** 2).sum()) / max(seen, 1.0)
 
 
+def window_centres(group: list[tuple[int, int]], ys: list[int], xs: list[int], win: int,
+                   shape: tuple[int, int]) -> np.ndarray:
+    """The central half (each way) of every window of ``group``: where a region's windows are
+    surely on it (their edges may hold the ground around it)."""
+    seeds = np.zeros(shape, bool)
+    q = win // 4
+    for i, j in group:
+        seeds[ys[i] + q:ys[i] + win - q, xs[j] + q:xs[j] + win - q] = True
+    return seeds
+
+
 def region_shift(pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
                  group: list[tuple[int, int]], periods: dict, ys: list[int], xs: list[int],
                  win: int, reach: int, limit: float) -> RegionShift:
@@ -239,10 +250,7 @@ def region_shift(pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
     one within, else UNKNOWN (an outline hidden by cloud or the crop's edge, or texture
     everywhere). NONE when no region of repeating pixels holds the windows in either date."""
     h, w = pre.shape
-    seeds = np.zeros((h, w), bool)
-    q = win // 4
-    for i, j in group:
-        seeds[ys[i] + q:ys[i] + win - q, xs[j] + q:xs[j] + win - q] = True
+    seeds = window_centres(group, ys, xs, win, (h, w))
     cy = float(np.mean([ys[i] for i, _ in group])) + (win - 1) / 2
     cx = float(np.mean([xs[j] for _, j in group])) + (win - 1) / 2
     votes = [periods[c] for c in group]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from operators.pairs.screening.repeats import (MOVED, NONE, STAYED, UNKNOWN, canonical,
                                                outline_disagreement, periodic_mask,
                                                refine_period, region_shift, repeat_period,
-                                               repeated_groups)
+                                               repeated_groups, window_centres)
 
 pytestmark = pytest.mark.quick
 
@@ -155,3 +155,21 @@ def test_groups_are_8_connected_and_largest_first():
     assert groups[0] == [(5, 5), (5, 6), (6, 7)]
     assert canonical((-3, -4)) == (3, 4) and canonical((-3, 0)) == (3, 0)
     assert canonical((3, -4)) == (-3, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=8),
+       st.sampled_from([16, 24, 64]))
+def test_window_centres_are_each_window_s_central_half(cells, win):
+    """Against the rule pixel by pixel: a pixel is a seed when it lies in the central half of one
+    of the windows (a quarter window in from each of its edges), and nowhere else."""
+    ys = xs = [k * (win // 2) for k in range(7)]
+    size = 4 * win + win
+    got = window_centres(sorted(cells), ys, xs, win, (size, size))
+    q = win // 4
+    want = np.zeros((size, size), bool)
+    for y in range(size):
+        for x in range(size):
+            want[y, x] = any(ys[i] + q <= y < ys[i] + win - q and xs[j] + q <= x < xs[j] + win - q
+                             for i, j in cells)
+    assert np.array_equal(got, want)
