@@ -70,3 +70,14 @@ def test_a_reading_is_a_value_callers_share_and_cannot_change():
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.kind = "quota"
     assert {r, read_error(429, {"error": {"code": "rate_limit_exceeded", "message": "m"}})} == {r}
+
+
+@pytest.mark.quick
+def test_a_reason_keeps_the_provider_s_first_300_characters():
+    """A reason is short enough for a log line and an errors table, and keeps all of the first 300
+    characters a provider wrote (the moving mutation sample's survivor cut one: 299)."""
+    from operators.llm.errors import ErrorReading
+    message = "".join(chr(ord("a") + i % 26) for i in range(400))
+    r = ErrorReading("reject", "invalid_request_error", "", message)
+    assert r.reason == f"invalid_request_error: {message[:300]}"
+    assert ErrorReading("quota", "", "day", "x" * 300).reason == "error, per day: " + "x" * 300
