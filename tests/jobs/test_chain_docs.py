@@ -96,6 +96,9 @@ def test_the_full_loop_chain_file_checks_out_in_a_dry_run(tmp_path, monkeypatch,
     from operators.io import cli
 
     monkeypatch.setattr(cli, "PROG", cli.PROG)   # main names the command there; restored afterwards
+    # The file is under test, not this machine: the Label Studio SDK's interpreter is given (in a fresh
+    # HOME the quick loop runs before any test installs it; a missing SDK has a test of its own).
+    monkeypatch.setenv("LABEL_STUDIO_PYTHON", sys.executable)
     text = chain_file("chain-people.yaml")
     cwd = workdir(tmp_path)
     config = cwd / "chain-people.yaml"
