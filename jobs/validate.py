@@ -44,7 +44,7 @@ from operators.io import console, lineage, validation
 from operators.io.cli import parse_job_args
 from operators.io.sources import dataset_of, write_source
 from operators.io.storage import Store, read_uri
-from operators.io.tables import keyed, new_run_id, read_table, write_table_shard
+from operators.io.tables import keyed, read_table, run_id_after, write_table_shard
 from operators.language import claims_resume
 from operators.language.mask_analysis import analyze_mask, binarize_mask
 from operators.language.validators import RULES, ValidatorConfig, mask_facts, rule_counts, validate_text
@@ -180,16 +180,6 @@ def status(args) -> dict:
     return lineage.status(plan)
 
 
-def _later_run_id(latest: str) -> str:
-    """A run id that sorts after ``latest``: shards are read in run-id order, so a rerun within the same
-    second as the last run must not draw a smaller one (its rows would not supersede)."""
-    run_id = new_run_id()
-    while run_id <= latest:
-        time.sleep(0.05)
-        run_id = new_run_id()
-    return run_id
-
-
 def _old_verdict(row: dict) -> dict:
     return {"id": row["id"], "ok": row["ok"], "violations": json.loads(row["violations"] or "[]"),
             "error": row.get("error"), "text": row.get("text")}
@@ -205,7 +195,7 @@ def run(input_uri: str, output: str, masks: str | None = None) -> dict:
     lines = [json.dumps({"id": v["id"], "ok": v["ok"], "violations": v["violations"],
                          **({"error": v["error"]} if v["error"] else {})}) for v in verdicts]
     out.write_bytes("verdicts.jsonl", ("\n".join(lines) + "\n").encode() if lines else b"")
-    run_id = _later_run_id(max((str(r.get("run_id") or "") for r in rows.values()), default=""))
+    run_id = run_id_after(max((str(r.get("run_id") or "") for r in rows.values()), default=""))
     by_id = {c["id"]: c for c in claims}
     # New rows supersede the claims' old ones (the table keeps the history: read_table(current=False)).
     write_table_shard(out, "verdicts", [

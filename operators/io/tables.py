@@ -408,6 +408,16 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+def run_id_after(latest: str) -> str:
+    """A run id that sorts after ``latest``: shards are read in run-id order, so a rerun within the same
+    second as the last run must not draw a smaller one (its rows would not supersede)."""
+    run_id = new_run_id()
+    while run_id <= latest:
+        time.sleep(0.05)
+        run_id = new_run_id()
+    return run_id
+
+
 def split_envelopes(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict]]:
     by_table: dict[str, list[dict]] = {}
     for row in rows:

@@ -104,10 +104,10 @@ def test_a_validate_rerun_checks_again_exactly_what_changed_and_not_an_unreadabl
 def test_a_rerun_within_the_same_second_still_supersedes(monkeypatch):
     """Shards are read in run-id order: a rerun's id must sort after the last run's, even when drawn in the
     same second with a smaller random part."""
-    from jobs import validate
+    from operators.io import tables
     drawn = iter(["20260101T000000-000000", "20260101T000000-aaaaaa", "20260101T000001-000000"])
-    monkeypatch.setattr(validate, "new_run_id", lambda: next(drawn))
-    monkeypatch.setattr(validate.time, "sleep", lambda s: None)
-    assert validate._later_run_id("20260101T000000-aaaaaa") == "20260101T000001-000000"
-    monkeypatch.setattr(validate, "new_run_id", lambda: "20260101T000002-000000")
-    assert validate._later_run_id("") == "20260101T000002-000000"      # a first run draws once
+    monkeypatch.setattr(tables, "new_run_id", lambda: next(drawn))
+    monkeypatch.setattr(tables.time, "sleep", lambda s: None)
+    assert tables.run_id_after("20260101T000000-aaaaaa") == "20260101T000001-000000"
+    monkeypatch.setattr(tables, "new_run_id", lambda: "20260101T000002-000000")
+    assert tables.run_id_after("") == "20260101T000002-000000"      # a first run draws once

@@ -104,12 +104,6 @@ def repeated_groups(cells: dict | set) -> list[list[tuple[int, int]]]:
     return sorted(groups, key=len, reverse=True)
 
 
-def repeated_region(cells: dict | set, need: int) -> Optional[list[tuple[int, int]]]:
-    """The largest group of grid-adjacent windows in ``cells``, when it holds ``need`` or more."""
-    groups = repeated_groups(cells)
-    return groups[0] if groups and len(groups[0]) >= need else None
-
-
 def _shifted(a: np.ndarray, tx: int, ty: int, fill) -> np.ndarray:
     """``a`` read one period on: out[y, x] = a[y + ty, x + tx] (``fill`` beyond the edge)."""
     h, w = a.shape

@@ -45,8 +45,7 @@ import numpy as np
 from operators.pairs.registration.config import ScreeningConfig
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, UNKNOWN, RegionShift,
-                                               repeat_period, repeated_groups, region_shift,
-                                               repeats_itself)
+                                               repeat_period, repeated_groups, region_shift)
 
 # The screening settings' defaults, for the pure functions called without a config (one source: the
 # settings themselves).

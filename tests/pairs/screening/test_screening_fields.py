@@ -191,7 +191,7 @@ def test_smooth_enlarged_texture_is_not_taken_for_repeated_texture():
     three 1024 px crops of NAIP so enlarged, at most 1 % may read as repeated (with the twin asked
     for: 6 of 2,700 over nine crops; without it: 35)."""
     from benchmarks._fields import texture
-    from operators.pairs.screening.screening import repeats_itself
+    from operators.pairs.screening.repeats import repeats_itself
     big = cv2.resize(texture("naip"), None, fx=4.5, fy=4.5, interpolation=cv2.INTER_CUBIC)
     seen = []
     for y, x in ((200, 2300), (900, 200), (900, 2300)):
