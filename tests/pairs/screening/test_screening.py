@@ -6,6 +6,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
 from operators.pairs.screening.screening import (WindowShift, confirmed, corner_residual, match_window, rescue_field, screen_alignment,
@@ -390,3 +392,17 @@ def test_a_region_only_three_overlapping_windows_see_is_found_and_rejected(crop)
     # Without the displacement the same crop is accepted (the lake and the L are no obstacle).
     same = pre.copy()
     assert screen_alignment(pre, same, np.ones(pre.shape, bool), cfg).reject_reason is None
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(x=st.integers(0, 4000), y=st.integers(0, 4000), win=st.integers(8, 256))
+def test_a_window_s_centre_and_origin_are_each_other_s_inverse(x, y, win):
+    """Every window is recorded by its centre and read back by its first pixel (the lean's roof
+    width, the moved layer, a region's joint template): the centre is the mean of the window's
+    pixel coordinates, and the origin read back from it is the start, for even and odd sizes (a
+    window read 1 px off includes a column of its neighbour)."""
+    from operators.pairs.screening.screening import window_centre, window_origin
+    cx, cy = window_centre(x, win), window_centre(y, win)
+    assert cx == pytest.approx(np.arange(x, x + win).mean())
+    assert cy == pytest.approx(np.arange(y, y + win).mean())
+    assert window_origin(WindowShift(cx, cy, 0.0, 0.0, 0.7, 0, 0), win) == (x, y)

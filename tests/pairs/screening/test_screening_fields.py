@@ -31,6 +31,21 @@ def test_a_region_moved_9_px_is_rejected_at_the_paper_geometry(kind):
         assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
 
 
+@pytest.mark.parametrize("kind", SHAPES)
+def test_a_region_moved_6_px_is_accepted_at_the_paper_geometry(kind):
+    """The same shapes moved 6 px (the limit less 2 px, where a false reject counts): accepted.
+    Fitted over all windows, the corner fields bent between the region and the ground and put a
+    corner at 8-15 px (57 of 162 such crops rejected); a consensus's fit now reads the ground
+    (:func:`consensus_fit`). The seeds are crops so rejected before (of seeds 0-7: convex 2 and
+    6; L 2, 4 and 6; ring 1, 5, 6 and 7; polygon 2)."""
+    seed = {"ring": 1}.get(kind, 2)
+    case = make_case("patches", 1024, seed, kind=kind, magnitude_px=6.0, overlays=False)
+    assert case.truth_px == pytest.approx(6.0, abs=0.01)
+    r = screened(case)
+    assert r.reject_reason is None, (kind, r.reject_reason)
+    assert r.residual_px <= case.truth_px + 1.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", SHAPES)
 def test_a_region_moved_20_px_in_any_shape_is_no_lean(kind):
