@@ -58,10 +58,30 @@ def history(tmp_path_factory, ray_session, openai_test_server_process):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OPENAI_API_KEY": "test-key",
            "RAY_ADDRESS": ray_session.address_info["gcs_address"]}
 
-    def chain(*extra, command="chain"):
-        proc = subprocess.run([sys.executable, "-m", "jobs.cli", command, "--config", str(config), *extra], cwd=base,
+    def chain(*extra):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
                               env=env, capture_output=True, text=True, timeout=900)
         return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+
+    def status():
+        """``changeforge status --config chain.yaml`` through the command's main in this process (it reads
+        only; a process of its own spent seconds importing), with the chain's environment and directory."""
+        import contextlib
+        import io
+
+        from jobs import cli as changeforge
+        from operators.io import cli
+        prog, printed, errors = cli.PROG, io.StringIO(), io.StringIO()
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                for name in ("OPENAI_API_KEY", "RAY_ADDRESS"):
+                    mp.setenv(name, env[name])
+                mp.chdir(base)
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+                    code = changeforge.main(["status", "--config", str(config)])
+        finally:
+            cli.PROG = prog     # main names the command there
+        return {"code": code, "out": printed.getvalue(), "err": errors.getvalue()}
 
     out = {"base": base, "levir": levir, "root": root, "env": env}
     chain_file(config, root, levir, llm, "1.0.0")
@@ -101,7 +121,7 @@ def history(tmp_path_factory, ray_session, openai_test_server_process):
 
     chain_file(config, root, levir, llm, "1.1.0")
     out["explain"] = chain("--explain")
-    out["status"] = chain(command="status")
+    out["status"] = status()
     out["captions_after_explain"] = current(root / "captions" / "pairs")
     shutil.copytree(root / "captions", base / "captions-1")     # the captions as release 1.0.0 shipped them
     llm.reset()
@@ -195,8 +215,22 @@ def test_publish_refuses_captions_and_qa_of_an_old_mask(history):
 
 
 def verify(history, release: Path, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.cli", "publish", "--verify", str(release), *extra],
-                          env=history["env"], capture_output=True, text=True, timeout=300)
+    """``changeforge publish --verify <release> [extra]`` through the command's main, in this process (a
+    process of its own spent a second or more importing, four times here; test_chain_docs runs the command
+    as written, in a process): its exit status and what it printed."""
+    import contextlib
+    import io
+
+    from jobs import cli as changeforge
+    from operators.io import cli
+    prog, out, err = cli.PROG, io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = changeforge.main(["publish", "--verify", str(release), *extra])
+    finally:
+        cli.PROG = prog     # main names the command there
+    return subprocess.CompletedProcess(["changeforge", "publish", "--verify", str(release), *extra], code,
+                                       out.getvalue(), err.getvalue())
 
 
 def test_verify_passes_a_release_made_from_its_sources_and_tells_an_old_one_its_sources_moved(history):

@@ -6,6 +6,7 @@ tests/llm/test_llm_batch_kill.py (every step of a submission)."""
 import pytest
 
 from jobs.caption import main, run
+from tests.conftest import own_llm_namespace
 from tests.jobs.test_caption_job import ALL_PAIRS, LEVIR, accounted, config, tables
 
 pytestmark = pytest.mark.slow
@@ -13,11 +14,23 @@ pytestmark = pytest.mark.slow
 CANDIDATE = ("pair_id", "candidate_index", "caption", "overall", "selected")
 
 
+@pytest.fixture(scope="module")
+def realtime(ray_session, openai_test_server_process, tmp_path_factory):
+    """The tables of a real-time run on data/levir-cd, the reference both batch tests compare with: the test
+    server answers a request the same way every time, so one run serves both (each ran its own, the same,
+    before)."""
+    server = openai_test_server_process
+    server.restore_defaults()
+    server.reset()
+    out = tmp_path_factory.mktemp("money-realtime") / "realtime"
+    with own_llm_namespace("money-realtime"):
+        run(config(server, LEVIR, out))
+    server.reset()
+    return tables(out)
+
+
 def test_batch_run_selects_as_real_time_does_at_the_batch_price_and_a_rerun_sends_nothing(
-        ray_session, openai_server, tmp_path):
-    run(config(openai_server, LEVIR, tmp_path / "realtime"))
-    realtime = tables(tmp_path / "realtime")
-    openai_server.reset()
+        realtime, ray_session, openai_server, tmp_path):
     openai_server.configure(batch_delay_s=0.3)
     summary = run(config(openai_server, LEVIR, tmp_path / "batch", batch_api=True, batch_poll_s=0.1,
                          batch_max_requests=20))
@@ -112,12 +125,9 @@ def answer_offline(server, lines_file, replies_file):
     return len(out)
 
 
-@pytest.mark.timeout(900)   # five runs of the job on a loaded 2-core machine
+@pytest.mark.timeout(900)   # four runs of the job (and the module's real-time one) on a loaded 2-core machine
 def test_batch_export_then_import_runs_the_job_through_files_and_a_second_import_pays_nothing(
-        ray_session, openai_server, tmp_path):
-    run(config(openai_server, LEVIR, tmp_path / "realtime"))
-    realtime = tables(tmp_path / "realtime")
-    openai_server.reset()
+        realtime, ray_session, openai_server, tmp_path):
     out, files = tmp_path / "out", tmp_path / "files"
     files.mkdir()
     batch = dict(batch_api=True, batch_poll_s=0.1)

@@ -17,8 +17,10 @@ REFS = REPO / "data" / "levir-cc" / "LevirCCcaptions.json"
 PREDS = REPO / "data" / "levir-cc" / "predictions.json"
 
 
-def direct_pycocoevalcap(ids: list[str], refs: dict[str, list[str]], preds: dict[str, str]) -> dict:
-    """What COCOEvalCap.evaluate does (minus SPICE), written out here against the package itself."""
+def direct_pycocoevalcap(ids: list[str], refs: dict[str, list[str]], preds: dict[str, str], meteor=None) -> dict:
+    """What COCOEvalCap.evaluate does (minus SPICE), written out here against the package itself. ``meteor``:
+    the package's METEOR scorer to use (its Java process starts and loads its tables on the first score, several
+    seconds: one serves a test's sets), else a new one."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.meteor.meteor import Meteor
@@ -29,7 +31,8 @@ def direct_pycocoevalcap(ids: list[str], refs: dict[str, list[str]], preds: dict
     gts = tok.tokenize({i: [{"caption": c} for c in refs[i]] for i in ids})
     res = tok.tokenize({i: [{"caption": preds[i]}] for i in ids})
     out = {}
-    for scorer, names in ((Bleu(4), METRIC_KEYS[:4]), (Meteor(), ["METEOR"]), (Rouge(), ["ROUGE_L"]), (Cider(), ["CIDEr"])):
+    for scorer, names in ((Bleu(4), METRIC_KEYS[:4]), (meteor or Meteor(), ["METEOR"]), (Rouge(), ["ROUGE_L"]),
+                          (Cider(), ["CIDEr"])):
         score, _ = scorer.compute_score(gts, res)
         for name, value in zip(names, score if isinstance(score, list) else [score]):
             out[name] = value
@@ -69,7 +72,9 @@ def test_caption_job_matches_pycocoevalcap(tmp_path):
     preds = {p["filename"] if p["filename"].endswith(".png") else p["filename"] + ".png": p["caption"]
              for p in json.loads(PREDS.read_text())}
     ids = sorted(refs)
-    expected, gts, res = direct_pycocoevalcap(ids, refs, preds)
+    from pycocoevalcap.meteor.meteor import Meteor
+    meteor = Meteor()       # the oracle's one METEOR for both sets below
+    expected, gts, res = direct_pycocoevalcap(ids, refs, preds, meteor)
     for k in METRIC_KEYS:
         assert doc[k] == expected[k], k  # identical, not approximately: same tokens, same package
     assert doc["n_images"] == 8 and doc["change_flag_source"] == "masks"
@@ -77,7 +82,7 @@ def test_caption_job_matches_pycocoevalcap(tmp_path):
     assert doc["change"]["n_images"] == 7 and doc["no_change"]["n_images"] == 0
     assert doc["no_change"]["CIDEr"] is None
     change_ids = [i for i in ids if i != "test_113_0256.png"]
-    expected_change, _, _ = direct_pycocoevalcap(change_ids, refs, preds)
+    expected_change, _, _ = direct_pycocoevalcap(change_ids, refs, preds, meteor)
     for k in METRIC_KEYS:
         assert doc["change"][k] == expected_change[k], k
     errors = sorted((r["item"], r["error_type"]) for r in pq.read_table(tmp_path / "out" / "errors").to_pylist())
