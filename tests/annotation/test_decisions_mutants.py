@@ -277,6 +277,7 @@ def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a
         assert agreement.overlap(a, b) == (1 / 7, 2 / 8)
 
 
+# equivalent mutant: core/ReplaceComparisonOperator_Lt_LtE on `if who is not None and (who not in first or when < first[who]):`: when the times are equal, the same time is stored again; first[who] holds equal tuples either way
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used

@@ -182,8 +182,10 @@ def test_digests_keep_their_format_across_versions():
 def test_an_item_whose_file_cannot_be_read_is_neither_current_nor_stale_but_failed_with_its_reason():
     bad = lineage.unreadable("label/p.png", "ValueError:  not\n an image")
     assert bad == "unreadable: label/p.png: ValueError: not an image" and bad.startswith(lineage.UNREADABLE)
-    assert lineage.unreadable_inputs({"A": "a", "mask": bad, lineage.STAMPS: {"mask": bad}}) == \
-        ["label/p.png: ValueError: not an image"]
+    # Every input but the stamps, whatever its name sorts next to ("template" after "stamps").
+    assert lineage.unreadable_inputs({"A": "a", "mask": bad, lineage.STAMPS: {"mask": bad},
+                                      "template": lineage.unreadable("prompts/t.json", "gone")}) == \
+        ["label/p.png: ValueError: not an image", "prompts/t.json: gone"]
     items = [{"pair_id": p} for p in ("ok", "bad", "both", "new", "moved")]
     recorded = {"ok": {"mask": "m"}, "bad": {"mask": "m"}, "both": {"A": "a", "mask": "m"}, "moved": {"mask": "m"}}
     today = {"ok": {"mask": "m"}, "bad": {"mask": bad}, "moved": {"mask": "m2"},
