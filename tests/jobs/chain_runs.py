@@ -17,6 +17,30 @@ def run_chain(config: Path, cwd: Path, env: dict, *extra: str, command: str = "c
     return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
 
 
+def changeforge_in_process(*argv: str, env: dict | None = None, cwd: Path | None = None) -> dict:
+    """``changeforge <argv>`` through the command's main in this process, with ``env``'s variables set
+    and ``cwd`` as the working directory for the call: its exit status and output. For commands that
+    only read (``status``, ``publish --verify``, ``annotate status``), where the test is about what they
+    say, not the process: a process of its own spent a second or more importing the pipeline."""
+    import contextlib
+    import io
+
+    from jobs import cli as changeforge
+    from operators.io import cli
+    prog, out, err = cli.PROG, io.StringIO(), io.StringIO()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in (env or {}).items():
+                mp.setenv(name, value)
+            if cwd is not None:
+                mp.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = changeforge.main(list(argv))
+    finally:
+        cli.PROG = prog     # main names the command there
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+
+
 def save_export(server, project_id: int, path: Path) -> None:
     """The team lead's Export -> JSON of one project, saved at ``path``."""
     from operators.labelstudio.client import call

@@ -23,7 +23,7 @@ import pytest
 
 from tests.annotation import drawing
 from tests.annotation.drawing import brush
-from tests.jobs.chain_runs import run_chain, save_export as save_export_of
+from tests.jobs.chain_runs import changeforge_in_process, run_chain, save_export as save_export_of
 from tests.conftest import DATA, REPO
 from tests.review.test_review_label_studio import api
 
@@ -181,20 +181,10 @@ steps:
 
 
 def annotate_status(pairs: Path) -> str:
-    """What ``changeforge annotate status --input <pairs>`` prints, through the command's main in this process
-    (it only reads the dataset's tables; a process of its own spent a second or more importing)."""
-    import contextlib
-    import io
-
-    from jobs import cli as changeforge
-    from operators.io import cli
-    prog, printed = cli.PROG, io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            assert changeforge.main(["annotate", "status", "--input", str(pairs)]) == 0
-    finally:
-        cli.PROG = prog     # main names the command there
-    return printed.getvalue()
+    """What ``changeforge annotate status --input <pairs>`` prints (in this process: it only reads)."""
+    done = changeforge_in_process("annotate", "status", "--input", str(pairs))
+    assert done["code"] == 0, done["err"]
+    return done["out"]
 
 
 def explain(run: dict) -> str:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import DATA, REPO
+from tests.jobs.chain_runs import changeforge_in_process, run_chain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -59,29 +59,13 @@ def history(tmp_path_factory, ray_session, openai_test_server_process):
            "RAY_ADDRESS": ray_session.address_info["gcs_address"]}
 
     def chain(*extra):
-        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "chain", "--config", str(config), *extra], cwd=base,
-                              env=env, capture_output=True, text=True, timeout=900)
-        return {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+        return run_chain(config, base, env, *extra)
 
     def status():
-        """``changeforge status --config chain.yaml`` through the command's main in this process (it reads
-        only; a process of its own spent seconds importing), with the chain's environment and directory."""
-        import contextlib
-        import io
-
-        from jobs import cli as changeforge
-        from operators.io import cli
-        prog, printed, errors = cli.PROG, io.StringIO(), io.StringIO()
-        try:
-            with pytest.MonkeyPatch.context() as mp:
-                for name in ("OPENAI_API_KEY", "RAY_ADDRESS"):
-                    mp.setenv(name, env[name])
-                mp.chdir(base)
-                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
-                    code = changeforge.main(["status", "--config", str(config)])
-        finally:
-            cli.PROG = prog     # main names the command there
-        return {"code": code, "out": printed.getvalue(), "err": errors.getvalue()}
+        """``changeforge status --config chain.yaml`` in this process (it reads only), with the chain's
+        environment and directory."""
+        return changeforge_in_process("status", "--config", str(config), cwd=base,
+                                      env={name: env[name] for name in ("OPENAI_API_KEY", "RAY_ADDRESS")})
 
     out = {"base": base, "levir": levir, "root": root, "env": env}
     chain_file(config, root, levir, llm, "1.0.0")
@@ -215,22 +199,11 @@ def test_publish_refuses_captions_and_qa_of_an_old_mask(history):
 
 
 def verify(history, release: Path, *extra) -> subprocess.CompletedProcess:
-    """``changeforge publish --verify <release> [extra]`` through the command's main, in this process (a
-    process of its own spent a second or more importing, four times here; test_chain_docs runs the command
+    """``changeforge publish --verify <release> [extra]`` in this process (test_chain_docs runs the command
     as written, in a process): its exit status and what it printed."""
-    import contextlib
-    import io
-
-    from jobs import cli as changeforge
-    from operators.io import cli
-    prog, out, err = cli.PROG, io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = changeforge.main(["publish", "--verify", str(release), *extra])
-    finally:
-        cli.PROG = prog     # main names the command there
-    return subprocess.CompletedProcess(["changeforge", "publish", "--verify", str(release), *extra], code,
-                                       out.getvalue(), err.getvalue())
+    done = changeforge_in_process("publish", "--verify", str(release), *extra)
+    return subprocess.CompletedProcess(["changeforge", "publish", "--verify", str(release), *extra],
+                                       done["code"], done["out"], done["err"])
 
 
 def test_verify_passes_a_release_made_from_its_sources_and_tells_an_old_one_its_sources_moved(history):
