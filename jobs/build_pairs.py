@@ -43,7 +43,7 @@ from operators.pairs.selection.slicing import slice_rows, slice_windows  # noqa:
 from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io import console  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
-from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, TableSink, changed_rows,  # noqa: E402
+from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, changed_rows,  # noqa: E402
                                  error_record, keyed, new_run_id, read_table, resolve_errors, split_envelopes,
                                  stream_dataset_to_tables, write_table_shard)
 
@@ -408,6 +408,8 @@ def _labels_fn(row, **kw):
 
 def _merge_labels(job, reg, out: Store, accepted, run_id, counts, schema) -> list[dict]:
     import ray.data
+
+    from operators.io.tables import TableSink
 
     labels = Store(job.labels)
     errors = []

@@ -269,9 +269,16 @@ def ray_session(s3_endpoint):
     import ray
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from operators.io.cli import RAY_SYSTEM_CONFIG
-    # address="local" (never a leftover cluster) and the jobs' own system config (what users run).
+    # address="local" (never a leftover cluster) and the jobs' own system config (what users run), with
+    # one worker-pool setting of the tests': idle workers kept for the next test's job in this process.
+    # Ray keeps as many as the node has CPUs (2) and stops the others a second after they idle, and each
+    # LLM job's stage actors take two workers from the pool, so every test's job started workers again
+    # (each a Python process importing Ray Data and the pipeline). With four kept, tests/jobs/
+    # test_caption_job.py started 50 processes instead of 67 (CPU 85 s -> 75 s); six or ten kept, no
+    # fewer. A job in a process of its own (RAY_ADDRESS) gets workers of its own either way.
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-                   log_to_driver=False, configure_logging=False, _system_config=RAY_SYSTEM_CONFIG)
+                   log_to_driver=False, configure_logging=False,
+                   _system_config={**RAY_SYSTEM_CONFIG, "num_workers_soft_limit": 4})
     import ray.data
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ctx

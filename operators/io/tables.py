@@ -425,8 +425,14 @@ def split_envelopes(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict]]:
     return by_table
 
 
-try:  # The sink needs Ray; the pure parts above do not.
-    from ray.data import Datasink
+def _define_table_sink():
+    """The sink's class, defined on first use (``TableSink``, below): it needs Ray Data, whose import
+    (about 0.8 s) the jobs and commands that never start Ray (validate, report, publish, ``--help``,
+    ``status``) no longer pay. None without Ray; the pure parts above do not need it."""
+    try:
+        from ray.data import Datasink
+    except ImportError:  # pragma: no cover
+        return None
 
     class TableSink(Datasink):
         """Ray Data sink that routes envelopes to sharded Parquet tables under ``root``.
@@ -472,5 +478,14 @@ try:  # The sink needs Ray; the pure parts above do not.
 
         def get_name(self) -> str:
             return "TableSink"
-except ImportError:  # pragma: no cover
-    TableSink = None  # type: ignore[assignment]
+    TableSink.__qualname__ = "TableSink"   # pickled by reference, as a class defined at module level
+    return TableSink
+
+
+def __getattr__(name: str):
+    # ``from operators.io.tables import TableSink`` (and pickle's lookup by name) lands here once; the
+    # class is then a module global like any other.
+    if name == "TableSink":
+        sink = globals()["TableSink"] = _define_table_sink()
+        return sink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -300,27 +300,45 @@ def limiter_namespace() -> str:
     return os.environ.get(NAMESPACE_ENV) or NAMESPACE
 
 
-try:
-    import ray
+def _define_rate_limiter():
+    """The actor's class, defined on first use (``RateLimiter``, below): importing Ray (about 0.3 s)
+    is left to the processes that start or call a limiter, not every command that imports this module
+    (``publish``, ``--help``, ``status``). None without Ray."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover
+        return None
 
-    @ray.remote(num_cpus=0, max_concurrency=1, max_restarts=-1, max_task_retries=0)
     class RateLimiter(RateLimiterCore):
         """The named actor. Sync and single-threaded: every call is a little arithmetic. Restarted,
         it starts with an empty log (as safe as a provider's window that just began)."""
 
-    def start_rate_limiter(name: str, limits: RateLimits, namespace: str | None = None, detached: bool = False):
-        """Create (or find, and set the limits of) the pool's limiter. By default it lives as long as
-        the driver that created it; ``detached`` ones outlive it (one budget shared by several jobs)."""
-        opts = dict(name=name, get_if_exists=True)
-        if namespace:
-            opts["namespace"] = namespace
-        if detached:
-            opts["lifetime"] = "detached"
-        actor = RateLimiter.options(**opts).remote(limits)
-        ray.get(actor.start_job.remote(limits), timeout=120)
-        return actor
-except ImportError:  # pragma: no cover
-    RateLimiter = None  # type: ignore[assignment]
+    RateLimiter.__qualname__ = "RateLimiter"   # as a class defined at module level
+    return ray.remote(num_cpus=0, max_concurrency=1, max_restarts=-1, max_task_retries=0)(RateLimiter)
+
+
+def __getattr__(name: str):
+    # ``ratelimit.RateLimiter`` lands here once; the actor class is then a module global like any other.
+    if name == "RateLimiter":
+        actor_class = globals()["RateLimiter"] = _define_rate_limiter()
+        return actor_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def start_rate_limiter(name: str, limits: RateLimits, namespace: str | None = None, detached: bool = False):
+    """Create (or find, and set the limits of) the pool's limiter. By default it lives as long as
+    the driver that created it; ``detached`` ones outlive it (one budget shared by several jobs)."""
+    import ray
+
+    opts = dict(name=name, get_if_exists=True)
+    if namespace:
+        opts["namespace"] = namespace
+    if detached:
+        opts["lifetime"] = "detached"
+    actor_class = globals().get("RateLimiter") or __getattr__("RateLimiter")
+    actor = actor_class.options(**opts).remote(limits)
+    ray.get(actor.start_job.remote(limits), timeout=120)
+    return actor
 
 
 class LimiterUnavailable(Exception):

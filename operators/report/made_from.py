@@ -5,9 +5,12 @@ a pair whose captions were redone since the report is stale by ``caption``, by `
 same way; a pair the report does not count yet is missing. The report is written whole each run."""
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from operators.io import lineage
+
+if TYPE_CHECKING:   # the frames are the report's; the chain command reads this module without pandas
+    import pandas as pd
 
 # table -> (the lineage input name, the columns whose values a pair's figures and tables come from)
 SOURCES = {"captions": ("captions", ("candidate_index", "perspective", "caption", "overall", "selected")),

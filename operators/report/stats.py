@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from operators.language.captions import tokenize
 from operators.review.sampling import CAR_CLASS_EDGES, car_class, car_class_names
+
+if TYPE_CHECKING:   # pandas (about 0.2 s) where a function is given a frame: the chain command reads
+    import pandas as pd   # annotation summaries through this module and never needs it
 
 SPLIT_ORDER = ("train", "val", "test")
 
@@ -104,6 +107,8 @@ def qa_stats(qa: pd.DataFrame, pass_score: float = 7.0) -> dict:
 
 def car_stats(car: pd.Series, edges: tuple[float, ...] = CAR_CLASS_EDGES) -> dict:
     """CAR summary (Fig. 2's numbers) and counts per change-magnitude class."""
+    import pandas as pd
+
     c = car.dropna().astype(float)
     classes = pd.Series([car_class(v, edges) for v in c], dtype="object")
     return {"n": int(len(c)), "mean": float(c.mean()) if len(c) else None,
