@@ -35,7 +35,7 @@ by :func:`lean_split` and recorded, the crop judged on its ground.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Optional
 
@@ -44,6 +44,7 @@ import numpy as np
 
 from operators.pairs.registration.config import ScreeningConfig
 from operators.pairs.registration.registration import RegistrationConfig
+from operators.pairs.screening.roofs import MIN_GROUND_SHARE, masked_shift, roof_pixels
 from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, UNKNOWN, RegionShift,
                                                repeat_period, repeated_groups, region_shift)
 
@@ -743,18 +744,16 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     core = [i for i in narrow if size[i] > cfg.screen_agree_px]
     if len(core) < cfg.screen_region_windows:
         return None
-    v = dev[core]
-    mean = v.sum(axis=0)            # the taller the roof, the surer its direction
-    if np.hypot(*mean) < 1e-9:
+    cone = lean_cone(dev[core], cfg.screen_agree_px, cfg.screen_lean_spread_deg)
+    if cone is None:
         return None
-    u = mean / np.hypot(*mean)
-    along = v @ u
-    # One direction: each deviation within screen_lean_spread_deg of it, or (a small one, whose
-    # direction the windows' noise turns) within screen_agree_px of the line.
-    across = np.abs(v @ np.array([-u[1], u[0]]))
-    slack = np.maximum(cfg.screen_agree_px, along * np.sin(np.radians(cfg.screen_lean_spread_deg)))
-    if np.any(along <= 0) or np.any(across > slack):
+    u, within = cone
+    # Windows off the view direction (a real change, a match on a facade, a patch of ground
+    # moved another way) are no lean: they stay with the ground and face its tests.
+    core = [i for i, k in zip(core, within) if k]
+    if len(core) < cfg.screen_region_windows:
         return None
+    along = dev[core] @ u
     leaning = set(core) | {i for i in narrow if size[i] <= cfg.screen_agree_px and dev[i] @ u > 0}
     ground = [s for i, s in enumerate(trusted) if i not in leaning]
     # Interleaved with the ground: roofs stand between streets and yards that stay registered;
@@ -772,6 +771,86 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
                         float(roofs.mean()))
 
 
+
+
+def lean_cone(v: np.ndarray, agree_px: float, spread_deg: float,
+              rounds: int = 3) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The view direction most of the deviations ``v`` (n, 2) share, and which do: a deviation
+    shares a direction when it points along it and lies within ``spread_deg`` of it or, a small
+    one whose direction the windows' noise turns, within ``agree_px`` of the line. Each
+    deviation's own direction is a candidate; the one most share is refined as the sum of
+    those sharing it (the taller the roof, the surer its direction). None unless a strict
+    majority shares it."""
+    n = len(v)
+    if n == 0:
+        return None
+    sin = np.sin(np.radians(spread_deg))
+
+    def sharing(u: np.ndarray) -> np.ndarray:
+        along = v @ u
+        across = np.abs(v @ np.array([-u[1], u[0]]))
+        return (along > 0) & (across <= np.maximum(agree_px, along * sin))
+
+    norms = np.hypot(*v.T)
+    best, within = None, np.zeros(n, bool)
+    for k in np.flatnonzero(norms > 1e-9):
+        got = sharing(v[k] / norms[k])
+        if got.sum() > within.sum():
+            best, within = v[k] / norms[k], got
+    if best is None:
+        return None
+    u = best
+    for _ in range(rounds):
+        mean = v[within].sum(axis=0)
+        u = mean / np.hypot(*mean)
+        now = sharing(u)
+        if np.array_equal(now, within):
+            break
+        within = now
+    if 2 * int(within.sum()) <= n:
+        return None
+    return u, within
+
+
+def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
+                        post: np.ndarray, valid: np.ndarray, win: int,
+                        cfg: RegistrationConfig) -> dict[int, Optional[WindowShift]]:
+    """The ground windows a leaning roof pulls, measured again without it (:mod:`.roofs`):
+    ``id(window)`` -> the window with its new displacement, or None for a window mostly roof
+    (no ground to measure there; it leaves the evidence).
+
+    Only a window within ``screen_agree_px`` of the ground field and off it along the lean (the
+    way a roof pulls) is measured again, and its new reading is taken only when its ground
+    pixels put it nearer the ground field: nothing here moves a window by more than a roof's
+    pull, so no displacement past the limit can be hidden."""
+    got = ground_field(ground, cfg.screen_agree_px)
+    if got is None:
+        return {}
+    M = got[0]
+    u = np.array([np.cos(np.radians(lean.deg)), np.sin(np.radians(lean.deg))])
+    out: dict[int, Optional[WindowShift]] = {}
+    for s in ground:
+        f = np.array([s.x, s.y]) @ M[:, :2].T + M[:, 2] - np.array([s.x, s.y])
+        dev = np.array([s.dx, s.dy]) - f
+        if dev @ u <= 0 or np.hypot(*dev) > cfg.screen_agree_px:
+            continue
+        x0, y0 = window_origin(s, win)
+        template = pre[y0:y0 + win, x0:x0 + win]
+        if template.shape != (win, win):
+            continue
+        roof = roof_pixels(template, post, s.x, s.y, (float(f[0]), float(f[1])), u,
+                           lean.max_px + cfg.screen_agree_px)
+        if not roof.any():
+            continue
+        use = ~roof & valid[y0:y0 + win, x0:x0 + win]
+        if use.sum() < MIN_GROUND_SHARE * win * win:
+            out[id(s)] = None
+            continue
+        new = masked_shift(template, post, s.x, s.y, (s.dx, s.dy), use,
+                           cfg.screen_agree_px + float(np.hypot(*dev)))
+        if new is not None and np.hypot(*(np.array(new) - f)) < np.hypot(*dev):
+            out[id(s)] = replace(s, dx=new[0], dy=new[1])
+    return out
 
 
 # Lean is told from ground moved as a whole by the width of what moved (:func:`wide_areas`); in
@@ -889,8 +968,11 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
         # region test and the corner fields.
         leaning = {id(s) for s in trusted} - {id(s) for s in lean[0]}
-        trusted = lean[0]
-        agreed = [s for s in agreed if id(s) not in leaning]
+        remeasured = ground_without_roofs(lean[0], lean[1], pre, post, valid, win, cfg)
+        trusted = [remeasured.get(id(s), s) for s in lean[0]]
+        trusted = [s for s in trusted if s is not None]
+        agreed = [remeasured.get(id(s), s) for s in agreed if id(s) not in leaning]
+        agreed = [s for s in agreed if s is not None]
     found_lean = lean[1] if lean is not None else None
     # Repeated texture is read by its outline instead (:mod:`.repeats`), as far as a region's
     # content could have moved.

@@ -406,3 +406,18 @@ def test_a_window_s_centre_and_origin_are_each_other_s_inverse(x, y, win):
     assert cx == pytest.approx(np.arange(x, x + win).mean())
     assert cy == pytest.approx(np.arange(y, y + win).mean())
     assert window_origin(WindowShift(cx, cy, 0.0, 0.0, 0.7, 0, 0), win) == (x, y)
+
+
+def test_a_window_with_exactly_the_usable_share_counts(scene):
+    """``screen_min_usable`` is a least share: with it at 1.0 a window whose every pixel is
+    usable counts (found by the mutation sample: ``count >= share x area`` made ``>`` left
+    every window of a fully valid crop out, unseen while the share times the area is never a
+    whole number, as with 0.9 and windows of 24-128 px). One window's pixel made unusable takes
+    out that window only."""
+    pre = pre_of(scene)
+    cfg = RegistrationConfig(crop_size=C, screen_min_usable=1.0)
+    valid = np.ones((C, C), bool)
+    r = screen_alignment(pre, pre.astype(np.float32), valid, cfg)
+    assert r.reject_reason is None and r.n_windows > 0, r.reject_reason
+    valid[0, 0] = False
+    assert screen_alignment(pre, pre.astype(np.float32), valid, cfg).n_windows == r.n_windows - 1
