@@ -14,7 +14,7 @@ from typing import Optional
 import cv2
 import numpy as np
 
-ROOF_GAIN = 0.6         # a pixel is roof when a lean offset leaves under 60 % of the ground's error
+MOVED_GAIN = 0.6        # a pixel moved (a roof) when another offset leaves under 60 % of the ground's error
 UNEXPLAINED = 3.0       # a pixel the ground leaves with 3 x the window's median error is out
 UNEXPLAINED_FLOOR = 0.1  # ... and at least a tenth of the window's contrast (noise-free imagery)
 ROOF_GROW_PX = 3        # roofs grown by this much: facades and edges that appear or vanish
@@ -28,26 +28,33 @@ def _sample(img: np.ndarray, win: int, cx: float, cy: float) -> np.ndarray:
     return cv2.getRectSubPix(img, (win, win), (float(cx), float(cy)))
 
 
+def offset_error(template: np.ndarray, post: np.ndarray, cx: float, cy: float,
+                 d: tuple[float, float]) -> np.ndarray:
+    """Per pixel of the pre window ``template`` (centred at (cx, cy) of the crop): how far the
+    post content at offset ``d`` is from it (absolute differences averaged over a box of about
+    a sixteenth of the window, so a pixel's verdict is its neighbourhood's)."""
+    win = template.shape[0]
+    k = max(3, win // 16) | 1
+    return cv2.blur(np.abs(template - _sample(post, win, cx + d[0], cy + d[1])), (k, k))
+
+
 def roof_pixels(template: np.ndarray, post: np.ndarray, cx: float, cy: float,
                 base: tuple[float, float], along: np.ndarray, max_px: float) -> np.ndarray:
     """Pixels of the pre window ``template`` (centred at (cx, cy) of the crop) whose content a
     lean explains: the post content at the ground's offset ``base`` plus ``t`` px along the
-    unit view direction ``along`` (t = 1 .. ``max_px``) matches them with under ``ROOF_GAIN`` of
+    unit view direction ``along`` (t = 1 .. ``max_px``) matches them with under ``MOVED_GAIN`` of
     the error at ``base`` (absolute differences averaged over a small box); and those the
     ground leaves with ``UNEXPLAINED`` times the window's median error (and at least
     ``UNEXPLAINED_FLOOR`` of its contrast); grown by
     ``ROOF_GROW_PX``."""
-    win = template.shape[0]
-    k = max(3, win // 16) | 1
-    ground = cv2.blur(np.abs(template - _sample(post, win, cx + base[0], cy + base[1])), (k, k))
+    ground = offset_error(template, post, cx, cy, base)
     best = np.full_like(ground, np.inf)
     for t in range(1, int(np.ceil(max_px)) + 1):
-        d = np.asarray(base) + t * along
-        e = cv2.blur(np.abs(template - _sample(post, win, cx + d[0], cy + d[1])), (k, k))
-        np.minimum(best, e, out=best)
+        np.minimum(best, offset_error(template, post, cx, cy, np.asarray(base) + t * along),
+                   out=best)
     # What neither the ground nor a lean explains (a facade that appears, a roof's edge drawn
     # over the ground) pulls as much: out too, by its error against the window's typical one.
-    roof = ((best < ROOF_GAIN * ground) |
+    roof = ((best < MOVED_GAIN * ground) |
             (ground > max(UNEXPLAINED * float(np.median(ground)),
                           UNEXPLAINED_FLOOR * float(template.std())))).astype(np.uint8)
     if ROOF_GROW_PX > 0 and roof.any():

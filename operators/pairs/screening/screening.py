@@ -44,7 +44,8 @@ import numpy as np
 
 from operators.pairs.registration.config import ScreeningConfig
 from operators.pairs.registration.registration import RegistrationConfig
-from operators.pairs.screening.roofs import MIN_GROUND_SHARE, masked_shift, roof_pixels
+from operators.pairs.screening.roofs import (MIN_GROUND_SHARE, MOVED_GAIN, masked_shift,
+                                             offset_error, roof_pixels)
 from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, UNKNOWN, RegionShift,
                                                repeat_period, repeated_groups, region_shift)
 
@@ -660,19 +661,15 @@ def moved_layer(pre: np.ndarray, post: np.ndarray, valid: np.ndarray, win: int,
     is one across windows."""
     h, w = pre.shape
     out = np.zeros((h, w), bool)
-    k = max(3, win // 16) | 1
     for s, g in windows:
         x0, y0 = window_origin(s, win)
         a = pre[y0:y0 + win, x0:x0 + win]
-        e = []
-        for dx, dy in ((s.dx, s.dy), (g[0], g[1])):
-            b = cv2.getRectSubPix(post, (win, win), (float(s.x + dx), float(s.y + dy)))
-            e.append(cv2.blur(np.abs(a - b), (k, k)))
-        out[y0:y0 + win, x0:x0 + win] |= (e[0] < MOVED_GAIN * e[1]) & valid[y0:y0 + win, x0:x0 + win]
+        own = offset_error(a, post, s.x, s.y, (s.dx, s.dy))
+        ground = offset_error(a, post, s.x, s.y, (g[0], g[1]))
+        out[y0:y0 + win, x0:x0 + win] |= (own < MOVED_GAIN * ground) & valid[y0:y0 + win, x0:x0 + win]
     return out
 
 
-MOVED_GAIN = 0.6    # a pixel is moved when its window's offset leaves under 60 % of the ground's error
 
 
 def wide_areas(moved: np.ndarray, width_px: float) -> np.ndarray:
