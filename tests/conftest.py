@@ -5,6 +5,7 @@ exactly as they would inherit a real deployment's settings.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -34,9 +35,11 @@ HEAVY = set(FIXTURE_MARKERS.values()) | {"slow"}
 
 def pytest_xdist_make_scheduler(config, log):
     """On two or more workers (pytest -n, --dist loadfile as in pyproject.toml): a module's tests on one
-    worker, so its module fixtures run once, and all of tests/cluster on one, so its one cluster serves
-    them and the node-killing test still runs after the others. (pytest-xdist's own loadgroup cannot say
-    this under pytest 9: it renames the tests' ids, which pytest 9 no longer reads.)"""
+    worker, so its module fixtures run once; all of tests/cluster on one, so its one cluster serves
+    them and the node-killing test still runs after the others; and the modules on the session's Label
+    Studio and captions output on one (``uses_session_label_studio``), so they share them.
+    (pytest-xdist's own loadgroup cannot say this under pytest 9: it renames the tests' ids, which
+    pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -44,7 +47,9 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "tests/cluster/" if module.startswith("tests/cluster/") else module
+            if module.startswith("tests/cluster/"):
+                return "tests/cluster/"
+            return SESSION_LABEL_STUDIO if uses_session_label_studio(module) else module
 
         def schedule(self) -> None:
             # The heaviest modules first, the quick ones last. xdist's own order (most tests first) put the
@@ -87,10 +92,28 @@ HEAVY_SOURCE = ((re.compile(r"LabelStudioServer|(?<![.\w])label_studio\b"), 400.
                             r"openai_test_server_process|chromium_path)\b"), 50.0))
 
 
+# The modules on the session's one Label Studio and on the session's captions output (the ``label_studio``
+# fixture, tests/review/conftest.py's ``captions_output``, as a parameter) form one scope, so one worker
+# starts the server and runs the captions job for all of them: apart, each worker handed one of them
+# started a server of its own (about 3 CPU s and 5 s) and ran the job again (about 5 s).
+SESSION_LABEL_STUDIO = "session Label Studio"
+_USES_LABEL_STUDIO = re.compile(r"[(,]\s*(label_studio|captions_output)\s*[,)]")
+
+
+@functools.lru_cache(maxsize=None)
+def uses_session_label_studio(module: str) -> bool:
+    try:
+        return bool(_USES_LABEL_STUDIO.search((REPO / module).read_text(errors="replace")))
+    except OSError:
+        return False
+
+
 def scope_weight(scope: str) -> float:
     """A rough cost of a scheduling scope (a module, or all of tests/cluster), for ordering only."""
     if scope.startswith("tests/cluster/"):
         return 1000.0
+    if scope == SESSION_LABEL_STUDIO:
+        return 900.0
     try:
         text = (REPO / scope).read_text(errors="replace")
     except OSError:

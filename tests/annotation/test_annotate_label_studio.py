@@ -32,22 +32,18 @@ def digest(root):
 
 
 @pytest.fixture()
-def server(tmp_path, monkeypatch):
-    from tests.review.label_studio_env import LabelStudioServer, venv_dir
-    root = tmp_path / "root"
+def server(label_studio, tmp_path, monkeypatch):
+    """The session's Label Studio (tests/conftest.py; one start per test process, shared with the chain and
+    review tests), with this test's pairs in a folder of its own under its document root: its projects
+    (titles from that folder's name), users and tasks are its own."""
+    root = label_studio.document_root / f"annotate-{tmp_path.name}"
     rng = np.random.default_rng(5)
     for sid in IDS:
         for folder in ("A", "B"):
             (root / "ds" / folder).mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(root / "ds" / folder / f"{sid}.png"), rng.integers(0, 255, (N, N, 3), dtype=np.uint8))
-    srv = LabelStudioServer(tmp_path / "ls-data", root, startup_s=600)
-    srv.start()
-    monkeypatch.setenv("LABEL_STUDIO_API_KEY", srv.token)
-    monkeypatch.setenv("LABEL_STUDIO_PYTHON", str(venv_dir() / "bin" / "python"))
-    try:
-        yield srv, root / "ds"
-    finally:
-        srv.stop()
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", label_studio.token)
+    return label_studio, root / "ds"
 
 
 def test_annotator_checker_expert_through_label_studio(server, tmp_path, capsys):
