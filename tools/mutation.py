@@ -31,6 +31,7 @@ import ast
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,10 @@ class Module:
     tests: list[str]
     timeout_s: float = 240.0   # per test (pytest-timeout): generous, a loaded machine imports slowly
     only: list[str] = field(default_factory=list)   # mutate only these definitions (``f``, ``Class``, ``Class.m``)
+    # The tests' marker expression: the quick loop's by default; a module whose rules only tests with
+    # a server reach (the provider batch driver, against the local OpenAI-compatible test server)
+    # names its own.
+    marker: str = "quick"
 
 
 @dataclass
@@ -75,7 +80,8 @@ class Outcome:
 def load_modules(path: Path = CONFIG) -> list[Module]:
     doc = tomllib.loads(path.read_text())
     return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 240)),
-                   only=list(m.get("only", ()))) for m in doc["module"]]
+                   only=list(m.get("only", ())), marker=str(m.get("marker", "quick")))
+            for m in doc["module"]]
 
 
 def equivalents(tests: list[str], root: Path = REPO) -> dict[tuple[str, str], str]:
@@ -103,7 +109,8 @@ def copy_checkout(dest: Path) -> None:
 
 def test_command(module: Module) -> str:
     # -x: the first failure kills the mutant; no cache kept between runs; no plugins a mutant run never uses.
-    return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", "quick", "-p", "no:cacheprovider",
+    return " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-m", shlex.quote(module.marker),
+                     "-p", "no:cacheprovider",
                      "-n", "0", "-p", "no:random_order", "--timeout", str(int(module.timeout_s)),
                      *module.tests])
 
@@ -228,7 +235,7 @@ def collect(session: Path, module: Module, root: Path) -> Outcome:
 def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.time()
-    base = run(test_command(module).split(), work, env)       # the oracle passes unmutated
+    base = run(shlex.split(test_command(module)), work, env)       # the oracle passes unmutated
     if base.returncode != 0:
         raise SystemExit(f"{module.path}: its tests fail without a mutation (exit {base.returncode}):\n"
                          f"{base.stdout[-3000:]}\n{base.stderr[-2000:]}")

@@ -295,6 +295,16 @@ def _retry_after_s(headers) -> float | None:
 
 
 FINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
+LOG_EVERY_S = 10.0   # the wait's progress line: on its first poll, then at most this often
+
+
+def progress_line(open_batches: int, progress: dict, elapsed_s: float) -> str:
+    """The wait's progress line, from the open batches' ``request_counts`` summed (``total``,
+    ``completed``, ``failed``): the time left at the rate so far (unknown until a line has ended)."""
+    finished = progress["completed"] + progress["failed"]
+    eta = f"{elapsed_s / finished * (progress['total'] - finished):.0f} s" if finished else "unknown"
+    return (f"batches: {open_batches} open, {progress['total']} requests submitted, "
+            f"{progress['completed']} completed, {progress['failed']} failed, ETA {eta}")
 
 
 def split_files(lines: list[bytes], max_requests: int, max_bytes: int) -> list[list[int]]:
@@ -529,7 +539,7 @@ class BatchDriver:
         Returns counts {completed, failed, retried, open}."""
         start = self.clock()
         counts = {"completed": 0, "failed": 0, "retried": 0, "open": 0}
-        last_log = -1e9
+        last_log = None
         while True:
             open_batches = [b for b in self.state.batches() if not b.get("done")]
             progress = {"total": 0, "completed": 0, "failed": 0}
@@ -553,12 +563,8 @@ class BatchDriver:
             if not still:
                 return counts
             elapsed = self.clock() - start
-            if self.clock() - last_log >= max(self.settings.poll_s, 10.0) or last_log < 0:
-                finished = progress["completed"] + progress["failed"]
-                eta = elapsed / finished * (progress["total"] - finished) if finished else float("nan")
-                log.info("batches: %d open, %d requests submitted, %d completed, %d failed, ETA %s", len(still),
-                         progress["total"], progress["completed"], progress["failed"],
-                         "unknown" if eta != eta else f"{eta:.0f} s")
+            if last_log is None or self.clock() - last_log >= max(self.settings.poll_s, LOG_EVERY_S):
+                log.info("%s", progress_line(len(still), progress, elapsed))
                 last_log = self.clock()
             if elapsed >= self.settings.max_wait_s:
                 counts["open"] = len(still)

@@ -832,9 +832,7 @@ def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
         if dev @ u <= 0 or np.hypot(*dev) > cfg.screen_agree_px:
             continue
         x0, y0 = window_origin(s, win)
-        template = pre[y0:y0 + win, x0:x0 + win]
-        if template.shape != (win, win):
-            continue
+        template = pre[y0:y0 + win, x0:x0 + win]     # whole: windows lie inside the crop
         roof = roof_pixels(template, post, s.x, s.y, (float(f[0]), float(f[1])), u,
                            lean.max_px + cfg.screen_agree_px)
         if not roof.any():

@@ -109,3 +109,59 @@ def test_nothing_measured_is_insufficient_evidence_even_when_no_share_is_asked(s
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_GtE on `if max(abs(dr), abs(dc)) == 2:`: (>= 2) dr and dc run over -2..2, so the larger of their sizes is never above 2.
 # equivalent mutant: core/NumberReplacer on `step = max(1, win // 2)`: (max(2, ...)) the two differ only for windows of 3 px or less, and there are none: --screen-window-px is 0 (automatic, at least 16 px) or at least 8 (tests/pairs/registration/test_registration_config.py); only a crop under 4 px, which has nothing to screen, would get such windows.
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_FloorDiv on `roofs = moved & ~wide`: (moved // ~wide) on boolean arrays x // True is x and x // False is 0 (numpy's integer division by zero gives 0), which is moved & ~wide; only its mean (the same) is read.
+
+
+# Written for the survivors of a sample drawn before them (`python tools/mutation.py --module
+# operators/pairs/screening/screening.py --sample 24 --seed 56`: 19 of 24 killed, stop 56).
+
+def test_the_quadrants_are_the_crops_halves_across_rows_too(scene):  # noqa: F811
+    # Clouds over the bottom half (y >= 480): the windows seen lie above the centre, in two quadrants
+    # (a quarter of the side for the split, `h >> 2`, would count four).
+    pre = pre_of(scene)
+    valid = np.ones((C, C), bool)
+    valid[480:, :] = False
+    r = screen(pre, pre, valid)
+    assert r.reject_reason.startswith("insufficient evidence") and " in 2 quadrant(s) " in r.reject_reason
+
+
+def test_a_hull_covering_exactly_the_share_asked_passes():
+    """The rule is coverage >= screen_min_coverage: a crop whose windows' hull covers exactly the share
+    asked has its evidence spread enough; a hair more asked, not."""
+    from dataclasses import replace
+
+    from operators.pairs.screening.screening import Evidence, hull_share, too_little_spread
+
+    trusted = [w(r, c, 0.3, -0.2) for r in (1, 5, 14) for c in (1, 7, 14)]
+    share = hull_share(trusted, C, C)
+    assert 0.3 < share < 0.9
+    for asked, passes in ((share, True), (share + 1e-9, False)):
+        cfg = replace(CFG, screen_min_coverage=asked)
+        ev = Evidence(C, C, 128, trusted, trusted, trusted, len(trusted), [], [], [], None, cfg)
+        assert (too_little_spread(ev) is None) is passes, (asked, too_little_spread(ev))
+
+
+def test_repeated_texture_is_looked_for_in_windows_of_64_px_and_more_only(scene, monkeypatch):  # noqa: F811
+    """Natural texture matches itself by chance in small windows: under REPEAT_MIN_WINDOW (64 px)
+    no window is searched for a period; from 64 px on, every usable window is."""
+    from operators.pairs.screening import screening
+
+    assert screening.REPEAT_MIN_WINDOW == 64
+    calls = []
+    real = screening.repeat_period
+
+    def spy(pre, x, y, win, *a, **k):
+        calls.append(win)
+        return real(pre, x, y, win, *a, **k)
+
+    monkeypatch.setattr(screening, "repeat_period", spy)
+    pre = pre_of(scene)[:512, :512]
+    for win, searched in ((56, False), (64, True)):
+        calls.clear()
+        cfg = replace_cfg(crop_size=512, screen_window_px=win)
+        screening.screen_alignment(pre, pre, np.ones(pre.shape, bool), cfg)
+        assert bool(calls) is searched and set(calls) <= {win}, (win, calls[:3])
+
+
+def replace_cfg(**kw):
+    from operators.pairs.registration.registration import RegistrationConfig
+    return RegistrationConfig(**kw)
