@@ -165,3 +165,25 @@ def test_repeated_texture_is_looked_for_in_windows_of_64_px_and_more_only(scene,
 def replace_cfg(**kw):
     from operators.pairs.registration.registration import RegistrationConfig
     return RegistrationConfig(**kw)
+
+
+def test_the_far_search_starts_from_cells_of_2_x_2_windows(scene, monkeypatch):  # noqa: F811
+    """The windows the near search missed are grouped in cells of 2 x 2 (far_candidates: one search
+    per cell, a displaced region of a quarter of the crop side holds one); CI's moving sample (seed
+    3361975891) showed a grouping by single rows (`i // 2` -> `i + 2`) passing every test."""
+    from operators.pairs.screening import screening
+
+    cells = []
+    real = screening.far_candidates
+
+    def spy(missed, texture):
+        cells.append(missed)
+        return real(missed, texture)
+
+    monkeypatch.setattr(screening, "far_candidates", spy)
+    pre = pre_of(scene)
+    post = np.roll(pre, (20, -15), axis=(0, 1))        # nothing found near: every window goes far
+    screen(pre, post)
+    missed = cells[0]
+    assert missed and all(i // 2 == ci and j // 2 == cj for (ci, cj), ws in missed.items() for i, j in ws)
+    assert max(len(ws) for ws in missed.values()) == 4
