@@ -25,6 +25,19 @@ from operators.llm.batch import (BatchAPI, BatchAPIError, BatchDriver, BatchSett
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_GtE on `if record.get("fallback") == "realtime":`: a failed record's fallback is "" (failed for good), "batch" or "realtime" (--batch-fallback's two choices), and of those only "realtime" is >= "realtime"
 
 
+class FakeClock:
+    """Time that passes only when the driver sleeps."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
 class MemoryProvider:
     """The provider's side of the batch API, in memory: uploaded files kept as their lines; a batch
     created from a file completes when ``clock`` passes its ``ready_at``; ``request_counts`` grow
@@ -200,11 +213,11 @@ def test_the_wait_logs_its_progress_on_the_first_poll_then_every_10_s(tmp_path, 
     """Polls every 4 s on a fake clock, a batch of 8 lines done in 36 s: progress lines at 0, 12, 24 s
     (the first poll, then the first poll 10 s or more after the last line), with the provider's
     counts; the lines are stored."""
-    now = [0.0]
+    clock = FakeClock()
     state = deferred(tmp_path, [5] * 8)
-    provider = MemoryProvider(clock=lambda: now[0], run_s=36.0)
+    provider = MemoryProvider(clock=clock, run_s=36.0)
     driver = BatchDriver(state, provider, BatchSettings(poll_s=4.0), job="t", run_id="run1",
-                         sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+                         sleep=clock.sleep, clock=clock)
     driver.submit()
     with caplog.at_level(logging.INFO, logger="operators.llm.batch"):
         assert driver.wait() == {"completed": 8, "failed": 0, "retried": 0, "open": 0}
@@ -296,14 +309,14 @@ def test_a_call_without_an_answer_is_sent_again_only_when_it_cannot_have_been_bi
 def test_a_wave_whose_wait_runs_out_sends_nothing_more(tmp_path):
     """Files in waves under the enqueued-token limit: the first batch never ends within the maximum
     wait, so the next file is not sent (its lines wait for the rerun) and the limit is never passed."""
-    now = [0.0]
+    clock = FakeClock()
     state = BatchState(str(tmp_path), "t", "run1")
     for i in range(4):
         state.defer(f"k{i}", f"item{i}", {"model": "m", "messages": []}, tokens=100)
-    provider = MemoryProvider(clock=lambda: now[0], run_s=10_000.0)
+    provider = MemoryProvider(clock=clock, run_s=10_000.0)
     driver = BatchDriver(state, provider, BatchSettings(max_requests_per_file=2, max_enqueued_tokens=250,
                                                         poll_s=5.0, max_wait_s=60.0), job="t", run_id="run1",
-                         sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+                         sleep=clock.sleep, clock=clock)
     assert driver.submit() == ["batch-0"] and len(provider.created) == 1
     assert state.waiting("run1") == ["k2", "k3"]
 
@@ -382,13 +395,13 @@ def test_a_submission_cut_short_leaves_no_file_on_disk(tmp_path, monkeypatch):
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    now = [0.0]
+    clock = FakeClock()
     state = BatchState(str(tmp_path / "out"), "t", "run1")
     for i, model in enumerate(["m", "m", "m", "n", "m", "m"]):
         state.defer(f"k{i}", f"item{i}", {"model": model, "messages": []}, tokens=100)
-    driver = BatchDriver(state, MemoryProvider(clock=lambda: now[0], run_s=10_000.0),
+    driver = BatchDriver(state, MemoryProvider(clock=clock, run_s=10_000.0),
                          BatchSettings(max_requests_per_file=2, max_enqueued_tokens=250, poll_s=5.0, max_wait_s=60.0),
-                         job="t", run_id="run1", sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+                         job="t", run_id="run1", sleep=clock.sleep, clock=clock)
     assert len(driver.submit()) == 1
     assert not list((tmp_path / "tmp").iterdir())
 
@@ -405,13 +418,13 @@ def test_the_enqueued_limit_counts_each_model_s_batches_alone(tmp_path):
             state.defer(f"k{i}", f"item{i}", {"model": "a", "messages": []}, tokens=100)
         state.write("batches", "open", {"id": "open", "custom_ids": [], "items": {}, "done": False,
                                         "tokens": 200, "model": open_model})
-        now = [0.0]
-        provider = MemoryProvider(clock=lambda: now[0], run_s=10_000.0)
+        clock = FakeClock()
+        provider = MemoryProvider(clock=clock, run_s=10_000.0)
         provider.created.append({"id": "open", "input_file_id": "file-open", "start": 0.0})
         provider.files["file-open"] = [{"custom_id": "x"}] * 2
         driver = BatchDriver(state, provider, BatchSettings(max_enqueued_tokens=250, poll_s=5.0, max_wait_s=20.0),
-                             job="t", run_id="run1", sleep=lambda s: now.__setitem__(0, now[0] + s),
-                             clock=lambda: now[0])
+                             job="t", run_id="run1", sleep=clock.sleep,
+                             clock=clock)
         assert driver.enqueued("a") == (200 if open_model == "a" else 0)
         assert (driver.submit() == []) is waits, open_model
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.screening import AGREE_PX, WindowShift, confirmed, supported
 from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
@@ -157,14 +158,10 @@ def test_repeated_texture_is_looked_for_in_windows_of_64_px_and_more_only(scene,
     pre = pre_of(scene)[:512, :512]
     for win, searched in ((56, False), (64, True)):
         calls.clear()
-        cfg = replace_cfg(crop_size=512, screen_window_px=win)
+        cfg = RegistrationConfig(crop_size=512, screen_window_px=win)
         screening.screen_alignment(pre, pre, np.ones(pre.shape, bool), cfg)
         assert bool(calls) is searched and set(calls) <= {win}, (win, calls[:3])
 
-
-def replace_cfg(**kw):
-    from operators.pairs.registration.registration import RegistrationConfig
-    return RegistrationConfig(**kw)
 
 
 def test_the_far_search_starts_from_cells_of_2_x_2_windows(scene, monkeypatch):  # noqa: F811
