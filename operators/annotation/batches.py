@@ -33,8 +33,10 @@ def hold_rejected(decisions: dict, batch_min_agreement: float) -> None:
     (:func:`batch_agreements`) is below ``batch_min_agreement`` (in place)."""
     batches = batch_agreements(decisions.values())
     for d in decisions.values():
-        mean, n = batches.get((d.instance, d.batch), (None, 0))
-        if d.status == "merged" and mean is not None and mean < batch_min_agreement:
+        if d.status != "merged" or (d.instance, d.batch) not in batches:
+            continue
+        mean, n = batches[(d.instance, d.batch)]
+        if mean < batch_min_agreement:
             d.status = "disagreement"
             d.reason = (f"{HELD}{batch_name(d.instance, d.batch)}) rejected: mean agreement {mean:.3f} over {n} "
                         f"pairs awaiting a decision < {batch_min_agreement}; held for the expert")

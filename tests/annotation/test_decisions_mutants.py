@@ -195,6 +195,20 @@ def test_two_annotations_flagged_by_either_disagreeing_or_checked():
     assert d.status == "merged" and np.array_equal(d.masks["new"], half)
 
 
+def test_a_history_row_without_a_queue_is_an_annotation():
+    """History tables written before the review queue was recorded hold no queue (null in Parquet): their
+    rows are annotations, read the same as rows of the annotate queue."""
+    m = rect(0, 10, 0, 10)
+    for queue in (None, "annotate"):
+        rows = [row(1, "a", m, 1, queue=queue), row(2, "b", m, 2, queue=queue)]
+        d = decide_pair("p", rows, masks_of, CFG)
+        assert (d.status, d.annotator, d.checker, d.expert) == ("merged", "a", "b", None)
+    # a reviewer's row next to them still decides as the expert
+    rows = [row(1, "a", m, 1, queue=None), row(2, "b", m, 2, queue=None), row(3, "e", m, 3, queue="review")]
+    d = decide_pair("p", rows, masks_of, CFG)
+    assert (d.status, d.expert, d.annotator, d.checker) == ("expert", "e", "a", "b")
+
+
 def test_batch_agreements_count_only_checked_pairs_with_a_batch():
     P = dc.PairDecision
     ds = [P("a", "merged", agreement=0.5, checker="c", batch=1), P("b", "expert", agreement=1.0, checker="c", batch=1),
@@ -281,3 +295,5 @@ def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_Mul on `inter = int(np.count_nonzero(a & b))`: both masks are boolean arrays (np.asarray(a, bool) above), and for booleans * is &
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used
+# equivalent mutant: core/NumberReplacer on `withdrawn: int = 0                 # annotations deleted in Label Studio (seen by a full export)`: every PairDecision the module builds passes withdrawn (decide_pair's base, decide_all's unreadable row), so the default is never used
+# equivalent mutant: core/ReplaceComparisonOperator_NotEq_IsNot on `if d.status != "merged" or (d.instance, d.batch) not in batches:`: a decision's status is always one of the module's string literals, which Python interns, so identity and equality agree

@@ -212,6 +212,16 @@ def test_an_item_whose_file_cannot_be_read_is_neither_current_nor_stale_but_fail
         "5 claim(s) not checked again, a file cannot be read: a: f: r; b: f: r; c: f: r"
 
 
+def test_status_names_the_first_five_stale_and_missing_items_in_order():
+    names = [f"p{i:02d}" for i in range(12)]
+    plan = lineage.ResumePlan(missing=names[::-1][:7], stale={k: ["images"] for k in names[5:][::-1]})
+    s = lineage.status(plan)
+    assert s["missing_first"] == ["p05", "p06", "p07", "p08", "p09"] and s["missing"] == 7
+    assert s["stale_first"] == ["p05", "p06", "p07", "p08", "p09"] and s["stale"] == 7
+    s = lineage.status(plan, failed={"p05", "p06"})
+    assert s["missing_first"] == ["p07", "p08", "p09", "p10", "p11"] and (s["missing"], s["failed"]) == (5, 2)
+
+
 def test_a_step_recomputed_whole_counts_its_items_by_what_they_were_made_from():
     recorded = {"same": {"prediction": "p"}, "edited": {"prediction": "p"}, "gone": {"prediction": "p"},
                 "old": None, "tried": {"prediction": "p"}}

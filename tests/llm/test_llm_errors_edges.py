@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.llm.errors import LONG_RETRY_AFTER_S, error_object, read_error
+from operators.llm.errors import LONG_RETRY_AFTER_S, error_object, limit_period, read_error
 
 
 def test_an_old_vllm_error_body_is_the_error_itself_and_a_plain_dict_is_not_one():
@@ -32,6 +32,15 @@ def test_an_integer_code_is_no_code_name():
 def test_a_limit_period_is_read_for_rate_limits_and_quotas_only():
     assert read_error(503, {"error": {"message": "overloaded, try later (TPD)"}}).period == ""
     assert read_error(429, {"error": {"message": "Rate limit reached on tokens per day (TPD)"}}).period == "day"
+
+
+@pytest.mark.parametrize("tag, period", [("RPM", "minute"), ("TPM", "minute"), ("IPM", "minute"),
+                                         ("RPH", "hour"), ("TPH", "hour"), ("RPD", "day"), ("TPD", "day"),
+                                         ("IPD", "day"), ("TPMo", "month"), ("RPMo", "month")])
+def test_each_limit_tag_names_its_period_and_the_longest_named_wins(tag, period):
+    assert limit_period({"message": f"Rate limit reached ({tag}): retry later"}) == period
+    assert limit_period({"message": f"Limit {tag} and RPM both reached"}) == period      # the longer wins
+    assert limit_period({"message": f"no tag in {tag.lower()}x"}) == ""
 
 
 @pytest.mark.parametrize("after, kind", [(LONG_RETRY_AFTER_S - 1, "wait"), (LONG_RETRY_AFTER_S, "quota"),

@@ -111,6 +111,24 @@ def test_give_back_forgets_exactly_that_grant_and_never_one_already_trimmed():
     assert core.in_log == [0, 0.0] and core.totals["given_back"] == 4
 
 
+def test_give_back_after_a_trim_finds_its_grant_by_its_place_in_the_log():
+    """Once the log's head is trimmed, a grant's place is its id less the first id kept (ids 1-3 over
+    first id 1: places 0-2), whatever the ids' bits."""
+    core, clock = core_of(max_in_flight=0)
+    start, ids = clock.t, []
+    for tokens in (1.0, 2.0, 4.0, 8.0):
+        ids.append(core.lease([tokens])[2])
+        clock.t += 10.0
+    assert ids == [0, 1, 2, 3]
+    clock.t = start + core.window_s + 5.0                              # the first grant (at start) leaves
+    core.lease([16.0])
+    assert core.first_id == 1 and core.in_log == [4, 30.0]
+    core.give_back(ids[2])                                             # the 4-token grant, at place 1
+    assert core.in_log == [3, 26.0] and core.totals["given_back"] == 1
+    core.give_back(ids[1])
+    assert core.in_log == [2, 24.0] and core.totals["given_back"] == 2
+
+
 def test_extra_tokens_are_booked_in_the_window_and_nothing_else_is():
     core, clock = core_of(tpm=1000, safety=0.0, max_in_flight=0, burst_s=60.0)
     assert core.lease([100.0])[0] == 1

@@ -138,27 +138,33 @@ def periodic_mask(img: np.ndarray, valid: np.ndarray, period: tuple[int, int]
 
 def refine_period(img: np.ndarray, seeds: np.ndarray, period: tuple[int, int]) -> tuple[int, int]:
     """The period to the pixel: of ``period`` and its neighbours within 2 px, the one whose
-    squared difference over the ``seeds`` pixels is least (a half-resolution period is known to
-    2 px, and a periodicity map one pixel off does not repeat)."""
+    squared difference over the ``seeds`` pixels is least, the nearest of equals (a
+    half-resolution period is known to 2 px, and a periodicity map one pixel off does not
+    repeat)."""
     ys, xs = np.nonzero(seeds)
     if ys.size > REFINE_PIXELS:   # a fixed random subset: a regular grid aliases with the period
         pick = np.random.default_rng(0).choice(ys.size, REFINE_PIXELS, replace=False)
         ys, xs = ys[pick], xs[pick]
     h, w = img.shape
     best = (np.inf, canonical(period))
-    for ddy in range(-2, 3):
-        for ddx in range(-2, 3):
-            tx, ty = period[0] + ddx, period[1] + ddy
-            if (tx, ty) == (0, 0):
-                continue
-            yb, xb = ys + ty, xs + tx
-            ok = (yb >= 0) & (yb < h) & (xb >= 0) & (xb < w)
-            if not ok.any():
-                continue
-            e = float(np.mean((img[ys[ok], xs[ok]] - img[yb[ok], xb[ok]]) ** 2))
-            if e < best[0]:
-                best = (e, canonical((tx, ty)))
+    for ddx, ddy in REFINE_STEPS:
+        tx, ty = period[0] + ddx, period[1] + ddy
+        if (tx, ty) == (0, 0):
+            continue
+        yb, xb = ys + ty, xs + tx
+        ok = (yb >= 0) & (yb < h) & (xb >= 0) & (xb < w)
+        if not ok.any():
+            continue
+        e = float(np.mean((img[ys[ok], xs[ok]] - img[yb[ok], xb[ok]]) ** 2))
+        if e < best[0]:
+            best = (e, canonical((tx, ty)))
     return best[1]
+
+
+# The steps refine_period tries, nearest first: of periods that fit equally (stripes repeat along
+# themselves), the one nearest the period found is kept.
+REFINE_STEPS = sorted(((ddx, ddy) for ddy in range(-2, 3) for ddx in range(-2, 3)),
+                      key=lambda d: d[0] * d[0] + d[1] * d[1])
 
 
 def _touching(mask: np.ndarray, seeds: np.ndarray, min_area: int) -> np.ndarray:

@@ -379,9 +379,14 @@ def consensus_fit(shifts: list[WindowShift], w: int, h: int, order: int, agree_p
         return full if alt is None else alt
     X = _field_terms(np.array([[s.x, s.y] for s in shifts]), w, h, order)
     D = np.array([[s.dx, s.dy] for s in shifts])
-    cost = [float(np.minimum(((X @ f[0] - D) ** 2).sum(axis=1), (agree_px / 2) ** 2).sum())
-            for f in (full, alt)]
+    cost = [msac_cost(((X @ f[0] - D) ** 2).sum(axis=1), agree_px) for f in (full, alt)]
     return alt if cost[1] < cost[0] and alt[2] < CONSENSUS_SIGMA_RATIO * full[2] else full
+
+
+def msac_cost(squared: np.ndarray, agree_px: float) -> float:
+    """MSAC's cost of a fit: the windows' squared distances from it, each at most half
+    ``agree_px``, squared (a window farther off counts as an outlier, whatever its distance)."""
+    return float(np.minimum(squared, (agree_px / 2) ** 2).sum())
 
 
 # A consensus's fit replaces the fit from all windows only when its scatter is under this share of
@@ -711,8 +716,10 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     * at least ``screen_region_windows`` of them remain, the ground keeps at least as many;
     * their displacements from the ground field lie within ``screen_lean_spread_deg`` of their
       mean direction (one view direction);
-    * they are interleaved with the ground: at least ``screen_region_windows`` ground windows
-      lie inside the hull of their grid cells.
+    * they are interleaved with the ground (at least ``screen_region_windows`` ground windows
+      lie inside the hull of their grid cells), or what moved is one roof at most
+      (:func:`one_roof_share`) leaning past ``max_residual_px``: one tall building read by a few
+      neighbouring windows.
 
     Returns (the crop's other windows: the ground, and any displaced region, which face every
     check of an acceptance; the lean), else None."""
@@ -760,14 +767,27 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     hull = cv2.convexHull(cells.reshape(-1, 1, 2))
     inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
                  for s in ground)
-    if inside < cfg.screen_region_windows:
+    roofs = moved & ~wide
+    # One roof with no ground around it is a lean only where it matters: over the limit (a roof
+    # under it stays with the ground, which it cannot fail).
+    if inside < cfg.screen_region_windows and (float(roofs.mean()) > one_roof_share(w, h, cfg) or
+                                               float(along.max()) <= cfg.max_residual_px):
         return None
     deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
-    roofs = moved & ~wide
     return ground, Lean(float(np.median(along)), float(along.max()), deg, len(leaning),
                         float(roofs.mean()))
 
 
+
+
+def one_roof_share(w: int, h: int, cfg: RegistrationConfig) -> float:
+    """The largest share of the crop one roof covers: a disc as wide as the widest roof a lean
+    may move (``screen_lean_max_roof`` of the crop side; 2 % of the crop at the default). A lean
+    whose windows enclose no ground must move no more: a patch of ground moved as a whole whose
+    width the moved layer misses (mostly flat) moves more (3.9-8.5 % of the crop in the
+    generated cases that showed it)."""
+    side = cfg.screen_lean_max_roof * min(w, h)
+    return float(np.pi / 4 * side * side / (w * h))
 
 
 def lean_cone(v: np.ndarray, agree_px: float, spread_deg: float,

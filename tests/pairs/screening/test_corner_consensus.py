@@ -8,7 +8,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from operators.pairs.screening.screening import WindowShift, corner_residual
+from operators.pairs.screening.screening import WindowShift, corner_residual, msac_cost
 
 C, STEP, N = 1024, 64, 15           # 128 px windows at half-window steps: a 15 x 15 grid
 LIMIT = 8.0
@@ -138,3 +138,13 @@ def test_a_ground_field_beyond_the_limit_at_a_corner_is_seen_beside_a_region():
         if est is None or est.bound <= LIMIT:
             under.add(i)
     assert under <= UNDER_READ, sorted(under - UNDER_READ)
+
+
+def test_msac_cost_caps_each_window_at_half_the_agreement_squared():
+    """A window within half ``agree_px`` of the fit costs its squared distance; one farther costs the
+    cap, (agree_px / 2)^2, however far (an outlier)."""
+    sq = np.array([0.0, 1.0, 4.0, 100.0])
+    assert msac_cost(sq, 3.0) == 0.0 + 1.0 + 2.25 + 2.25
+    assert msac_cost(sq, 6.0) == 0.0 + 1.0 + 4.0 + 9.0
+    assert msac_cost(sq, 1.0) == 0.0 + 0.25 * 3
+    assert msac_cost(np.array([]), 3.0) == 0.0

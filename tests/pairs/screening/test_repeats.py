@@ -8,7 +8,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from operators.pairs.screening.repeats import (MOVED, NONE, STAYED, UNKNOWN, canonical,
+from operators.pairs.screening.repeats import (MOVED, NONE, OUTLINE_FLOOR, OUTLINE_RATIO, STAYED,
+                                               UNKNOWN, _beats, canonical,
                                                outline_disagreement, periodic_mask,
                                                refine_period, region_shift, repeat_period,
                                                repeated_groups, window_centres)
@@ -141,6 +142,70 @@ def test_a_period_is_refined_to_the_pixel(period):
                    canonical((tile_w, tile_h)), canonical((tile_w, -tile_h))}
     mask, known = periodic_mask(img, np.ones(img.shape, bool), got)
     assert mask[40:200, 40:200].mean() > 0.95      # inside (the blur's box reads the edges)
+
+
+def _periodic_in_x(period: int, h: int = 384, w: int = 512, seed: int = 3) -> np.ndarray:
+    """Noise repeated every ``period`` px along x only (rows of an orchard, a solar farm's panels)."""
+    noise = np.random.default_rng(seed).random((h, period)).astype(np.float32)
+    return np.tile(noise, (1, w // period + 1))[:, :w]
+
+
+@pytest.mark.parametrize("win, reach", [(128, 64), (24, 32)])
+def test_a_period_is_found_wherever_the_window_lies_with_a_period_either_side(win, reach):
+    """The window's search area reaches ``reach`` px each way, clipped by the crop: wherever the
+    window lies, a period that fits on both sides of it within the crop is found (its twin the other
+    way included), at half resolution to 2 px for windows of 64 px and more."""
+    P = 20 if win < 64 else 40
+    img = _periodic_in_x(P)
+    h, w = img.shape
+    for x in range(P, w - win - P, 5):
+        for y in (0, 100, h - win):
+            t = repeat_period(img, x, y, win, reach, 0.8)
+            assert t is not None and t[1] == 0 and abs(abs(t[0]) - P) <= (2 if win >= 64 else 0), (x, y, t)
+
+
+def test_refining_reaches_every_neighbour_within_two_pixels():
+    img = _periodic_in_x(40)
+    seeds = np.zeros(img.shape, bool)
+    seeds[100:300, 100:400] = True
+    for ddy in range(-2, 3):
+        for ddx in range(-2, 3):
+            assert refine_period(img, seeds, (40 + ddx, ddy)) == (40, 0), (ddx, ddy)
+
+
+def test_refining_keeps_the_nearest_of_periods_that_fit_equally():
+    """Stripes repeat along themselves: every candidate one stripe period across fits exactly. The
+    one nearest the period found is kept, not a neighbour 2 px off."""
+    stripes = np.tile(np.random.default_rng(4).random(40).astype(np.float32), (256, 8))
+    seeds = np.zeros(stripes.shape, bool)
+    seeds[50:200, 50:250] = True
+    assert refine_period(stripes, seeds, (40, 0)) == (40, 0)
+    assert refine_period(stripes, seeds, (41, 1)) == (40, 1)
+    assert refine_period(stripes, seeds, (39, -1)) == canonical((40, -1))
+
+
+@settings(max_examples=500, deadline=None)
+@given(y=st.sampled_from([0.0, 0.001, 0.002, 0.005, 0.0066, 0.0067, 0.01, 0.05, 0.5, 2.0, float("inf")]),
+       share=st.sampled_from([0.0, 0.3, 0.69, 0.7, 0.71, 0.9, 1.0, 1.5]),
+       nudge=st.sampled_from([-1e-4, 0.0, 1e-4]))
+@example(y=0.005, share=0.62, nudge=0.0)      # under 0.7 of it, but not 0.002 under it: the floor decides
+@example(y=0.5, share=0.8, nudge=0.0)         # 0.002 under it, but not under 0.7 of it
+def test_an_outline_beats_another_only_clearly_under_it(y, share, nudge):
+    """The documented rule: finite, at most OUTLINE_RATIO of the other and OUTLINE_FLOOR under it; each
+    limit met exactly counts."""
+    x = max(0.0, share * y + nudge) if np.isfinite(y) else share
+    want = bool(np.isfinite(x) and x <= OUTLINE_RATIO * y and x + OUTLINE_FLOOR <= y)
+    assert _beats(x, y) is want
+    assert _beats(float("inf"), y) is False
+
+
+def test_refining_near_the_crop_s_edge_skips_partners_outside_it():
+    img = _periodic_in_x(40)
+    h, w = img.shape
+    for x0 in (w - 60, w - 45, w - 41):
+        seeds = np.zeros(img.shape, bool)
+        seeds[100:300, x0:] = True                  # partners 38-42 px right fall partly outside
+        assert refine_period(img, seeds, (41, 1)) == (40, 0), x0
 
 
 def test_repeat_period_finds_an_orchard_and_not_noise():

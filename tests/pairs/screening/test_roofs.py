@@ -12,9 +12,10 @@ from hypothesis import assume, given, settings, strategies as st
 
 from benchmarks._fields import make_case, scene
 from operators.pairs.registration.registration import RegistrationConfig
-from operators.pairs.screening.roofs import masked_shift, roof_pixels
-from operators.pairs.screening.screening import (DISPLACED, lean_cone, screen_alignment,
-                                                 window_centre)
+from operators.pairs.screening.roofs import (ROOF_GROW_PX, UNEXPLAINED_FLOOR, masked_shift,
+                                            offset_error, roof_pixels)
+from operators.pairs.screening.screening import (DISPLACED, lean_cone, one_roof_share,
+                                                 screen_alignment, window_centre)
 
 WIN = 128           # the screening window at the paper's 1024 px crop
 PAD = 48
@@ -139,6 +140,61 @@ def test_a_window_with_too_little_ground_is_not_read():
     assert masked_shift(template, post, cx, cy, (0.0, 0.0), few, 3.0) is None
 
 
+@pytest.mark.parametrize("win, box", [(128, 9), (64, 5), (24, 3), (16, 3)])
+def test_a_pixel_s_error_is_its_neighbourhood_s_an_odd_box_of_a_sixteenth_of_the_window(win, box):
+    """One differing pixel spreads over the box about it, odd-sided (centred) and at least 3."""
+    template = np.zeros((win, win), np.float32)
+    template[win // 2, win // 2] = 1.0
+    post = np.zeros((4 * win, 4 * win), np.float32)
+    err = offset_error(template, post, 2 * win - 0.5, 2 * win - 0.5, (0.0, 0.0))
+    ys, xs = np.nonzero(err > 0)
+    assert (xs.max() - xs.min() + 1, ys.max() - ys.min() + 1) == (box, box)
+    assert (xs.min() + xs.max()) / 2 == (ys.min() + ys.max()) / 2 == win // 2      # centred
+
+
+@pytest.mark.parametrize("source", ["naip", "s2"])
+def test_content_the_ground_leaves_unexplained_is_out_from_a_tenth_of_the_window_s_contrast(source):
+    """Noise-free imagery (the ground exact: the window's median error is 0): a patch whose post
+    content differs by half the window's contrast is out (with its grown edge); one differing by a
+    twentieth, under the floor of a tenth, is not, and nothing else is."""
+    win, cx, cy = WIN, 300.0 - 0.5, 400.0 - 0.5        # window centre (pixel-centred grid)
+    crop = scene(source, 1024).astype(np.float32)
+    template = cv2.getRectSubPix(crop, (win, win), (cx, cy))
+    s = float(template.std())
+    x0, y0 = int(cx + 0.5) - win // 2, int(cy + 0.5) - win // 2      # the window's first pixel
+    for gain, out in ((0.5, True), (0.05, False)):
+        post = crop.copy()
+        post[y0 + 50:y0 + 70, x0 + 60:x0 + 80] += gain * s
+        roof = roof_pixels(template, post, cx, cy, (0.0, 0.0), np.array([1.0, 0.0]), 0.0)
+        if out:
+            assert roof[55:65, 65:75].all()
+            assert not roof[:30].any() and not roof[100:].any()             # only near the patch
+            grown = 20 + 2 * (max(3, win // 16) // 2) + 2 * ROOF_GROW_PX
+            assert roof.any(axis=1).sum() <= grown
+        else:
+            assert not roof.any(), (gain, UNEXPLAINED_FLOOR)
+
+
+@pytest.mark.parametrize("source", ["naip", "s2"])
+def test_a_whole_window_moved_under_a_pixel_is_read_to_a_tenth_through_a_gain_and_offset(source):
+    """No roof, every pixel used: 20 drawn windows, each moved by a drawn sub-pixel shift, the later
+    date brighter by a gain and an offset (each window standardised over its pixels): read within
+    0.1 px (0.06 px at most on NAIP; the reference warp is cubic, the reading's bilinear)."""
+    crop = scene(source, 1024).astype(np.float32)
+    rng = np.random.default_rng(11)
+    err = []
+    for _ in range(20):
+        cx, cy = rng.uniform(200, 800, 2)
+        d = rng.uniform(-1.5, 1.5, 2)
+        post = cv2.warpAffine(crop, np.float32([[1, 0, d[0]], [0, 1, d[1]]]), crop.shape[::-1],
+                              flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT)
+        template = cv2.getRectSubPix(crop, (WIN, WIN), (float(cx), float(cy)))
+        got = masked_shift(template, 1.3 * post + 0.1, cx, cy, (0.0, 0.0), np.ones((WIN, WIN), bool), 3.0)
+        assert got is not None
+        err.append(np.hypot(got[0] - d[0], got[1] - d[1]))
+    assert max(err) < 0.1, np.round(err, 3)
+
+
 def reference_cone(v, u_true, spread_deg):
     ang = np.degrees(np.arctan2(v[:, 1], v[:, 0]) - np.arctan2(u_true[1], u_true[0]))
     return np.abs((ang + 180) % 360 - 180) <= spread_deg
@@ -196,6 +252,41 @@ def test_a_lean_crop_reports_the_ground_s_residual(seed):
     assert r.lean.max_px > 8.0
 
 
+@pytest.mark.parametrize("seed", [83, 127, 183, 339])
+def test_one_tall_building_leaning_past_the_limit_is_a_lean(seed):
+    """Generated lean crops (ground exact) whose only roof over the limit is one building, read by
+    three neighbouring windows that enclose no ground window: accepted, the ground's residual
+    within 1 px, the roof's share under one roof's. Stop 56 rejected 13 of 100 such crops as
+    displaced regions (16.6-23.1 px)."""
+    cfg = RegistrationConfig(crop_size=1024)
+    case = make_case("lean", 1024, seed)
+    r = screen_alignment(case.pre, case.post, case.valid, cfg)
+    assert r.reject_reason is None and r.lean is not None, r.reject_reason
+    assert r.residual_px <= 1.0 and r.lean.max_px > 8.0 and r.lean.windows == 3
+    assert r.lean.share <= one_roof_share(1024, 1024, cfg)
+
+
+@pytest.mark.parametrize("seed, truth", [(700, 9.5), (796, 36.1), (1524, 48.3)])
+def test_ground_moved_as_a_whole_enclosing_no_ground_is_no_lean(seed, truth):
+    """Generated convex regions of ground moved one way (9.5 px: next to the limit), mostly flat, so
+    the moved layer shows no area wide enough to be ground: their windows (6-18) lean one way and
+    enclose no ground, like one roof, but what moved covers more than one roof (3.9-8.5 % of the
+    crop against 2 %): displacement, rejected."""
+    cfg = RegistrationConfig(crop_size=1024)
+    case = make_case("patches", 1024, seed)
+    assert case.truth_px == pytest.approx(truth, abs=0.05)
+    r = screen_alignment(case.pre, case.post, case.valid, cfg)
+    assert r.reject_code == DISPLACED and r.lean is None, r.reject_reason
+
+
+def test_one_roof_is_a_disc_as_wide_as_the_widest_roof():
+    cfg = RegistrationConfig(crop_size=1024)
+    assert one_roof_share(1024, 1024, cfg) == pytest.approx(np.pi / 4 * 0.16 ** 2)
+    assert one_roof_share(2048, 1024, cfg) == pytest.approx(np.pi / 4 * 163.84 ** 2 / (2048 * 1024))
+    assert one_roof_share(1024, 1024, RegistrationConfig(crop_size=1024, screen_lean_max_roof=0.1)) == \
+        pytest.approx(np.pi / 4 * 0.01)
+
+
 def test_a_region_moved_with_the_lean_is_still_displacement():
     """A lean crop whose ground also has a region moved 9 px, along the lean and across it:
     the region is no roof and no ground window's remeasuring hides it (rejected as displaced).
@@ -218,3 +309,5 @@ def test_a_region_moved_with_the_lean_is_still_displacement():
 
 
 # equivalent mutant: core/ReplaceComparisonOperator_Gt_NotEq on `if ROOF_GROW_PX > 0 and roof.any():`: ROOF_GROW_PX is a module constant, 3, never negative; > 0 and != 0 agree on it
+# equivalent mutant: core/NumberReplacer on `if ROOF_GROW_PX > 0 and roof.any():`: ROOF_GROW_PX is a module constant, 3; > 0 and > -1 (or > 1) agree on it
+# equivalent mutant: core/NumberReplacer on `k = max(3, win // 16) | 1`: for 3 -> 2 only, max(2, n) | 1 == max(3, n) | 1 for every n (2 | 1 == 3 | 1 == 3); 3 -> 4 changes the box and the box test kills it
