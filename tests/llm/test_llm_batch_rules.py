@@ -547,3 +547,30 @@ def test_an_output_file_named_without_a_folder_is_imported(tmp_path, monkeypatch
         {"custom_id": key, "error": None, "response": {"status_code": 200, "body": {"choices": []}}}) + "\n")
     assert driver.import_results("output.jsonl")["completed"] == 1
     assert state.read("results", key)["batch_id"] == "import:output.jsonl"
+
+
+# And for the survivor of CI's moving sample at 97a4fc1 (seed 2544172049): the creation's back-off cap.
+
+def test_a_creation_without_an_answer_backs_off_doubling_to_30_s_and_looks_before_each_retry(tmp_path):
+    """POST /batches unanswered every time, the batch never at the provider: the driver looks for it
+    before each new attempt, waits 1, 2, 4, ... s capped at 30 s between them, and gives up naming the
+    submission (a rerun looks again)."""
+    state = deferred(tmp_path, [5])
+
+    class NeverAnswers(MemoryProvider):
+        attempts = 8
+        looked = 0
+
+        def create(self, file_id, window, metadata=None):
+            raise batch.CreateUnanswered("POST", "/batches", "retry", "HTTP 504")
+
+        def list_batches(self, limit=100):
+            NeverAnswers.looked += 1
+            return []
+
+    waits: list[float] = []
+    driver = BatchDriver(state, NeverAnswers(), BatchSettings(), job="t", run_id="run1", sleep=waits.append)
+    with pytest.raises(BatchAPIError, match="is not at the provider either"):
+        driver.submit()
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert NeverAnswers.looked == 7                  # before each of the 7 retries
