@@ -505,4 +505,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from operators.process_exit import run
+    run(main)

@@ -69,5 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
+def run() -> None:
+    """The process entry (the ``changeforge`` command, ``python -m jobs.cli``): :func:`main`, then
+    the process ended by :mod:`operators.process_exit` (no interpreter teardown, where Arrow can abort)."""
+    from operators.process_exit import run as run_process
+    run_process(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

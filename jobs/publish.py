@@ -371,5 +371,5 @@ def main(argv: list[str] | None = None) -> dict | int:
 
 
 if __name__ == "__main__":
-    result = main()
-    sys.exit(result if isinstance(result, int) else 0)
+    from operators.process_exit import run
+    run(main)

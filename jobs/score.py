@@ -392,4 +392,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operators.process_exit import run
+    run(main)

@@ -171,10 +171,11 @@ def definition_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int
     return [((found[n].lineno, 0), (found[n].end_lineno + 1, 0)) for n in names]
 
 
-def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = ()) -> tuple[int, int, int]:
-    """Mark mutants inside never-evaluated annotations (and outside the ``only`` definitions, if any)
-    skipped, then keep ``n`` of the rest (a seeded draw; all if None) and mark the others skipped.
-    Returns (kept, left out, eligible)."""
+def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list[str] = (),
+                lines: set[int] | None = None) -> tuple[int, int, int]:
+    """Mark mutants inside never-evaluated annotations (and outside the ``only`` definitions, if any;
+    off the ``lines`` given, if any) skipped, then keep ``n`` of the rest (a seeded draw; all if None)
+    and mark the others skipped. Returns (kept, left out, eligible)."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
     spans = annotation_spans(source)
@@ -182,7 +183,7 @@ def sample_jobs(session: Path, source: str, n: int | None, seed: int, only: list
     skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
 
     def left_out(pos: tuple) -> bool:
-        if any(a <= pos < b for a, b in spans):
+        if any(a <= pos < b for a, b in spans) or (lines is not None and pos[0] not in lines):
             return True
         return wanted is not None and not any(a <= pos < b for a, b in wanted)
 
@@ -232,7 +233,8 @@ def collect(session: Path, module: Module, root: Path) -> Outcome:
     return out
 
 
-def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print) -> Outcome:
+def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print,
+           lines: set[int] | None = None) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.time()
     base = run(shlex.split(test_command(module)), work, env)       # the oracle passes unmutated
@@ -246,8 +248,11 @@ def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print)
     init = run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], work, env)
     if init.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed for {module.path}:\n{init.stderr[-3000:]}")
-    kept, left, eligible = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only)
+    kept, left, eligible = sample_jobs(session, (work / module.path).read_text(), sample, seed, module.only,
+                                       lines)
     where = f" of {', '.join(module.only)}" if module.only else ""
+    if lines is not None:
+        where += f" on the {len(lines)} changed line(s)"
     log(f"[mutation] {module.path}: {kept} of {eligible} mutants{where} (seed {seed}; {left} more outside "
         f"those or in never-evaluated annotations), tests {baseline_s:.1f} s unmutated", flush=True)
     ex = run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cfg), str(session)], work, env)
@@ -271,10 +276,12 @@ def report(outcomes: list[Outcome], log=print) -> None:
                           and not d.startswith(("+++", "---"))))
 
 
-def verdict(outcomes: list[Outcome], fail_on_survivor: bool, min_score: float, min_judged: float) -> tuple[int, list[str]]:
+def verdict(outcomes: list[Outcome], fail_on_survivor: bool, min_score: float, min_judged: float,
+            none_ok: bool = False) -> tuple[int, list[str]]:
     """(exit status, lines) of a run. Judged mutants are the killed, survived and explained-equivalent ones;
     a run whose mutants mostly timed out or were incompetent judged nothing and fails (a harness that
-    cannot run the tests must not pass as "no survivor")."""
+    cannot run the tests must not pass as "no survivor"). With ``none_ok`` (mutants of changed lines
+    only) a run that found no mutant to run passes: the change made none (comments, plumbing)."""
     killed = sum(o.killed for o in outcomes)
     survived = sum(len(o.survived) for o in outcomes)
     equivalent = sum(len(o.equivalent) for o in outcomes)
@@ -285,7 +292,9 @@ def verdict(outcomes: list[Outcome], fail_on_survivor: bool, min_score: float, m
              f"{unjudged} not judged (timeouts, incompetent); kill rate "
              + (f"{killed / (killed + survived):.0%}" if killed + survived else "-")]
     code = 0
-    if ran == 0 or judged < min_judged * ran:
+    if ran == 0 and none_ok:
+        lines.append("[mutation] no mutant on the changed lines")
+    elif ran == 0 or judged < min_judged * ran:
         lines.append(f"[mutation] only {judged} of {ran} mutants judged (at least {min_judged:.0%} required): "
                      "the tests could not run against them")
         code = 1
@@ -297,6 +306,21 @@ def verdict(outcomes: list[Outcome], fail_on_survivor: bool, min_score: float, m
         lines.append(f"[mutation] score under {min_score:.0%}: {', '.join(low)}")
         code = 1
     return code, lines
+
+
+def changed_lines(path: str, rev: str, root: Path = REPO) -> set[int]:
+    """The lines of ``path`` (in the working tree) added or changed since ``rev``: the new side of
+    ``git diff --unified=0``'s hunks."""
+    got = subprocess.run(["git", "diff", "--unified=0", "--no-color", rev, "--", path], cwd=root,
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        raise SystemExit(f"--changed-since {rev}: {got.stderr.strip().splitlines()[-1] if got.stderr.strip() else 'git diff failed'}"
+                         " (a shallow clone has no parent commit: fetch it, e.g. git fetch --deepen 1)")
+    lines: set[int] = set()
+    for m in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", got.stdout, re.M):
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        lines.update(range(start, start + count))
+    return lines
 
 
 def commit_seed(root: Path = REPO) -> int:
@@ -318,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", default="35", help="an integer, or 'commit': a seed from the checkout's commit")
     ap.add_argument("--fail-on-survivor", action="store_true", help="exit 1 if any mutant survived")
     ap.add_argument("--min-score", type=float, default=0.0, help="exit 1 if a module's score is below (0-1)")
+    ap.add_argument("--changed-since", metavar="REV", default=None,
+                    help="only mutants on lines changed since this revision (e.g. HEAD~1: the commit's own "
+                         "lines); modules with none are not run, and a run with none passes")
     ap.add_argument("--min-judged", type=float, default=0.5,
                     help="exit 1 if fewer than this share of the mutants run were judged (not timeouts or incompetent)")
     args = ap.parse_args(argv)
@@ -329,13 +356,23 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--module {sorted(unknown)[0]}: not in {args.config}")
         modules = [m for m in modules if m.path in args.module]
+    lines: dict[str, set[int] | None] = {m.path: None for m in modules}
+    if args.changed_since:
+        lines = {m.path: changed_lines(m.path, args.changed_since) for m in modules}
+        modules = [m for m in modules if lines[m.path]]
+        print(f"[mutation] lines changed since {args.changed_since}: "
+              + (", ".join(f"{m.path} ({len(lines[m.path])})" for m in modules) or "none in these modules"),
+              flush=True)
+        if not modules:
+            return 0
     with tempfile.TemporaryDirectory(prefix="cf-mutation-") as tmp:
         work = Path(tmp)
         copy_checkout(work)
-        outcomes = [mutate(m, work, args.sample, args.seed) for m in modules]
+        outcomes = [mutate(m, work, args.sample, args.seed, lines=lines[m.path]) for m in modules]
     report(outcomes)
-    code, lines = verdict(outcomes, args.fail_on_survivor, args.min_score, args.min_judged)
-    print("\n" + "\n".join(lines), file=sys.stderr if code else sys.stdout, flush=True)
+    code, out = verdict(outcomes, args.fail_on_survivor, args.min_score, args.min_judged,
+                        none_ok=bool(args.changed_since))
+    print("\n" + "\n".join(out), file=sys.stderr if code else sys.stdout, flush=True)
     return code
 
 

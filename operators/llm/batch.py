@@ -324,12 +324,54 @@ def split_files(lines: list[bytes], max_requests: int, max_bytes: int) -> list[l
     return files
 
 
+LINE_FILE_PREFIX = "changeforge-batch-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # another user's process: alive
+        return True
+    return True
+
+
+def sweep_line_files(directory: str | None = None) -> list[str]:
+    """Remove the batch files a driver killed while filling them left in the temporary directory
+    (named with their driver's pid; that process no longer runs). They hold the requests' content,
+    images included, and nothing reads them again: the lines they held are still in the state, and
+    are submitted from there. Returns the paths removed."""
+    import tempfile
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(LINE_FILE_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(LINE_FILE_PREFIX) and name.endswith(".jsonl") and pid.isdigit()):
+            continue
+        if int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    if removed:
+        log.info("removed %d batch file(s) a killed driver left in %s", len(removed), directory)
+    return removed
+
+
 class _LineFile:
-    """One batch file being filled, on local disk (never in memory): its lines' keys, items and size."""
+    """One batch file being filled, on local disk (never in memory): its lines' keys, items and size.
+    Its name carries the driver's pid, so that a later run removes it if the driver was killed."""
 
     def __init__(self):
         import tempfile
-        fd, self.path = tempfile.mkstemp(prefix="changeforge-batch-", suffix=".jsonl")
+        fd, self.path = tempfile.mkstemp(prefix=f"{LINE_FILE_PREFIX}{os.getpid()}-", suffix=".jsonl")
         self._f = os.fdopen(fd, "wb")
         self.keys: list[str] = []
         self.items: dict[str, str] = {}
@@ -394,6 +436,7 @@ class BatchDriver:
         upload, the file id before ``create``; a creation without an answer is looked for at the provider
         (its input file, its ``submission`` metadata) before it is asked again, and a rerun resumes every
         pending submission the same way before anything new. Returns the new batch ids."""
+        sweep_line_files()
         ids = self.resume_pending()
         keys = self.state.waiting(self.run_id or None)
         if self.run_id:

@@ -298,3 +298,21 @@ def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a
 # equivalent mutant: core/NumberReplacer on `withdrawn: int = 0                 # annotations deleted in Label Studio (seen by a full export)`: every PairDecision the module builds passes withdrawn (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/ReplaceComparisonOperator_NotEq_IsNot on `if d.status != "merged" or (d.instance, d.batch) not in batches:`: a decision's status is always one of the module's string literals, which Python interns, so identity and equality agree
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_Is on `if int(r["annotation_id"]) == TASK_ROW:`: TASK_ROW is -1, and CPython keeps one object for every int from -5 to 256, so int(x) is -1 exactly when int(x) == -1 (found by CI's moving sample, seed 2856212253)
+
+
+def test_a_rejected_batch_holds_its_merged_pairs_and_leaves_every_other_status_alone():
+    # Every status a decision can have, in one batch whose mean agreement is under the threshold: only the
+    # merged pairs are held for the expert (a pair the annotators marked unusable, one never exported, an
+    # expert's, ... keep theirs; statuses sort on either side of "merged").
+    from types import SimpleNamespace
+    from operators.annotation.batches import hold_rejected
+    ds = {}
+    for status in dc.STATUSES:
+        awaiting = status in dc.AWAITING
+        ds[status] = SimpleNamespace(status=status, instance="", batch=1, checker="b" if awaiting else None,
+                                     agreement=0.4 if awaiting else None, reason="", merged_from=["a", "b"],
+                                     masks={"new": 1})
+    hold_rejected(ds, 0.9)
+    assert {s: d.status for s, d in ds.items()} == {s: ("disagreement" if s == "merged" else s) for s in dc.STATUSES}
+    assert ds["merged"].masks is None and ds["unusable"].masks == {"new": 1}
+    assert ds["merged"].reason.startswith("batch (project 1) rejected: mean agreement 0.400 over 2 pairs")

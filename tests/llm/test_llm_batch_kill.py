@@ -120,7 +120,9 @@ class Gate:
 def driver(base_url: str, root: Path, run_id: str, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tests.llm.batch_driver_process", "--base-url", base_url, "--root", str(root),
            "--run-id", run_id, "--requests", str(N), "--per-file", str(PER_FILE)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    tmp = root.parent / "tmp"       # the driver's batch files: a killed one's are looked for here
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
     with open(log, "wb") as out:     # the child has its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -148,6 +150,9 @@ def test_a_driver_sigkilled_at_any_step_of_a_submission_submits_each_line_once(o
             killed.send_signal(signal.SIGKILL)
             killed.wait(timeout=60)
         assert killed.returncode == -signal.SIGKILL
+        left = list((tmp_path / "tmp").glob("changeforge-batch-*"))
+        if step in ("before upload", "after upload"):     # killed while its file was being sent
+            assert left, "the killed driver left no batch file: the sweep below is not tested"
         before = openai_server.stats()
         assert set(before["batch_submissions"].values()) <= {1}, before["batch_submissions"]
         # The rerun: a new process, through the same endpoint (a request's key names it), nothing held.
@@ -167,3 +172,5 @@ def test_a_driver_sigkilled_at_any_step_of_a_submission_submits_each_line_once(o
     # Every file deleted at the provider once its results were stored, but one: the file a kill "after
     # upload" leaves there, its id never learnt (not paid for; a provider keeps it until it is deleted).
     assert stats["files_stored"] == (1 if step == "after upload" else 0)
+    # The batch file the killed driver was filling, on its local disk, was removed by the rerun.
+    assert not list((tmp_path / "tmp").glob("changeforge-batch-*")), list((tmp_path / "tmp").iterdir())

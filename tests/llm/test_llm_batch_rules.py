@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import urllib.error
 
 import pytest
@@ -574,3 +575,29 @@ def test_a_creation_without_an_answer_backs_off_doubling_to_30_s_and_looks_befor
         driver.submit()
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert NeverAnswers.looked == 7                  # before each of the 7 retries
+
+
+def test_a_killed_drivers_batch_files_are_swept_and_no_others(tmp_path):
+    import subprocess
+    import sys
+    from operators.llm.batch import sweep_line_files
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            f"changeforge-batch-{ended.pid}-a1b2.jsonl": False,      # its driver is gone: removed
+            f"changeforge-batch-{os.getpid()}-c3d4.jsonl": True,     # this driver's own: kept
+            f"changeforge-batch-{running.pid}-e5f6.jsonl": True,     # a driver still running: kept
+            "changeforge-batch-x7y8z9.jsonl": True,                  # no pid in its name: not ours to judge
+            f"changeforge-batch-{ended.pid}-a1b2.json": True,        # not a batch file
+            f"other-{ended.pid}-a1b2.jsonl": True,
+        }
+        for name in names:
+            (tmp_path / name).write_text("{}\n")
+        removed = sweep_line_files(str(tmp_path))
+        assert {os.path.basename(p) for p in removed} == {n for n, keep in names.items() if not keep}
+        assert {p.name for p in tmp_path.iterdir()} == {n for n, keep in names.items() if keep}
+    finally:
+        running.kill()
+        running.wait()

@@ -55,7 +55,7 @@ def test_every_listed_module_and_oracle_exists_and_only_names_real_definitions()
             mutation.definition_spans((REPO / m.path).read_text(), m.only)
 
 
-def _sample(tmp_path: Path, name: str, n: int | None) -> list[tuple]:
+def _sample(tmp_path: Path, name: str, n: int | None, lines: set[int] | None = None) -> list[tuple]:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome
     work = tmp_path / name
@@ -66,7 +66,7 @@ def _sample(tmp_path: Path, name: str, n: int | None) -> list[tuple]:
     session = work / "s.sqlite"
     subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cfg), str(session), "--force"], cwd=work,
                    check=True, capture_output=True, timeout=240)
-    mutation.sample_jobs(session, SOURCE, n, 35)
+    mutation.sample_jobs(session, SOURCE, n, 35, lines=lines)
     with use_db(str(session), WorkDB.Mode.open) as db:
         skipped = {i.job_id for i, r in db.completed_work_items if r.worker_outcome == WorkerOutcome.SKIPPED}
         return sorted((tuple(i.mutations[0].start_pos), i.mutations[0].operator_name, i.mutations[0].occurrence)
@@ -79,6 +79,43 @@ def test_a_seeded_sample_is_the_same_over_two_inits_and_a_prefix_of_a_larger_one
     assert len(a) == 3 and a == b
     larger = _sample(tmp_path, "c", 6)
     assert len(larger) == 6 and set(a) < set(larger)
+
+
+@pytest.mark.slow   # a cosmic-ray init
+def test_changed_lines_restrict_the_draw_to_mutants_on_them(tmp_path):
+    on = _sample(tmp_path, "d", None, lines={5, 13})
+    assert on and {pos[0] for pos, _, _ in on} == {5, 13}
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_the_changed_lines_are_the_new_side_of_the_diff(tmp_path):
+    _git(tmp_path, "init", "-q")
+    lines = [f"x{i} = {i}" for i in range(1, 11)]
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
+    _git(tmp_path, "add", "m.py")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    lines[2] = "x3 = 30"                   # line 3 changed
+    lines[6:8] = ["x7 = 70", "x8 = 80"]    # lines 7-8 changed
+    del lines[4]                           # old line 5 deleted: nothing of the new side
+    lines.append("x11 = 11")               # a line added at the end (now line 10)
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
+    assert mutation.changed_lines("m.py", "HEAD", tmp_path) == {3, 6, 7, 10}
+    _git(tmp_path, "commit", "-q", "-am", "two")
+    assert mutation.changed_lines("m.py", "HEAD", tmp_path) == set()          # nothing since the commit
+    assert mutation.changed_lines("m.py", "HEAD~1", tmp_path) == {3, 6, 7, 10}
+    with pytest.raises(SystemExit, match="--changed-since HEAD~5"):
+        mutation.changed_lines("m.py", "HEAD~5", tmp_path)
+
+
+def test_a_run_of_the_changed_lines_with_no_mutant_on_them_passes_and_a_survivor_fails():
+    assert mutation.verdict([], True, 0, 0.5, none_ok=True)[0] == 0
+    assert mutation.verdict([_outcome()], True, 0, 0.5, none_ok=True)[0] == 0
+    assert mutation.verdict([_outcome(killed=1, survived=1)], True, 0, 0.5, none_ok=True)[0] == 1
+    assert mutation.verdict([_outcome(timeouts=2)], True, 0, 0.5, none_ok=True)[0] == 1
 
 
 def _outcome(killed=0, survived=0, equivalent=0, timeouts=0, incompetent=0, name="m.py"):

@@ -136,6 +136,12 @@ def periodic_mask(img: np.ndarray, valid: np.ndarray, period: tuple[int, int]
     return m > 0, known
 
 
+# The steps refine_period tries, nearest first: of periods that fit equally (stripes repeat along
+# themselves), the one nearest the period found is kept.
+REFINE_STEPS = sorted(((ddx, ddy) for ddy in range(-2, 3) for ddx in range(-2, 3)),
+                      key=lambda d: d[0] * d[0] + d[1] * d[1])
+
+
 def refine_period(img: np.ndarray, seeds: np.ndarray, period: tuple[int, int]) -> tuple[int, int]:
     """The period to the pixel: of ``period`` and its neighbours within 2 px, the one whose
     squared difference over the ``seeds`` pixels is least, the nearest of equals (a
@@ -159,12 +165,6 @@ def refine_period(img: np.ndarray, seeds: np.ndarray, period: tuple[int, int]) -
         if e < best[0]:
             best = (e, canonical((tx, ty)))
     return best[1]
-
-
-# The steps refine_period tries, nearest first: of periods that fit equally (stripes repeat along
-# themselves), the one nearest the period found is kept.
-REFINE_STEPS = sorted(((ddx, ddy) for ddy in range(-2, 3) for ddx in range(-2, 3)),
-                      key=lambda d: d[0] * d[0] + d[1] * d[1])
 
 
 def _touching(mask: np.ndarray, seeds: np.ndarray, min_area: int) -> np.ndarray:

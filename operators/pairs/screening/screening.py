@@ -397,6 +397,8 @@ def msac_cost(squared: np.ndarray, agree_px: float) -> float:
 # accepted, against 3 started from all windows).
 CONSENSUS_SIGMA_RATIO = 0.7
 
+CORNER_MAX_SE_PX = 1.0   # a quadratic's corner reading with a larger standard error is not used
+
 
 @dataclass
 class CornerEstimate:
@@ -445,48 +447,22 @@ def corner_residual(shifts: list[WindowShift], w: int, h: int, k: float = 2.0,
         value = np.hypot(*(T @ A).T)
         se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", T, inv, T), 0))
         if order == 2:
-            # Curvature extrapolates unstably (on real 192 px crops a quadratic put corners of
-            # crops under 1 px true error 20 px off; carried on along its slope, 20.6 px on a
-            # real NAIP crop of 0.5 px). Where the windows show curvature, each corner is read
-            # from its own neighbourhood instead: an affine field over the windows nearest it,
-            # carried the last half window to the corner (a bowl that reaches the limit there
-            # grows over it).
-            # A corner whose neighbourhood is too sparse to read it (its standard error over
-            # LOCAL_MAX_SE_PX: real NAIP crops gave 13.6 +- 7.2 px at a corner of 0.5 px) keeps
-            # the quadratic's reading at the windows' span.
+            # Where the windows show curvature, a corner is read from the quadratic at the
+            # corner itself when its standard error there is within CORNER_MAX_SE_PX, else at
+            # the windows' span: a quadratic carried to a corner the windows do not reach
+            # extrapolates unstably (real 192 px crops of under 1 px read 20 px off).
             cx = [min(s.x for s in shifts), max(s.x for s in shifts)]
             cy = [min(s.y for s in shifts), max(s.y for s in shifts)]
             Tb = _field_terms(np.array([[x, y] for y in cy for x in cx]), w, h, order)
-            value = np.hypot(*(Tb @ A).T)
-            se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", Tb, inv, Tb), 0))
-            for c, got in enumerate(local_corner(shifts, p, w, h, agree_px) for p in xy):
-                if got is not None and max(got[1], noise_px) * inflate <= LOCAL_MAX_SE_PX:
-                    value[c], se[c] = got[0], max(got[1], noise_px) * inflate
+            span = np.hypot(*(Tb @ A).T)
+            span_se = sig * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", Tb, inv, Tb), 0))
+            loose = se > CORNER_MAX_SE_PX
+            value, se = np.where(loose, span, value), np.where(loose, span_se, se)
         bound = value + k * se
         i = int(np.argmax(bound))
         if best is None or bound[i] > best.bound:
             best = CornerEstimate(float(value.max()), float(se[i]), float(bound[i]))
     return best
-
-
-LOCAL_CORNER_WINDOWS = 12   # windows nearest a crop corner that read it (3 x 3 and their next)
-LOCAL_MAX_SE_PX = 1.0       # a corner read locally with a larger standard error is not read so
-
-
-def local_corner(shifts: list[WindowShift], corner: np.ndarray, w: int, h: int,
-                 agree_px: float = AGREE_PX) -> Optional[tuple[float, float]]:
-    """|d| at ``corner`` from an affine field over the ``LOCAL_CORNER_WINDOWS`` windows nearest
-    it, and the prediction's standard error per unit of the windows' scatter (times that
-    scatter); None when they do not span a plane."""
-    pts = np.array([[s.x, s.y] for s in shifts])
-    near = np.argsort(((pts - corner) ** 2).sum(axis=1))[:LOCAL_CORNER_WINDOWS]
-    got = field_fit([shifts[i] for i in near], w, h, 0, agree_px)
-    if got is None:
-        return None
-    A, inv, sigma, _ = got
-    T = _field_terms(np.asarray(corner, float)[None], w, h, 0)
-    se = float(np.sqrt(max(float(T[0] @ inv @ T[0]), 0.0))) * sigma
-    return float(np.hypot(*(T @ A)[0])), se
 
 
 def hull_share(shifts: list[WindowShift], w: int, h: int) -> float:
@@ -767,15 +743,14 @@ def lean_split(trusted: list[WindowShift], pre: np.ndarray, post: np.ndarray, va
     hull = cv2.convexHull(cells.reshape(-1, 1, 2))
     inside = sum(cv2.pointPolygonTest(hull, (float(s.col), float(s.row)), False) > 0
                  for s in ground)
-    roofs = moved & ~wide
+    roof_share = float((moved & ~wide).mean())
     # One roof with no ground around it is a lean only where it matters: over the limit (a roof
     # under it stays with the ground, which it cannot fail).
-    if inside < cfg.screen_region_windows and (float(roofs.mean()) > one_roof_share(w, h, cfg) or
+    if inside < cfg.screen_region_windows and (roof_share > one_roof_share(w, h, cfg) or
                                                float(along.max()) <= cfg.max_residual_px):
         return None
     deg = float(np.degrees(np.arctan2(u[1], u[0])) % 360.0)
-    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(leaning),
-                        float(roofs.mean()))
+    return ground, Lean(float(np.median(along)), float(along.max()), deg, len(leaning), roof_share)
 
 
 

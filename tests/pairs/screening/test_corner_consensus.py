@@ -148,3 +148,32 @@ def test_msac_cost_caps_each_window_at_half_the_agreement_squared():
     assert msac_cost(sq, 6.0) == 0.0 + 1.0 + 4.0 + 9.0
     assert msac_cost(sq, 1.0) == 0.0 + 0.25 * 3
     assert msac_cost(np.array([]), 3.0) == 0.0
+
+
+def test_a_corner_far_from_every_window_is_read_at_their_span_with_the_span_s_standard_error():
+    """Bowls of 15-30 px at the corners, windows over the crop's central half only: the quadratic is
+    loose at the true corners (over CORNER_MAX_SE_PX), so it is read at the windows' span, which lies
+    on the windows. A prediction there is surer than one window: its standard error is under the
+    windows' noise floor inflated for their overlap (2 x 0.3 px). Of 40 such bowls the span reading
+    decides six (seeds 1, 9, 14, 27, 31, 37: the field's value at the span's farthest corner, to
+    within 0.3 px); in the others an affine field's looser bound at the true corners is larger and
+    wins. (With the span's standard error computed as sigma / sqrt(...) it read 1.09 px.)"""
+    from operators.pairs.screening.screening import WindowShift, corner_residual
+    decided = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        lo, hi = int(rng.integers(256, 384)), int(rng.integers(640, 768))
+        u = rng.normal(size=2)
+        u /= np.hypot(*u)
+        a, noise = rng.uniform(15, 30), rng.uniform(0.05, 0.4)
+        steps = np.arange(lo, hi + 1, 64.0)
+        shifts = []
+        for i, (x, y) in enumerate((x, y) for y in steps for x in steps):
+            d = a * (((x - 512) / 512) ** 2 + ((y - 512) / 512) ** 2) * u + rng.normal(0, noise, 2)
+            shifts.append(WindowShift(x, y, float(d[0]), float(d[1]), 0.9, i // 16, i % 16))
+        at_span = a * 2 * (max(512 - steps[0], steps[-1] - 512) / 512) ** 2   # the span's farthest corner
+        est = corner_residual(shifts, 1024, 1024, 2.0, 0.3, 2.0, 4.0)
+        if est.se <= 1.0:
+            decided.append(seed)
+            assert abs(est.value - at_span) < 0.3 and est.se <= 2 * 0.3, (seed, at_span, est)
+    assert decided == [1, 9, 14, 27, 31, 37]
