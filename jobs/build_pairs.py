@@ -505,5 +505,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from operators.process_exit import run
-    run(main)
+    from operators.process_exit import run as run_process    # this module may have its own run
+    run_process(main)

@@ -409,5 +409,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from operators.process_exit import run
-    run(main)
+    from operators.process_exit import run as run_process    # this module may have its own run
+    run_process(main)

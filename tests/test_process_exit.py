@@ -73,3 +73,24 @@ def test_the_command_line_entry_exits_through_it(tmp_path):
     import tomllib
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["changeforge"] == "jobs.cli:run"
+
+
+def test_no_job_s_main_block_rebinds_a_name_of_its_module():
+    # `from operators.process_exit import run` under `if __name__ == "__main__":` replaced the caption
+    # job's own run() at module level, and main() then called the wrong one (every job run as a script
+    # or by `ray job submit` failed).
+    import ast
+    for path in sorted((REPO / "jobs").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names}
+        for node in tree.body:
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                bound = {a.asname or a.name for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))
+                         for a in n.names}
+                bound |= {t.id for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets
+                          if isinstance(t, ast.Name)}
+                assert not bound & defined, (path.name, bound & defined)
+        if path.name not in ("__init__.py", "cli_reference.py"):
+            assert "run_process(main)" in path.read_text(), path.name    # every job ends through it

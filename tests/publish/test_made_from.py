@@ -184,6 +184,8 @@ def test_status_counts_the_latest_release_s_pairs_current_stale_by_cause_and_mis
                         version="1.0.0", date="2026-01-01", threads=2)
     before = status(cfg)
     assert (before["current"], before["missing"]) == (0, 12), before
+    first = before["missing_first"]
+    assert len(first) == 5 and first == sorted(first) and set(first) <= {p.stem for p in (src / "A").glob("*.png")}
     release(src, caps, tmp_path / "rel")
     s = status(cfg)
     assert (s["current"], s["stale"], s["missing"], s["failed"]) == (11, 0, 0, 1), s
@@ -201,6 +203,11 @@ def test_status_counts_the_latest_release_s_pairs_current_stale_by_cause_and_mis
         ["test_102_0512_0000", "test_121_0768_0256", "test_2_0000_0000"] and \
         s["missing_first"] == ["train_99_0000_0000"], s
     assert not s["needs_run"]          # a new release is a new version, asked for
+    for k in range(93, 99):            # six pairs more: of the seven missing, the first five are named
+        for role in ("A", "B", "label"):
+            shutil.copy(src / role / "train_36_0512_0512.png", src / role / f"train_{k}_0000_0000.png")
+    s = status(cfg)
+    assert s["missing"] == 7 and s["missing_first"] == [f"train_{k}_0000_0000" for k in range(93, 98)], s
 
 
 def test_a_folder_that_is_not_a_finished_release_is_said_to_be_one(levir, tmp_path, capsys):

@@ -243,3 +243,6 @@ def test_window_centres_are_each_window_s_central_half(cells, win):
             want[y, x] = any(ys[i] + q <= y < ys[i] + win - q and xs[j] + q <= x < xs[j] + win - q
                              for i, j in cells)
     assert np.array_equal(got, want)
+
+
+# equivalent mutant: core/ReplaceComparisonOperator_LtE_Lt on `dx, dy = (wx, wy) if within <= beyond else (bx, by)`: with within == beyond neither side beats the other (_beats needs a margin), so the verdict is UNKNOWN, and an UNKNOWN outline's offset is read by nothing (only a MOVED outline's px reaches a rejection); both infinite (no candidate either side) leaves both offsets at (0, 0).
