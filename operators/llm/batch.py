@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -342,7 +343,6 @@ def sweep_line_files(directory: str | None = None) -> list[str]:
     (named with their driver's pid; that process no longer runs). They hold the requests' content,
     images included, and nothing reads them again: the lines they held are still in the state, and
     are submitted from there. Returns the paths removed."""
-    import tempfile
     directory = directory or tempfile.gettempdir()
     removed = []
     try:
@@ -370,7 +370,6 @@ class _LineFile:
     Its name carries the driver's pid, so that a later run removes it if the driver was killed."""
 
     def __init__(self):
-        import tempfile
         fd, self.path = tempfile.mkstemp(prefix=f"{LINE_FILE_PREFIX}{os.getpid()}-", suffix=".jsonl")
         self._f = os.fdopen(fd, "wb")
         self.keys: list[str] = []
