@@ -464,6 +464,36 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
     return FieldCase(family, str(kind), crop, pre, post, valid, truth, lean_px, lean_deg, params)
 
 
+def edge_case(seed: int, crop: int, magnitude_px: Optional[float] = None) -> FieldCase:
+    """A region at the crop's edge moved out of it (a mosaic seam near the edge, say): a
+    rectangle on one side, at least ``MIN_REGION`` of the side deep, its content shown in the
+    post date from up to 0.4 rad off the outward direction, 9-39 px (at most its depth) unless
+    ``magnitude_px``. The pre windows over it find their content outside the post crop, so only
+    the post windows, looked for in pre, show the move. No overlays."""
+    rng = np.random.default_rng([seed, crop, 48])
+    source = "s2" if rng.random() < 0.5 else "naip"
+    src = scene(source, crop)
+    H, W = src.shape
+    x0, y0 = int(rng.integers(70, W - crop - 70)), int(rng.integers(70, H - crop - 70))
+    lo = int(np.ceil(MIN_REGION * crop))
+    depth = int(rng.integers(lo, int(0.4 * crop)))
+    length = int(rng.integers(2 * lo, crop))
+    start, side = int(rng.integers(0, crop - length + 1)), int(rng.integers(4))
+    v = float(magnitude_px) if magnitude_px is not None else float(rng.uniform(9.0, min(39.0, depth)))
+    a = float(rng.uniform(-0.4, 0.4)) + (np.pi, 0.0, -np.pi / 2, np.pi / 2)[side]
+    m = np.zeros((crop, crop), bool)
+    along = slice(start, start + length)
+    inner = (slice(0, depth), slice(crop - depth, crop))[side % 2]
+    m[(along, inner) if side < 2 else (inner, along)] = True
+    dx = np.where(m, v * np.cos(a), 0).astype(np.float32)
+    dy = np.where(m, v * np.sin(a), 0).astype(np.float32)
+    pre = np.ascontiguousarray(src[y0:y0 + crop, x0:x0 + crop]).copy()
+    post = _remap(src, x0, y0, dx, dy)
+    return FieldCase("patches", "edge", crop, pre, post, np.ones((crop, crop), bool), v,
+                     params={"source": source, "x0": x0, "y0": y0, "side": side, "depth": depth,
+                             "shift": [float(v * np.cos(a)), float(v * np.sin(a))]})
+
+
 def cases(n: int, crop: int, seed: int = 0, families=FAMILIES, limit: float = 8.0):
     """``n`` cases, the families in turn, seeds ``seed``, ``seed + 1``, ..."""
     for i in range(n):

@@ -296,6 +296,7 @@ def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a
 # equivalent mutant: core/NumberReplacer on `annotations: int = 0           # submitted (latest versions)`: every PairDecision the module builds passes annotations (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `skipped: int = 0`: every PairDecision the module builds passes skipped (decide_pair's base, decide_all's unreadable row), so the default is never used
 # equivalent mutant: core/NumberReplacer on `withdrawn: int = 0                 # annotations deleted in Label Studio (seen by a full export)`: every PairDecision the module builds passes withdrawn (decide_pair's base, decide_all's unreadable row), so the default is never used
+# equivalent mutant: core/NumberReplacer on `def compare(first: dict, second: dict, tolerance_px: int, noise_px: int = 0) -> tuple[float, dict]:`: class_agreement floors noise_px at 1 (max(1, noise_px)), so a default of 0 and of 1 mean the same
 # equivalent mutant: core/ReplaceComparisonOperator_NotEq_IsNot on `if d.status != "merged" or (d.instance, d.batch) not in batches:`: a decision's status is always one of the module's string literals, which Python interns, so identity and equality agree
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_Is on `if int(r["annotation_id"]) == TASK_ROW:`: TASK_ROW is -1, and CPython keeps one object for every int from -5 to 256, so int(x) is -1 exactly when int(x) == -1 (found by CI's moving sample, seed 2856212253)
 

@@ -601,3 +601,65 @@ def test_a_killed_drivers_batch_files_are_swept_and_no_others(tmp_path):
     finally:
         running.kill()
         running.wait()
+
+
+# And for the survivor of CI's moving sample at 1cdc4d1 (`reading.kind == "quota"` -> `<`): a batch's
+# returned lines, every kind mixed, stored twice (a batch read again after a rerun), against the rule.
+
+RETURNED = {
+    "answer": {"error": None, "response": {"status_code": 200, "body": {"choices": []}}},
+    "refused": {"error": None, "response": {"status_code": 400, "body": {"error": {"message": "bad"}}}},
+    "server": {"error": None, "response": {"status_code": 500, "body": {"error": {"message": "x"}}}},
+    "empty": {"error": None, "response": {"status_code": 200, "body": None}},
+    "expired": {"error": {"code": "batch_expired", "message": "expired"}},
+    "quota": {"error": {"code": "insufficient_quota", "message": "You exceeded your current quota"}},
+    "quota_status": {"error": None, "response": {"status_code": 429, "body": {"error": {
+        "code": "insufficient_quota", "type": "insufficient_quota", "message": "quota"}}}},
+    "missing": None,
+}
+
+
+def stored_by_rule(kinds: list[str], failures_before: list[int]) -> dict:
+    """The reference, from store_results' documentation: an answer is stored; a quota leaves the line
+    waiting, unbilled, and stops the job; a refusal fails for good at once; anything else, a line the
+    output leaves out included, is retried once and then fails for good."""
+    out = {"completed": 0, "failed": 0, "retried": 0, "final": {}, "quota": False}
+    for i, (kind, before) in enumerate(zip(kinds, failures_before)):
+        if kind == "answer":
+            out["completed"] += 1
+        elif kind in ("quota", "quota_status"):
+            out["quota"] = True
+        else:
+            final = kind == "refused" or before + 1 >= 2
+            out["final"][i] = final
+            out["failed" if final else "retried"] += 1
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(st.sampled_from(sorted(RETURNED)), min_size=1, max_size=8), data=st.data())
+def test_each_returned_line_ends_as_its_status_and_code_say_the_second_time_too(tmp_path_factory, kinds, data):
+    tmp = tmp_path_factory.mktemp("store")
+    state = deferred(tmp, [5] * len(kinds))
+    driver = BatchDriver(state, MemoryProvider(), BatchSettings(), job="t", run_id="run1")
+    keys = state.waiting("run1")
+    before = data.draw(st.lists(st.integers(0, 1), min_size=len(kinds), max_size=len(kinds)))
+    for key, n in zip(keys, before):       # an earlier read of the same batch failed this line once
+        if n:
+            state.write("failed", key, {"failures": 1, "final": False, "run": "run1", "fallback": "",
+                                        "reason": "earlier"})
+    lines = [dict(RETURNED[k], custom_id=key) for k, key in zip(kinds, keys) if RETURNED[k] is not None]
+    counts = driver.store_results(lines, "batch-x", expected=keys)
+    want = stored_by_rule(kinds, before)
+    assert {k: counts[k] for k in ("completed", "failed", "retried")} == \
+        {k: want[k] for k in ("completed", "failed", "retried")}
+    assert bool(driver.quota) == want["quota"]
+    for i, (kind, key) in enumerate(zip(kinds, keys)):
+        if kind == "answer":
+            assert key in state.keys("results") and key not in state.keys("lines")
+        elif kind.startswith("quota"):           # waits for the rerun, not booked as failed
+            assert key in state.waiting("run1")
+            assert key not in state.keys("failed") or state.read("failed", key)["reason"] == "earlier"
+        else:
+            assert state.read("failed", key)["final"] == want["final"][i]
+            assert (key in state.waiting("run1")) == (not want["final"][i])

@@ -54,6 +54,9 @@ from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, U
 MIN_USABLE = ScreeningConfig.screen_min_usable        # usable fraction a window needs in both dates
 AGREE_PX = ScreeningConfig.screen_agree_px            # neighbouring windows agree on a displacement within this
 REGION_WINDOWS = ScreeningConfig.screen_region_windows   # windows a displacement above the limit needs
+# A window this flat (grey standard deviation, unit range: a quarter of an 8-bit step) is constant
+# to the correlation, which is undefined there.
+FLAT_STD = 1e-3
 
 @dataclass
 class WindowShift:
@@ -246,7 +249,7 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
 
 def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: float,
                dy: float, radius: int, min_ncc: float, peak_margin: float,
-               test: PeakTest) -> bool:
+               test: PeakTest, flats: Optional["FlatMaps"] = None) -> bool:
     """The window shifted by the found offset: the post window there, searched back in ``pre``
     within ``radius`` of the pre window, must give a trusted peak of its own (the same tests)
     within ``test.confirm_px`` of where the offset says its content came from. NCC is symmetric,
@@ -261,17 +264,48 @@ def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: flo
     # Where the post window's best match lies is what counts here, not how unique it is (the
     # forward search judged that): no margin, no sigma test.
     lenient = PeakTest(test.box_px, 0.0, 0.0)
-    hit, _ = search_window(back, pre, x0, y0, radius, min_ncc, 0.0, None, lenient)
+    hit, _ = search_window(back, pre, x0, y0, radius, min_ncc, 0.0, None, lenient, flats=flats)
     if hit is None:
         return False
     # The post content at bx sits in pre at bx - dx, i.e. at x0 + (round(dx) - dx).
     return float(np.hypot(hit[0] - (bx - x0 - dx), hit[1] - (by - y0 - dy))) <= test.confirm_px
 
 
+def flat_positions(region: np.ndarray, th: int, tw: int) -> np.ndarray:
+    """Where a (th, tw) window of ``region`` is flat (grey standard deviation under
+    ``FLAT_STD``), as a mask over matchTemplate's surface: there the normalised correlation is
+    undefined, and OpenCV returns 1.0 for it (a constant window: nodata, which the screen sets
+    to 0, or saturation). A far search over a crop with a nodata edge found dozens of such
+    perfect "rivals" and trusted no window of a region moved 33 px."""
+    h, w = region.shape[0] - th + 1, region.shape[1] - tw + 1
+    mean = cv2.boxFilter(region, cv2.CV_64F, (tw, th), anchor=(0, 0),
+                         borderType=cv2.BORDER_CONSTANT)[:h, :w]
+    mean2 = cv2.sqrBoxFilter(region, cv2.CV_64F, (tw, th), anchor=(0, 0),
+                             borderType=cv2.BORDER_CONSTANT)[:h, :w]
+    return mean2 - mean * mean < FLAT_STD * FLAT_STD
+
+
+class FlatMaps:
+    """:func:`flat_positions` of whole images, worked out once per image and window size and
+    sliced for each search (one crop's screening searches the same two images hundreds of times).
+    Keyed by the image's identity: an instance lives for one crop, while its images do."""
+
+    def __init__(self):
+        self._maps: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def of(self, image: np.ndarray, sx: int, sy: int, sh: int, sw: int, th: int,
+           tw: int) -> np.ndarray:
+        key = (id(image), th, tw)
+        full = self._maps.get(key)
+        if full is None:
+            full = self._maps[key] = flat_positions(image, th, tw)
+        return full[sy:sy + sh, sx:sx + sw]
+
+
 def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radius: int,
                   min_ncc: float, peak_margin: float, pre: Optional[np.ndarray] = None,
                   peak: Optional[PeakTest] = None,
-                  back_radius: int = 16) -> tuple[Optional[tuple], bool]:
+                  back_radius: int = 16, flats: Optional[FlatMaps] = None) -> tuple[Optional[tuple], bool]:
     """:func:`match_window`, plus whether the best peak lay on the search area's edge (a hint
     that the content sits farther away). The backward check searches ``back_radius`` px at
     most (the near search's radius)."""
@@ -285,8 +319,10 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
         return None, False
     surface = cv2.matchTemplate(region, template, cv2.TM_CCOEFF_NORMED)
     cv2.patchNaNs(surface, -1.0)  # flat windows; np.nan_to_num costs more than the match
-    _, top, _, (px, py) = cv2.minMaxLoc(surface)
     sh, sw = surface.shape
+    surface[flat_positions(region, th, tw) if flats is None else
+            flats.of(post, sx0, sy0, sh, sw, th, tw)] = -1.0
+    _, top, _, (px, py) = cv2.minMaxLoc(surface)
     # On the search area's edge the peak may be cut off; unless that edge is the crop's edge.
     if (px == 0 and sx0 > 0) or (py == 0 and sy0 > 0) or \
             (px == sw - 1 and sx1 < w) or (py == sh - 1 and sy1 < h):
@@ -297,7 +333,7 @@ def search_window(template: np.ndarray, post: np.ndarray, x0: int, y0: int, radi
     dx, dy = sx0 + fx - x0, sy0 + fy - y0
     if pre is not None and test.confirm_px > 0 and \
             not round_trip(pre, post, x0, y0, (th, tw), dx, dy, min(radius, back_radius), min_ncc,
-                           peak_margin, test):
+                           peak_margin, test, flats):
         return None, False
     return (dx, dy, float(top)), False
 
@@ -875,10 +911,13 @@ def stayed_put(pre: np.ndarray, post: np.ndarray, x: int, y: int, shape: tuple,
 
 def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray,
                source: np.ndarray, found: dict, far: int, near: int, cfg: RegistrationConfig,
-               peak: PeakTest) -> None:
+               peak: PeakTest, back: dict, flats: Optional[FlatMaps] = None) -> None:
     """The far search from ``queue`` (one window per cell, :func:`far_candidates`), then around
     every window it finds displaced, step by step, until no new window shows the region; hits
-    into ``found``. ``templates`` are windows of ``source`` looked for in ``target``."""
+    into ``found``. ``templates`` are windows of ``source`` looked for in ``target``; ``back``,
+    the same places' windows of ``target`` (some or none): where the source window is not found,
+    the target's is looked for in ``source`` (content moved out of the crop in one date is still
+    seen from the other: its place there shows content from inside the crop)."""
     searched: set[tuple[int, int]] = set()
     while queue:
         key = queue.pop()
@@ -886,14 +925,50 @@ def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray
             continue
         searched.add(key)
         a, x, y = templates[key]
-        hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
-                               source, peak, near)
-        if hit is None or stayed_put(source, target, x, y, a.shape, hit, near, cfg):
+        hit = far_hit(a, target, source, x, y, far, near, cfg, peak, flats=flats)
+        if hit is None and key in back:
+            seen = far_hit(back[key], source, target, x, y, far, near, cfg, peak, True, flats)
+            # Taken only when it says the source window's content left the crop: anywhere inside,
+            # the search above would have found it there.
+            if seen is not None and not inside(x - seen[0], y - seen[1], a.shape, target.shape):
+                hit = (-seen[0], -seen[1], seen[2])
+        if hit is None:
             continue
         found[key] = hit
         if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
             queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
                          if (key[0] + di, key[1] + dj) in templates)
+
+
+def inside(x: float, y: float, shape: tuple, crop: tuple) -> bool:
+    """Whether a window of ``shape`` at (x, y) lies wholly inside a crop of ``crop`` (h, w)."""
+    return x >= 0 and y >= 0 and x + shape[1] <= crop[1] and y + shape[0] <= crop[0]
+
+
+def far_hit(a: np.ndarray, target: np.ndarray, source: np.ndarray, x: int, y: int, far: int,
+            near: int, cfg: RegistrationConfig, peak: PeakTest, backward: bool = False,
+            flats: Optional[FlatMaps] = None) -> Optional[tuple]:
+    """Window ``a`` of ``source`` at (x, y) found in ``target`` within ``far`` px, with the peak
+    tests and the round trip; None if not. A forward hit (pre window in post) must pass the
+    shift-back test (:func:`stayed_put`). A ``backward`` one (post window in pre) skips it: the
+    content it found stays where it was in both dates when a region moved as far as it reaches
+    (its place in post is new, not vacated), so the test would take every such hit for a
+    look-alike (:func:`far_search` judges it by where it says the content went instead)."""
+    hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
+                           source, peak, near, flats)
+    if hit is None or backward:
+        return hit
+    return None if stayed_put(source, target, x, y, a.shape, hit, near, cfg) else hit
+
+
+def filled_window(image: np.ndarray, valid: np.ndarray, x: int, y: int, win: int, usable: int,
+                  mean: float) -> np.ndarray:
+    """The window of ``image`` at (x, y), its ``win * win - usable`` unusable pixels set to the
+    window's ``mean`` of the usable ones."""
+    a = image[y:y + win, x:x + win]
+    if usable < win * win:     # unusable pixels take the window's mean
+        a = np.where(valid[y:y + win, x:x + win], a, np.float32(mean))
+    return a
 
 
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
@@ -914,12 +989,13 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     # crop (56 px in 192) lies beyond a quarter of its side, where the old bound stopped.
     far = max(near, min(int(cfg.screen_search_px), int(cfg.screen_far_fraction * min(h, w))))
     # Pass 1, every window: the near search (displacements up to twice the limit).
+    flats = FlatMaps()
     templates: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
     found: dict[tuple[int, int], tuple[float, float, float]] = {}
     far_cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
-    _, _, post_std = window_stats(post, valid, ys, xs, win)
+    _, post_mean, post_std = window_stats(post, valid, ys, xs, win)
     usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
     repeated: dict[tuple[int, int], tuple[int, int]] = {}     # cell -> its texture's period
@@ -931,19 +1007,25 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         if period is not None:
             repeated[(i, j)] = period     # a shift by whole periods would look like none
             continue
-        a = pre[y:y + win, x:x + win]
-        if count[i, j] < win * win:     # unusable pixels take the window's mean
-            a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
+        a = filled_window(pre, valid, x, y, win, count[i, j], pre_mean[i, j])
         templates[(i, j)] = (a, x, y)
         hit, _ = search_window(a, post, x, y, near, cfg.screen_min_ncc,
-                               cfg.screen_peak_margin, pre, peak, near)
+                               cfg.screen_peak_margin, pre, peak, near, flats)
         if hit is not None:
             found[(i, j)] = hit
         elif far > near:
             far_cells.setdefault((i // 2, j // 2), []).append((i, j))
-    # Pass 2, the far search (the cost of screening).
+    # Pass 2, the far search (the cost of screening), both ways.
+    # Both ways only where lean is not judged: where it is, roofs leaning out of the crop at its
+    # edge, read from the post side, form one displaced strip along it (a planted lean crop and 6
+    # of 500 generated ones rejected), and no generated region needed it (windows of 64 px and up
+    # keep some of a region's content inside the crop).
+    judges_lean = cfg.screen_lean and win >= LEAN_MIN_WINDOW
+    back = {} if judges_lean else {
+        (i, j): filled_window(post, valid, x, y, win, count[i, j], post_mean[i, j])
+        for (i, j), (_, x, y) in templates.items()}
     far_search(far_candidates(far_cells, pre_std), templates, post, pre, found, far, near, cfg,
-               peak)
+               peak, back, flats)
     n_textured = len(templates)
     shifts = [WindowShift(window_centre(x, win), window_centre(y, win), dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
@@ -952,8 +1034,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
-    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) \
-        if cfg.screen_lean and win >= LEAN_MIN_WINDOW else None
+    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) if judges_lean else None
     if lean is not None:
         # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
         # region test and the corner fields.

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from benchmarks._fields import SHAPES, SMOOTH_KINDS, make_case, smooth_field
+from benchmarks._fields import SHAPES, SMOOTH_KINDS, edge_case, make_case, smooth_field
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.screening import (DISPLACED, INSUFFICIENT, REPEATS_MOVED,
                                                  screen_alignment)
@@ -71,6 +71,35 @@ def test_no_region_moved_at_the_small_geometry_is_taken_for_a_lean():
     assert not leans, leans
 
 
+def test_lean_is_judged_from_64_px_windows():
+    """At a 512 px crop (64 px windows, LEAN_MIN_WINDOW: the smallest at which lean is judged, and
+    the far search looks one way only) generated roofs leaning 19-26 px on exact ground are a lean,
+    accepted on the ground."""
+    for seed in (27, 39):
+        case = make_case("lean", 512, seed)
+        assert case.lean_px[1] > 8.0
+        r = screened(case)
+        assert r.reject_reason is None and r.lean is not None, (seed, r.reject_reason)
+
+
+@pytest.mark.slow
+def test_a_region_moved_out_of_the_crop_is_rejected_and_one_moved_6_px_accepted():
+    """Regions at the small crop's edge moved out of it 9-39 px (``edge_case``: its pre windows'
+    content left the post crop, so only the post windows, looked for in pre, show the move): all
+    30 rejected, their over-limit windows reading the region's true shift (the post windows' hits
+    turned round: median within 0.5 px); searched one way only, 15 of 60 were accepted. Moved 6 px:
+    all 15 accepted."""
+    for s in range(30):
+        case = edge_case(s, 192)
+        r = screened(case)
+        assert r.reject_code == DISPLACED, (s, r.reject_reason)
+        over = np.array([(w.dx, w.dy) for w in r.shifts if np.hypot(w.dx, w.dy) > 8.0])
+        assert np.median(np.hypot(*(over - case.params["shift"]).T)) <= 0.5, (s, case.params)
+        assert all(0.3 <= w.ncc <= 1.0 for w in r.shifts)      # each reading's own correlation
+    rejected = [s for s in range(15) if screened(edge_case(s, 192, 6.0)).reject_reason is not None]
+    assert rejected == []
+
+
 @pytest.mark.parametrize("kind", ["tilt", "saddle", "rotation"])
 def test_a_smooth_field_near_the_limit_at_the_corners(kind):
     """A tilt, a saddle and a local rotation whose largest displacement (often at a crop corner)
@@ -110,13 +139,16 @@ def test_generated_bowls_at_the_paper_geometry_near_the_limit():
     """Bowls centred anywhere (a corner often) at 1024 px, their largest displacement 9 px over the
     crop: every one rejected. Their windows show the curvature but the windows nearest a corner
     read it too loosely (standard error over 1 px); the quadratic read at the windows' span, 64
-    px inside the corners, said 6.3-7.4 px and accepted 2 of these 40 (seeds 25 and 37; 7 of 60).
-    At 6 px (the limit less 2 px) at most 2 of 40 rejected (the benchmark's 5 %)."""
-    over = [s for s in range(40) if screened(make_case("smooth", 1024, s, kind="bowl",
-                                                       magnitude_px=9.0, overlays=False)).reject_reason is None]
+    px inside the corners, said 6.3-7.4 px and accepted 2 of 40 (seeds 25 and 37; 7 of 60): seeds
+    0-19 and those two here (the suite's time; the benchmark counts thousands). At 6 px (the limit
+    less 2 px) at most the 2 of 40 rejected before (seeds 9 and 17: three windows of repeated
+    texture whose outline is not aligned, insufficient evidence)."""
+    seeds = [*range(20), 25, 37]
+    over = [s for s in seeds if screened(make_case("smooth", 1024, s, kind="bowl",
+                                                   magnitude_px=9.0, overlays=False)).reject_reason is None]
     assert over == []
-    under = [s for s in range(40) if screened(make_case("smooth", 1024, s, kind="bowl",
-                                                        magnitude_px=6.0, overlays=False)).reject_reason is not None]
+    under = [s for s in seeds if screened(make_case("smooth", 1024, s, kind="bowl",
+                                                    magnitude_px=6.0, overlays=False)).reject_reason is not None]
     assert len(under) <= 2, under
 
 
