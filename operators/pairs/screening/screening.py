@@ -274,9 +274,10 @@ def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: flo
 def flat_positions(region: np.ndarray, th: int, tw: int) -> np.ndarray:
     """Where a (th, tw) window of ``region`` is flat (grey standard deviation under
     ``FLAT_STD``), as a mask over matchTemplate's surface: there the normalised correlation is
-    undefined, and OpenCV returns 1.0 for it (a constant window: nodata, which the screen sets
-    to 0, or saturation). A far search over a crop with a nodata edge found dozens of such
-    perfect "rivals" and trusted no window of a region moved 33 px."""
+    undefined, and OpenCV reads anything up to 1.0 for it from rounding in its running sums (a
+    constant window: nodata, which the screen sets to 0, or saturation). A far search over a crop
+    with a nodata edge met dozens of such perfect "rivals" and trusted no window of a region
+    moved 33 px."""
     h, w = region.shape[0] - th + 1, region.shape[1] - tw + 1
     mean = cv2.boxFilter(region, cv2.CV_64F, (tw, th), anchor=(0, 0),
                          borderType=cv2.BORDER_CONSTANT)[:h, :w]
@@ -911,13 +912,10 @@ def stayed_put(pre: np.ndarray, post: np.ndarray, x: int, y: int, shape: tuple,
 
 def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray,
                source: np.ndarray, found: dict, far: int, near: int, cfg: RegistrationConfig,
-               peak: PeakTest, back: dict, flats: Optional[FlatMaps] = None) -> None:
+               peak: PeakTest, flats: Optional[FlatMaps] = None) -> None:
     """The far search from ``queue`` (one window per cell, :func:`far_candidates`), then around
     every window it finds displaced, step by step, until no new window shows the region; hits
-    into ``found``. ``templates`` are windows of ``source`` looked for in ``target``; ``back``,
-    the same places' windows of ``target`` (some or none): where the source window is not found,
-    the target's is looked for in ``source`` (content moved out of the crop in one date is still
-    seen from the other: its place there shows content from inside the crop)."""
+    into ``found``. ``templates`` are windows of ``source`` looked for in ``target``."""
     searched: set[tuple[int, int]] = set()
     while queue:
         key = queue.pop()
@@ -925,40 +923,14 @@ def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray
             continue
         searched.add(key)
         a, x, y = templates[key]
-        hit = far_hit(a, target, source, x, y, far, near, cfg, peak, flats=flats)
-        if hit is None and key in back:
-            seen = far_hit(back[key], source, target, x, y, far, near, cfg, peak, True, flats)
-            # Taken only when it says the source window's content left the crop: anywhere inside,
-            # the search above would have found it there.
-            if seen is not None and not inside(x - seen[0], y - seen[1], a.shape, target.shape):
-                hit = (-seen[0], -seen[1], seen[2])
-        if hit is None:
+        hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
+                               source, peak, near, flats)
+        if hit is None or stayed_put(source, target, x, y, a.shape, hit, near, cfg):
             continue
         found[key] = hit
         if np.hypot(hit[0], hit[1]) > cfg.max_residual_px:
             queue.extend((key[0] + di, key[1] + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)
                          if (key[0] + di, key[1] + dj) in templates)
-
-
-def inside(x: float, y: float, shape: tuple, crop: tuple) -> bool:
-    """Whether a window of ``shape`` at (x, y) lies wholly inside a crop of ``crop`` (h, w)."""
-    return x >= 0 and y >= 0 and x + shape[1] <= crop[1] and y + shape[0] <= crop[0]
-
-
-def far_hit(a: np.ndarray, target: np.ndarray, source: np.ndarray, x: int, y: int, far: int,
-            near: int, cfg: RegistrationConfig, peak: PeakTest, backward: bool = False,
-            flats: Optional[FlatMaps] = None) -> Optional[tuple]:
-    """Window ``a`` of ``source`` at (x, y) found in ``target`` within ``far`` px, with the peak
-    tests and the round trip; None if not. A forward hit (pre window in post) must pass the
-    shift-back test (:func:`stayed_put`). A ``backward`` one (post window in pre) skips it: the
-    content it found stays where it was in both dates when a region moved as far as it reaches
-    (its place in post is new, not vacated), so the test would take every such hit for a
-    look-alike (:func:`far_search` judges it by where it says the content went instead)."""
-    hit, _ = search_window(a, target, x, y, far, cfg.screen_min_ncc, cfg.screen_peak_margin,
-                           source, peak, near, flats)
-    if hit is None or backward:
-        return hit
-    return None if stayed_put(source, target, x, y, a.shape, hit, near, cfg) else hit
 
 
 def filled_window(image: np.ndarray, valid: np.ndarray, x: int, y: int, win: int, usable: int,
@@ -995,7 +967,7 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     far_cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
     ys, xs = window_starts(h, win), window_starts(w, win)
     count, pre_mean, pre_std = window_stats(pre, valid, ys, xs, win)
-    _, post_mean, post_std = window_stats(post, valid, ys, xs, win)
+    _, _, post_std = window_stats(post, valid, ys, xs, win)
     usable = (count >= cfg.screen_min_usable * win * win) & (pre_std >= cfg.screen_min_texture) & \
         (post_std >= cfg.screen_min_texture)
     repeated: dict[tuple[int, int], tuple[int, int]] = {}     # cell -> its texture's period
@@ -1015,17 +987,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
             found[(i, j)] = hit
         elif far > near:
             far_cells.setdefault((i // 2, j // 2), []).append((i, j))
-    # Pass 2, the far search (the cost of screening), both ways.
-    # Both ways only where lean is not judged: where it is, roofs leaning out of the crop at its
-    # edge, read from the post side, form one displaced strip along it (a planted lean crop and 6
-    # of 500 generated ones rejected), and no generated region needed it (windows of 64 px and up
-    # keep some of a region's content inside the crop).
-    judges_lean = cfg.screen_lean and win >= LEAN_MIN_WINDOW
-    back = {} if judges_lean else {
-        (i, j): filled_window(post, valid, x, y, win, count[i, j], post_mean[i, j])
-        for (i, j), (_, x, y) in templates.items()}
+    # Pass 2, the far search (the cost of screening).
     far_search(far_candidates(far_cells, pre_std), templates, post, pre, found, far, near, cfg,
-               peak, back, flats)
+               peak, flats)
     n_textured = len(templates)
     shifts = [WindowShift(window_centre(x, win), window_centre(y, win), dx, dy, ncc, i, j)
               for (i, j), (dx, dy, ncc) in sorted(found.items())
@@ -1034,7 +998,8 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
     agreed += joint_regions(shifts, agreed, pre, post, win, far, near, cfg, peak)
     trusted = confirmed(agreed, cfg.max_residual_px, cfg.screen_agree_px,
                         cfg.screen_region_windows)
-    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) if judges_lean else None
+    lean = lean_split(trusted, pre, post, valid, win, w, h, cfg) \
+        if cfg.screen_lean and win >= LEAN_MIN_WINDOW else None
     if lean is not None:
         # Judged on the ground alone: the leaning windows leave the evidence, the displaced-
         # region test and the corner fields.

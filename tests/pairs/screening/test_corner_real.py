@@ -49,9 +49,8 @@ def test_good_fits_are_not_rejected_at_a_corner(tmp_path):
     limit everywhere is rejected at a crop corner. The corner check errs towards rejection (value
     + 2 standard errors): one crop at the scene's corner (true 0.5 px) has 42 trusted windows whose
     bilinear field reaches 8.0 px at one crop corner, an x*y term its windows show at 2 sigma.
-    None is rejected as a displaced region: post windows looked for in pre (the far search's
-    backward half) found look-alikes 33 px away in two crops (r00096_c00480, r00096_c00550) until
-    only hits saying the content left the crop were taken."""
+    None is rejected as a displaced region (post windows looked for in pre, a backward far search
+    tried at stop 59, found look-alikes 33 px away in two crops, r00096_c00480 and r00096_c00550)."""
     crop = NAIP_CROP
     rows, cfg, out, warp = registered(NAIP, crop, tmp_path)
     cfg = replace(cfg, rescue=False)

@@ -498,12 +498,3 @@ def test_a_window_moved_far_is_found_beside_a_nodata_edge():
             found += 1
     assert found >= 195, found
 
-
-def test_a_window_touching_the_crop_s_edge_is_inside_and_one_pixel_more_is_not():
-    """``inside`` decides whether a backward far hit says the content left the crop: a window
-    flush with any edge is still inside (the forward search could have found it there)."""
-    from operators.pairs.screening.screening import inside
-    shape, crop = (24, 32), (192, 160)          # (h, w) each
-    assert inside(0, 0, shape, crop) and inside(160 - 32, 192 - 24, shape, crop)
-    for x, y in ((-0.5, 0), (0, -0.5), (160 - 32 + 0.5, 0), (0, 192 - 24 + 0.5)):
-        assert not inside(x, y, shape, crop), (x, y)

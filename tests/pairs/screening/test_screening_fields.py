@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from benchmarks._fields import SHAPES, SMOOTH_KINDS, edge_case, make_case, smooth_field
+from benchmarks._fields import SHAPES, SMOOTH_KINDS, make_case, smooth_field
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.screening import (DISPLACED, INSUFFICIENT, REPEATS_MOVED,
                                                  screen_alignment)
@@ -72,32 +72,13 @@ def test_no_region_moved_at_the_small_geometry_is_taken_for_a_lean():
 
 
 def test_lean_is_judged_from_64_px_windows():
-    """At a 512 px crop (64 px windows, LEAN_MIN_WINDOW: the smallest at which lean is judged, and
-    the far search looks one way only) generated roofs leaning 19-26 px on exact ground are a lean,
-    accepted on the ground."""
+    """At a 512 px crop (64 px windows, LEAN_MIN_WINDOW: the smallest at which lean is judged)
+    generated roofs leaning 19-26 px on exact ground are a lean, accepted on the ground."""
     for seed in (27, 39):
         case = make_case("lean", 512, seed)
         assert case.lean_px[1] > 8.0
         r = screened(case)
         assert r.reject_reason is None and r.lean is not None, (seed, r.reject_reason)
-
-
-@pytest.mark.slow
-def test_a_region_moved_out_of_the_crop_is_rejected_and_one_moved_6_px_accepted():
-    """Regions at the small crop's edge moved out of it 9-39 px (``edge_case``: its pre windows'
-    content left the post crop, so only the post windows, looked for in pre, show the move): all
-    30 rejected, their over-limit windows reading the region's true shift (the post windows' hits
-    turned round: median within 0.5 px); searched one way only, 15 of 60 were accepted. Moved 6 px:
-    all 15 accepted."""
-    for s in range(30):
-        case = edge_case(s, 192)
-        r = screened(case)
-        assert r.reject_code == DISPLACED, (s, r.reject_reason)
-        over = np.array([(w.dx, w.dy) for w in r.shifts if np.hypot(w.dx, w.dy) > 8.0])
-        assert np.median(np.hypot(*(over - case.params["shift"]).T)) <= 0.5, (s, case.params)
-        assert all(0.3 <= w.ncc <= 1.0 for w in r.shifts)      # each reading's own correlation
-    rejected = [s for s in range(15) if screened(edge_case(s, 192, 6.0)).reject_reason is not None]
-    assert rejected == []
 
 
 @pytest.mark.parametrize("kind", ["tilt", "saddle", "rotation"])
