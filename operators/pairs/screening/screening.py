@@ -933,16 +933,6 @@ def far_search(queue: list[tuple[int, int]], templates: dict, target: np.ndarray
                          if (key[0] + di, key[1] + dj) in templates)
 
 
-def filled_window(image: np.ndarray, valid: np.ndarray, x: int, y: int, win: int, usable: int,
-                  mean: float) -> np.ndarray:
-    """The window of ``image`` at (x, y), its ``win * win - usable`` unusable pixels set to the
-    window's ``mean`` of the usable ones."""
-    a = image[y:y + win, x:x + win]
-    if usable < win * win:     # unusable pixels take the window's mean
-        a = np.where(valid[y:y + win, x:x + win], a, np.float32(mean))
-    return a
-
-
 def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndarray,
                      cfg: RegistrationConfig) -> ScreeningResult:
     """Measure the residual misregistration of a crop pair over the whole crop.
@@ -979,7 +969,9 @@ def screen_alignment(pre_grey: np.ndarray, post_grey: np.ndarray, valid: np.ndar
         if period is not None:
             repeated[(i, j)] = period     # a shift by whole periods would look like none
             continue
-        a = filled_window(pre, valid, x, y, win, count[i, j], pre_mean[i, j])
+        a = pre[y:y + win, x:x + win]
+        if count[i, j] < win * win:     # unusable pixels take the window's mean
+            a = np.where(valid[y:y + win, x:x + win], a, np.float32(pre_mean[i, j]))
         templates[(i, j)] = (a, x, y)
         hit, _ = search_window(a, post, x, y, near, cfg.screen_min_ncc,
                                cfg.screen_peak_margin, pre, peak, near, flats)
