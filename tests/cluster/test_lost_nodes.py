@@ -1,7 +1,13 @@
-"""Lost worker nodes and killed drivers, with both jobs submitted as users submit them: the run
-finishes through Ray's retries or a resubmission of the same command finishes it, and either way
-every scene, pair, slice and caption row is in the output exactly once (history included, not only
-the current state), every PNG decodes, and no LLM request answered before the kill is paid again.
+"""The jobs as users run them, submitted with the repository as working dir (``ray job submit
+--working-dir .``) to a real two-node Ray cluster (a head and one worker node on 127.0.0.1, token
+authentication on), inputs and outputs in the local S3-compatible server, captions through the
+OpenAI-compatible test server; and what a cluster does to them: lost worker nodes and killed drivers.
+The run finishes through Ray's retries or a resubmission of the same command finishes it, and either
+way every scene, pair, slice and caption row is in the output exactly once (history included, not only
+the current state), every PNG decodes, no LLM request answered before the kill is paid again, and the
+outcome is exactly the undisturbed one (``check_outputs``: the counts of the bundled inputs). (An
+undisturbed submission of both jobs had a module of its own; every check of it is made here, on the
+runs that finish after a loss, and its 40 s of a worker went.)
 
 The captions input is the bundled LEVIR-CD samples under new names, and the test server holds every
 request after the first few (its hold switch) until the kill has landed, so the captions kill lands with
@@ -12,7 +18,9 @@ node-killing one last.
 """
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -22,10 +30,47 @@ from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table, table_key
 from tests.cluster.local_cluster import LocalRayCluster
-from tests.cluster.test_submitted_jobs import ACCEPTED_SLICES, NAIP, NO_MASK, REPO, SLICES, llm_env, s3_env
 from tests.conftest import DATA
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]   # a cluster start, two jobs and a resubmission
+
+REPO = Path(__file__).resolve().parents[2]
+NAIP = {p.name.split("_")[-1][:4]: p for p in sorted((DATA / "naip").glob("*.tif"))}
+# The bundled inputs' known outcome: the 2017/2020 NAIP pair gives 6 slices at 512 px / stride 256, of
+# which ACCEPTED_SLICES pass registration and screening; LEVIR-CD's 12 pairs give 11 captioned pairs
+# and one error row, the pair without a mask.
+SLICES = 6
+ACCEPTED_SLICES = 6
+NO_MASK = "test_113_0256"
+
+
+def s3_env() -> dict:
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+            "AWS_REGION")
+    return {k: os.environ[k] for k in keys}
+
+
+def llm_env(server) -> dict:
+    """The captions job's environment: the test server, and account limiters of the job's own (the
+    session's cluster runs several captions jobs)."""
+    from operators.llm.ratelimit import NAMESPACE_ENV
+    return {**s3_env(), "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key",
+            NAMESPACE_ENV: f"changeforge-llm-cluster-{uuid.uuid4().hex[:8]}"}
+
+
+def uploaded_package_dirs(cluster: LocalRayCluster) -> list[Path]:
+    """The working-dir packages Ray unpacked on the nodes (under the cluster's temp dir)."""
+    return [p for p in Path(cluster.temp_dir).rglob("working_dir_files/*") if p.is_dir()]
+
+
+def assert_package_left_data_behind(cluster: LocalRayCluster) -> None:
+    """The working dir went up as a package with the jobs, and without the bundled data, tests and
+    benchmarks (.rayignore)."""
+    packages = uploaded_package_dirs(cluster)
+    assert packages, "no working_dir package found on the nodes"
+    for pkg in packages:
+        assert (pkg / "jobs" / "build_pairs.py").exists()
+        assert not (pkg / "data").exists() and not (pkg / "tests").exists()
 
 LEVIR = DATA / "levir-cd"
 COPIES = 1                # 12 pairs (one without a mask): 22 requests
@@ -227,5 +272,6 @@ def test_killed_driver_resubmitted_loses_nothing(cluster, s3_client, s3_bucket, 
     assert resubmitted == {"pairs", "captions"}, f"only {resubmitted} failed at the kill and were resubmitted"
     assert_work_after_kill(openai_server, answered)
     assert all("test-key" not in r.logs for r in results.values())
+    assert_package_left_data_behind(cluster)
     check_outputs(s3_bucket, names)
     assert_nothing_paid_twice(s3_bucket)
