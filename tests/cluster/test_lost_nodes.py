@@ -5,9 +5,7 @@ OpenAI-compatible test server; and what a cluster does to them: lost worker node
 The run finishes through Ray's retries or a resubmission of the same command finishes it, and either
 way every scene, pair, slice and caption row is in the output exactly once (history included, not only
 the current state), every PNG decodes, no LLM request answered before the kill is paid again, and the
-outcome is exactly the undisturbed one (``check_outputs``: the counts of the bundled inputs). (An
-undisturbed submission of both jobs had a module of its own; every check of it is made here, on the
-runs that finish after a loss, and its 40 s of a worker went.)
+outcome is exactly the undisturbed one (``check_outputs``: the counts of the bundled inputs).
 
 The captions input is the bundled LEVIR-CD samples under new names, and the test server holds every
 request after the first few (its hold switch) until the kill has landed, so the captions kill lands with
@@ -30,11 +28,10 @@ from operators.io.images import decode_image
 from operators.io.storage import Store
 from operators.io.tables import read_table, table_key
 from tests.cluster.local_cluster import LocalRayCluster
-from tests.conftest import DATA
+from tests.conftest import DATA, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]   # a cluster start, two jobs and a resubmission
 
-REPO = Path(__file__).resolve().parents[2]
 NAIP = {p.name.split("_")[-1][:4]: p for p in sorted((DATA / "naip").glob("*.tif"))}
 # The bundled inputs' known outcome: the 2017/2020 NAIP pair gives 6 slices at 512 px / stride 256, of
 # which ACCEPTED_SLICES pass registration and screening; LEVIR-CD's 12 pairs give 11 captioned pairs
@@ -58,15 +55,10 @@ def llm_env(server) -> dict:
             NAMESPACE_ENV: f"changeforge-llm-cluster-{uuid.uuid4().hex[:8]}"}
 
 
-def uploaded_package_dirs(cluster: LocalRayCluster) -> list[Path]:
-    """The working-dir packages Ray unpacked on the nodes (under the cluster's temp dir)."""
-    return [p for p in Path(cluster.temp_dir).rglob("working_dir_files/*") if p.is_dir()]
-
-
 def assert_package_left_data_behind(cluster: LocalRayCluster) -> None:
-    """The working dir went up as a package with the jobs, and without the bundled data, tests and
-    benchmarks (.rayignore)."""
-    packages = uploaded_package_dirs(cluster)
+    """The working dir went up as a package with the jobs (Ray unpacks it under the cluster's temp
+    dir), and without the bundled data and the tests (.rayignore)."""
+    packages = [p for p in Path(cluster.temp_dir).rglob("working_dir_files/*") if p.is_dir()]
     assert packages, "no working_dir package found on the nodes"
     for pkg in packages:
         assert (pkg / "jobs" / "build_pairs.py").exists()
