@@ -322,28 +322,50 @@ def openai_test_server_process():
         server.close()
 
 
+def stop_limiters(namespace: str) -> int:
+    """Stop the account limiters left in ``namespace`` on this process's Ray; how many. The jobs
+    start them detached (one budget for every job on the account), so each test's own stayed up
+    until the session's Ray stopped: 20 or more idle actor processes by the end of a run, each
+    with its share of Ray's upkeep and the log monitor's tailing."""
+    import ray
+    if not ray.is_initialized():
+        return 0
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace))
+        except ValueError:   # gone meanwhile
+            pass
+    return len(names)
+
+
 @contextmanager
 def own_llm_namespace(label: str):
     """For a session or module fixture that runs LLM jobs: account limiters of its own while it runs
-    (llm_namespace is the per-test form), restored afterwards."""
+    (llm_namespace is the per-test form), stopped and the namespace restored afterwards."""
     import uuid
 
     from operators.llm.ratelimit import NAMESPACE_ENV
+    namespace = f"changeforge-llm-{label}-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(NAMESPACE_ENV, f"changeforge-llm-{label}-{uuid.uuid4().hex[:8]}")
-        yield
+        mp.setenv(NAMESPACE_ENV, namespace)
+        try:
+            yield
+        finally:
+            stop_limiters(namespace)
 
 
 @pytest.fixture()
 def llm_namespace(monkeypatch):
     """A fresh Ray namespace for this test's account limiters (jobs and run_pool find them there), so
-    limits a test sets, or lowers after 429s, never reach another test's pool."""
+    limits a test sets, or lowers after 429s, never reach another test's pool; stopped after it."""
     import uuid
 
     from operators.llm.ratelimit import NAMESPACE_ENV
     namespace = f"changeforge-llm-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv(NAMESPACE_ENV, namespace)
-    return namespace
+    yield namespace
+    stop_limiters(namespace)
 
 
 @pytest.fixture()

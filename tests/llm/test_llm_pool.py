@@ -238,3 +238,23 @@ def test_the_actor_closes_its_http_sessions_on_a_stopped_loop():
         assert closed == [threading.get_ident()]
     finally:
         loop.close()
+
+
+def test_a_test_s_detached_limiters_are_stopped_with_its_namespace(ray_session, llm_namespace):
+    """The jobs start account limiters detached; the tests' namespace fixtures stop them when the
+    test ends (``tests.conftest.stop_limiters``), so idle limiters do not pile up over a run."""
+    import ray
+    from tests.conftest import stop_limiters
+
+    def here():
+        return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                      if a["namespace"] == llm_namespace)
+    for name in ("acct-a", "acct-b"):
+        start_rate_limiter(name, RateLimits(rpm=60), namespace=llm_namespace, detached=True)
+    assert here() == ["acct-a", "acct-b"]
+    assert stop_limiters(llm_namespace) == 2
+    deadline = time.monotonic() + 30      # ray.kill returns before the GCS has the actors dead
+    while here() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert here() == []
+    assert stop_limiters(llm_namespace) == 0
