@@ -8,13 +8,13 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from benchmarks._fields import make_case, scene
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.roofs import (ROOF_GROW_PX, UNEXPLAINED_FLOOR, masked_shift,
                                             offset_error, roof_pixels)
-from operators.pairs.screening.screening import (DISPLACED, lean_cone, one_roof_share,
+from operators.pairs.screening.screening import (DISPLACED, Lean, lean_cone, one_roof_share,
                                                  screen_alignment, window_centre)
 
 WIN = 128           # the screening window at the paper's 1024 px crop
@@ -334,3 +334,67 @@ def test_a_region_moved_with_the_lean_is_still_displacement():
 # equivalent mutant: core/ReplaceComparisonOperator_Gt_NotEq on `if ROOF_GROW_PX > 0 and roof.any():`: ROOF_GROW_PX is a module constant, 3, never negative; > 0 and != 0 agree on it
 # equivalent mutant: core/NumberReplacer on `if ROOF_GROW_PX > 0 and roof.any():`: ROOF_GROW_PX is a module constant, 3; > 0 and > -1 (or > 1) agree on it
 # equivalent mutant: core/NumberReplacer on `k = max(3, win // 16) | 1`: for 3 -> 2 only, max(2, n) | 1 == max(3, n) | 1 for every n (2 | 1 == 3 | 1 == 3); 3 -> 4 changes the box and the box test kills it
+
+
+WIN_GRID = [(63.5 + 128.0 * c, 63.5 + 128.0 * r) for r in range(7) for c in range(7)]
+
+
+def examined_windows(devs, lean, reach=None, report=False):
+    """Which of the windows at ``WIN_GRID`` with displacements ``devs`` (the ground field held at
+    exactly zero, so a displacement is its deviation) the roof-less reading examines: roof_pixels
+    is recorded and finds no roof, so nothing else happens."""
+    import operators.pairs.screening.screening as S
+    cfg = RegistrationConfig(crop_size=1024)
+    ground = [S.WindowShift(x, y, float(dx), float(dy), 0.9, k // 7, k % 7)
+              for k, ((x, y), (dx, dy)) in enumerate(zip(WIN_GRID, devs))]
+    seen = []
+
+    def roofs(template, post, cx, cy, field, u, reach_px):
+        seen.append((cx, cy))
+        return np.zeros(template.shape, bool)
+    img = np.zeros((1024, 1024), np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(S, "ground_field", lambda shifts, agree: (np.array([[1.0, 0, 0], [0, 1.0, 0]]), None))
+        mp.setattr(S, "roof_pixels", roofs)
+        valid = np.ones(img.shape, bool)
+        if report:
+            S.ground_as_reported(ground, lean, img, img, valid, 128, cfg)
+        else:
+            S.ground_without_roofs(ground, lean, img, img, valid, 128, cfg, max_dev=reach)
+    return [k for k, (x, y) in enumerate(WIN_GRID[:len(devs)]) if (x, y) in seen]
+
+
+DEV = st.tuples(st.floats(-12, 12, allow_nan=False), st.floats(-12, 12, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(devs=st.lists(DEV, min_size=1, max_size=40), deg=st.sampled_from([0.0, 90.0, 200.0, 333.0]),
+       reach=st.sampled_from([None, 2.0, 3.0, 5.5]))
+@example(devs=[(3.0, 0.0), (-1.0, 0.0), (0.0, 1.0), (2.0, 0.0)], deg=0.0, reach=3.0)
+@example(devs=[(2.0, 0.0), (2.0, 0.5), (-0.5, 0.0)], deg=0.0, reach=None)
+def test_a_ground_window_is_read_again_when_off_the_field_along_the_lean_within_reach(devs, deg, reach):
+    """The rule as documented (``ground_without_roofs``): a window is measured again without its
+    roof when it lies off the ground field along the lean (a positive component along it) and
+    within ``max_dev`` of the field (``screen_agree_px`` by default), the boundary included.
+    Generated deviations against a reference written from that rule."""
+    lean = Lean(3.0, 6.0, deg, 3)
+    u = np.array([np.cos(np.radians(deg)), np.sin(np.radians(deg))])
+    bound = 2.0 if reach is None else reach
+    want = [k for k, d in enumerate(devs) if np.array(d) @ u > 0 and np.hypot(*d) <= bound]
+    assert examined_windows(devs, lean, reach) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(devs=st.lists(DEV, min_size=1, max_size=40), deg=st.sampled_from([0.0, 90.0, 200.0]),
+       lean_max=st.sampled_from([1.0, 3.6, 6.0, 17.0]))
+@example(devs=[(8.0, 0.0), (8.5, 0.0), (5.0, 0.0)], deg=0.0, lean_max=17.0)
+def test_the_report_reads_again_only_windows_within_the_limit(devs, deg, lean_max):
+    """``ground_as_reported``: a window within the limit (8 px, the boundary included) and off the
+    ground field along the lean by up to the lean's largest magnitude plus ``screen_agree_px`` is
+    measured again for the report; a window over the limit never is (it stays as measured, and
+    the report cannot read it down)."""
+    lean = Lean(lean_max / 2, lean_max, deg, 3)
+    u = np.array([np.cos(np.radians(deg)), np.sin(np.radians(deg))])
+    want = [k for k, d in enumerate(devs)
+            if np.hypot(*d) <= 8.0 and np.array(d) @ u > 0 and np.hypot(*d) <= lean_max + 2.0]
+    assert examined_windows(devs, lean, report=True) == want
