@@ -884,13 +884,14 @@ def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
 
 def ground_as_reported(ground: list[WindowShift], lean: Lean, pre: np.ndarray, post: np.ndarray,
                        valid: np.ndarray, win: int, cfg: RegistrationConfig) -> list[WindowShift]:
-    """The ground's windows as the reported residual reads them: each within the limit and off
-    the ground field along the lean by up to the lean itself measured again without its roof
-    pixels (:func:`ground_without_roofs`). The screen's tests judged these windows within
-    ``screen_agree_px`` of the field only, where no reading can cross the limit; a roof pulls a
-    window further (a window mostly roof read 3.8 px on exact ground), and that pull is the
-    roof's, not the ground's. Report only: windows over the limit are left as they are, and the
-    tests never read these readings, so no verdict changes."""
+    """The ground's windows as the reported residual reads them: those within the limit that lie
+    off the ground field along the lean, by up to the lean's largest magnitude plus
+    ``screen_agree_px``, measured again without their roof pixels (:func:`ground_without_roofs`,
+    the field fitted to those windows). The screen's tests have them read again only within
+    ``screen_agree_px`` of the field, where no reading can cross the limit; a roof pulls a window
+    further (3.8 px on exact ground in a generated crop), and that pull is the roof's, not the
+    ground's. Report only: windows over the limit are left as they are, and no test of the screen
+    reads these readings, so no verdict changes."""
     within = [s for s in ground if np.hypot(s.dx, s.dy) <= cfg.max_residual_px]
     again = ground_without_roofs(within, lean, pre, post, valid, win, cfg,
                                  max_dev=lean.max_px + cfg.screen_agree_px)
