@@ -3,6 +3,7 @@ disagreement sums against a direct reference, outlines moved by generated offset
 of the 8 px limit, periods to the pixel."""
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -51,6 +52,37 @@ def test_outline_disagreement_is_the_documented_share(seed, h, w, ry, rx):
                 assert np.isinf(got[oy, ox])
             else:
                 assert got[oy, ox] == pytest.approx(want, abs=1e-4)
+
+
+def halved(v: np.ndarray) -> np.ndarray:
+    """An outline as region_shift aligns it: at half resolution (fractional at its edges)."""
+    return cv2.resize(v, (v.shape[1] // 2, v.shape[0] // 2), interpolation=cv2.INTER_AREA)
+
+
+def test_an_outline_s_disagreement_is_never_negative_even_where_it_matches_exactly():
+    """300 generated outlines (20-300 px, halved as region_shift aligns them), each copied exactly
+    into a post date at a random offset, everything known: the disagreement is never negative
+    and is zero, within round-off, at the copy. The sums come by correlation, whose round-off
+    reads an exact match slightly below zero (the clamp's reason): the generator reaches it (the
+    raw sums are negative somewhere in several crops), so dropping the clamp fails here."""
+    corr = lambda img, tm: cv2.matchTemplate(img, tm, cv2.TM_CCORR)  # noqa: E731
+    raw_negative = 0
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        h, w = (int(v) for v in rng.integers(20, 300, 2))
+        r = int(rng.integers(2, 40))
+        a = halved((rng.random((h, w)) < 0.5).astype(np.float32))
+        b = halved((rng.random((h + 2 * r, w + 2 * r)) < 0.5).astype(np.float32))
+        oy = int(rng.integers(0, b.shape[0] - a.shape[0] + 1))
+        ox = int(rng.integers(0, b.shape[1] - a.shape[1] + 1))
+        b[oy:oy + a.shape[0], ox:ox + a.shape[1]] = a
+        ka, kb = np.ones_like(a), np.ones_like(b)
+        got = outline_disagreement(a, ka, b, kb)
+        assert (got >= 0).all(), (seed, float(got.min()))
+        assert got[oy, ox] <= 1e-6, (seed, float(got[oy, ox]))
+        raw = corr(kb, a * a) + corr(b * b, ka) - 2.0 * corr(b, a)
+        raw_negative += int(raw.min() < 0)
+    assert raw_negative >= 3, raw_negative
 
 
 def orchard(size: int, period: tuple[int, int], box: tuple[int, int, int, int], seed: int):
