@@ -14,7 +14,8 @@ from benchmarks._fields import make_case, scene
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.roofs import (ROOF_GROW_PX, UNEXPLAINED_FLOOR, masked_shift,
                                             offset_error, roof_pixels)
-from operators.pairs.screening.screening import (DISPLACED, Lean, lean_cone, one_roof_share,
+from operators.pairs.screening.screening import (DISPLACED, Lean, LeanReading, lean_cone,
+                                                 lean_seen, lean_split, one_roof_share,
                                                  screen_alignment, window_centre)
 
 WIN = 128           # the screening window at the paper's 1024 px crop
@@ -254,15 +255,64 @@ def test_a_lean_crop_reports_the_ground_s_residual(seed, lean_over):
     assert r.lean.max_px > lean_over
 
 
+@pytest.mark.parametrize("seed", [9, 12, 29])
+def test_a_lean_under_the_limit_not_set_apart_is_read_for_the_report(seed):
+    """Generated lean crops at 1024 px, ground exact, whose leaning windows the screen does not
+    set apart (9 and 29: two windows, under ``screen_region_windows``; 12: five windows under the
+    limit enclosing no ground): accepted as before, and now the ground's residual reported (3.57,
+    3.83 and 6.07 px before: the roofs'). Not recorded as the crop's lean (``lean_seen``)."""
+    case = make_case("lean", 1024, seed)
+    assert case.truth_px == 0.0
+    r = screen_alignment(case.pre, case.post, case.valid, RegistrationConfig(crop_size=1024))
+    assert r.reject_reason is None, r.reject_reason
+    assert r.residual_px <= 1.0, r.residual_px
+    assert r.lean is None
+
+
+ONE_ROOF = one_roof_share(1024, 1024, RegistrationConfig(crop_size=1024))
+
+
+@settings(max_examples=600, deadline=None)
+@given(off=st.integers(0, 7), lost=st.integers(0, 7), inside=st.integers(0, 6),
+       max_px=st.sampled_from([0.5, 2.0, 7.99, 8.0, 8.01, 9.0, 25.0]) | st.floats(0.1, 30.0),
+       share=st.sampled_from([0.0, ONE_ROOF, float(np.nextafter(ONE_ROOF, 1.0)), 0.05])
+       | st.floats(0.0, 0.1))
+@example(off=3, lost=0, inside=3, max_px=2.0, share=0.05)        # interleaved: set apart
+@example(off=3, lost=0, inside=2, max_px=8.0, share=0.0)         # one roof at the limit: seen
+@example(off=2, lost=0, inside=6, max_px=8.0, share=0.0)         # two windows: seen
+@example(off=3, lost=1, inside=6, max_px=8.01, share=0.0)        # two along, over: neither
+def test_a_lean_is_set_apart_or_only_reported_as_documented(off, lost, inside, max_px, share):
+    """What becomes of a reading of leaning windows (``lean_split``, then ``lean_seen``), against
+    a reference written from the documented rules: set apart from the ground when at least
+    ``screen_region_windows`` (3) windows lie clearly off the field and as many along the lean,
+    and they enclose 3 ground windows or move one roof at most past the limit (8 px); otherwise,
+    with a window along the lean and all of them within the limit (the boundary included), read
+    for the report only; otherwise neither."""
+    cfg = RegistrationConfig(crop_size=1024)
+    core = max(0, off - lost)
+    lean = Lean(max_px / 2, max_px, 30.0, core, share)
+    reading = LeanReading([], lean, off, core, inside)
+    split = lean_split(reading, 1024, 1024, cfg)
+    seen = lean_seen(reading, cfg) if split is None else None
+    want_split = off >= 3 and core >= 3 and (inside >= 3 or (share <= ONE_ROOF and max_px > 8.0))
+    want_seen = not want_split and core >= 1 and max_px <= 8.0
+    assert (split is not None) == want_split
+    assert (seen is not None) == want_seen
+    if want_split:
+        assert split[1] is lean
+    if want_seen:
+        assert seen is lean
+
+
 @pytest.mark.slow
 def test_generated_lean_crops_report_the_ground_s_residual():
     """Twenty generated lean crops at 1024 px (seeds 0-19: one lean per crop, 3-30 px per building,
     plain and textured roofs, clouds, nodata and new buildings on half of them), ground exact:
     all accepted, and of those most report the ground's residual within 1 px. Measured: 20
-    accepted, 17 within 1 px; 15 when the report read the roof-pulled windows as they were
-    (seeds 6 and 10 then read 3.8 and 3.6 px). Seeds 0-39 gave 37 accepted, 33 within 1 px, 29
-    with the roofs' pull (issue 48 asks 90 %: the benchmark's figure,
-    docs/benchmarks/screening-fields.md)."""
+    accepted, 19 within 1 px (seed 7: 1.09 px); 17 when a lean under the limit that the screen
+    does not set apart was reported with its roofs (seeds 9 and 12), 15 when the report read the
+    roof-pulled windows as they were (seeds 6 and 10 too). Issue 48 asks 90 %: the benchmark's
+    figure, docs/benchmarks/screening-fields.md."""
     cfg = RegistrationConfig(crop_size=1024)
     accepted, ground = [], []
     for seed in range(20):
@@ -274,7 +324,7 @@ def test_generated_lean_crops_report_the_ground_s_residual():
             if r.residual_px <= 1.0:
                 ground.append(seed)
     assert len(accepted) >= 19, accepted
-    assert len(ground) >= 0.8 * len(accepted), sorted(set(accepted) - set(ground))
+    assert len(ground) >= 0.9 * len(accepted), sorted(set(accepted) - set(ground))
 
 
 @pytest.mark.parametrize("seed", [83, 127, 183, 339])

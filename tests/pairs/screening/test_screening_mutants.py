@@ -113,7 +113,6 @@ def test_nothing_measured_is_insufficient_evidence_even_when_no_share_is_asked(s
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_GtE on `if max(abs(dr), abs(dc)) == 2:`: (>= 2) dr and dc run over -2..2, so the larger of their sizes is never above 2.
 # equivalent mutant: core/NumberReplacer on `step = max(1, win // 2)`: (max(2, ...)) the two differ only for windows of 3 px or less, and there are none: --screen-window-px is 0 (automatic, at least 16 px) or at least 8 (tests/pairs/registration/test_registration_config.py); only a crop under 4 px, which has nothing to screen, would get such windows.
 # equivalent mutant: core/ReplaceBinaryOperator_BitAnd_FloorDiv on `roof_share = float((moved & ~wide).mean())`: (moved // ~wide) on boolean arrays x // True is x and x // False is 0 (numpy's integer division by zero gives 0), which is moved & ~wide; only its mean (the same) is read.
-# equivalent mutant: core/ReplaceComparisonOperator_Gt_GtE on `if inside < cfg.screen_region_windows and (roof_share > one_roof_share(w, h, cfg) or`: roof_share is a pixel count over w * h, one_roof_share pi / 4 * side^2 over w * h, irrational unless side is 0; at --screen-lean-max-roof 0 every moved pixel is wide, no window is narrow and lean_split returns before this line, so the two are never equal here.
 
 
 # Written for the survivors of a sample drawn before them (`python tools/mutation.py --module
