@@ -246,13 +246,17 @@ def test_a_lean_crop_reports_the_ground_s_residual(seed, lean_over):
     ground's (within 1 px of 0), the lean its own figure. Read with roofs in the windows, crops
     1, 3 and 5 reported 1.46, 1.33 and 1.18 px; 10 and 82, whose roofs pull a ground window
     past ``screen_agree_px`` (3.6 px), reported that pull until it was read again for the report
-    (``ground_as_reported``)."""
+    (``ground_as_reported``). The lean's direction is the drawn one (1-2.4 degrees off)."""
     case = make_case("lean", 1024, seed)
     assert case.truth_px == 0.0
     r = screen_alignment(case.pre, case.post, case.valid, RegistrationConfig(crop_size=1024))
     assert r.reject_reason is None and r.lean is not None, r.reject_reason
     assert r.residual_px <= 1.0, r.residual_px
     assert r.lean.max_px > lean_over
+    # Its direction, as recorded (``lean_deg``: 0 = +x, 90 = +y, in [0, 360)), the drawn one.
+    assert 0.0 <= r.lean.deg < 360.0, r.lean.deg
+    assert abs((r.lean.deg - case.lean_deg + 180.0) % 360.0 - 180.0) <= 5.0, (r.lean.deg,
+                                                                             case.lean_deg)
 
 
 @pytest.mark.parametrize("seed", [9, 12, 29])
