@@ -813,12 +813,13 @@ def lean_split(reading: Optional[LeanReading], w: int, h: int,
 
 def lean_seen(reading: Optional[LeanReading], cfg: RegistrationConfig) -> Optional[Lean]:
     """A lean :func:`lean_split` did not set apart, read for the report only: windows off the
-    ground field one way, over roof-sized content, all within the limit (fewer than
-    ``screen_region_windows``, or a roof with no ground around it). They stay in the screen's
-    evidence, where under the limit they cannot fail the crop; the reported residual reads the
-    ground without their pull (:func:`ground_as_reported`). Not recorded as the crop's lean: a
-    smooth field's curvature, which the ground field does not fit, reads the same way (2-3 px
-    one way in 46 of 200 generated smooth-field crops)."""
+    ground field one way, over roof-sized content, none along the lean past the limit (fewer
+    than ``screen_region_windows``, or a roof with no ground around it). They stay in the
+    screen's evidence, where under the limit they cannot fail the crop; the reported residual
+    reads the ground without their pull (:func:`ground_as_reported`, which never reads a window
+    over the limit again). Not recorded as the crop's lean: a smooth field's curvature, which the
+    ground field does not fit, reads the same way (2-3 px one way in 46 of 100 generated
+    smooth-field crops at 1024 px)."""
     if reading is None or reading.core == 0 or reading.lean.max_px > cfg.max_residual_px:
         return None
     return reading.lean
