@@ -198,6 +198,13 @@ STAYED, MOVED, UNKNOWN = "stayed", "moved", "unknown"
 NONE = "no outline"   # no region of repeating pixels holds the windows (texture repeating by chance)
 
 
+def coarse_outline(v: np.ndarray) -> np.ndarray:
+    """An outline (or its known pixels) at the scale outlines are aligned at
+    (:data:`OUTLINE_SCALE`), area-averaged: fractional along its edges."""
+    f = OUTLINE_SCALE
+    return cv2.resize(v, (v.shape[1] // f, v.shape[0] // f), interpolation=cv2.INTER_AREA)
+
+
 def outline_disagreement(a: np.ndarray, ka: np.ndarray, b: np.ndarray, kb: np.ndarray
                          ) -> np.ndarray:
     """For every offset of ``a`` (template, with its known pixels ``ka``) over ``b`` (with
@@ -282,10 +289,9 @@ def region_shift(pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
     ka = ka_full[y0:y1, x0:x1].astype(np.float32)
     # Coarse at half resolution over the whole reach, then each side's best to the pixel.
     f = OUTLINE_SCALE
-    shrink = lambda v: cv2.resize(v, (v.shape[1] // f, v.shape[0] // f),  # noqa: E731
-                                  interpolation=cv2.INTER_AREA)
-    coarse = outline_disagreement(shrink(a), (shrink(ka) > 0.999).astype(np.float32),
-                                  shrink(b), (shrink(kb) > 0.999).astype(np.float32))
+    coarse = outline_disagreement(
+        coarse_outline(a), (coarse_outline(ka) > 0.999).astype(np.float32),
+        coarse_outline(b), (coarse_outline(kb) > 0.999).astype(np.float32))
     c = r // f
     gy, gx = np.mgrid[0:coarse.shape[0], 0:coarse.shape[1]]
     dist = np.hypot(gy - c, gx - c) * f

@@ -798,9 +798,8 @@ def lean_split(reading: Optional[LeanReading], w: int, h: int,
 
     Returns (the crop's other windows: the ground, and any displaced region, which face every
     check of an acceptance; the lean), else None."""
-    if reading is None or reading.off < cfg.screen_region_windows:
-        return None
-    if reading.core < cfg.screen_region_windows:
+    # The core windows are those of ``off`` along the lean: enough of them means enough of both.
+    if reading is None or reading.core < cfg.screen_region_windows:
         return None
     inside, roof_share, lean = reading.inside, reading.lean.share, reading.lean
     # One roof with no ground around it is a lean only where it matters: over the limit (a roof

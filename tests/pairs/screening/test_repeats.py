@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from operators.pairs.screening.repeats import (MOVED, NONE, OUTLINE_FLOOR, OUTLINE_RATIO, STAYED,
-                                               UNKNOWN, _beats, canonical,
+                                               UNKNOWN, _beats, canonical, coarse_outline,
                                                outline_disagreement, periodic_mask,
                                                refine_period, region_shift, repeat_period,
                                                repeated_groups, window_centres)
@@ -54,25 +54,21 @@ def test_outline_disagreement_is_the_documented_share(seed, h, w, ry, rx):
                 assert got[oy, ox] == pytest.approx(want, abs=1e-4)
 
 
-def halved(v: np.ndarray) -> np.ndarray:
-    """An outline as region_shift aligns it: at half resolution (fractional at its edges)."""
-    return cv2.resize(v, (v.shape[1] // 2, v.shape[0] // 2), interpolation=cv2.INTER_AREA)
-
-
 def test_an_outline_s_disagreement_is_never_negative_even_where_it_matches_exactly():
-    """300 generated outlines (20-300 px, halved as region_shift aligns them), each copied exactly
-    into a post date at a random offset, everything known: the disagreement is never negative
-    and is zero, within round-off, at the copy. The sums come by correlation, whose round-off
-    reads an exact match slightly below zero (the clamp's reason): the generator reaches it (the
-    raw sums are negative somewhere in several crops), so dropping the clamp fails here."""
+    """300 generated outlines (20-300 px, at the scale region_shift aligns them), each copied
+    exactly into a post date at a random offset, everything known: the disagreement is never
+    negative and is zero, within round-off, at the copy. The sums come by correlation, whose
+    round-off reads an exact match slightly below zero (the clamp's reason): the generator
+    reaches it (the raw sums are negative somewhere in several crops), so dropping the clamp
+    fails here."""
     corr = lambda img, tm: cv2.matchTemplate(img, tm, cv2.TM_CCORR)  # noqa: E731
     raw_negative = 0
     for seed in range(300):
         rng = np.random.default_rng(seed)
         h, w = (int(v) for v in rng.integers(20, 300, 2))
         r = int(rng.integers(2, 40))
-        a = halved((rng.random((h, w)) < 0.5).astype(np.float32))
-        b = halved((rng.random((h + 2 * r, w + 2 * r)) < 0.5).astype(np.float32))
+        a = coarse_outline((rng.random((h, w)) < 0.5).astype(np.float32))
+        b = coarse_outline((rng.random((h + 2 * r, w + 2 * r)) < 0.5).astype(np.float32))
         oy = int(rng.integers(0, b.shape[0] - a.shape[0] + 1))
         ox = int(rng.integers(0, b.shape[1] - a.shape[1] + 1))
         b[oy:oy + a.shape[0], ox:ox + a.shape[1]] = a
