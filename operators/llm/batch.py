@@ -177,6 +177,8 @@ class BatchAPI:
 
     def __init__(self, base_url: str, api_key: str = "", timeout_s: float = 300.0, attempts: int = 4,
                  rate_limit_attempts: int = 30, max_retry_after_s: float = 300.0, sleep=time.sleep):
+        if attempts < 1:   # every call is sent at least once; 0 would fail before asking
+            raise ValueError(f"attempts must be at least 1, got {attempts}")
         self.base_url, self.timeout_s, self.attempts = base_url.rstrip("/"), timeout_s, attempts
         self.rate_limit_attempts, self.max_retry_after_s, self.sleep = rate_limit_attempts, max_retry_after_s, sleep
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -535,7 +537,7 @@ class BatchDriver:
 
     def _create(self, record: dict, look_first: bool) -> dict:
         last = None
-        for attempt in range(max(1, self.api.attempts)):
+        for attempt in range(self.api.attempts):
             if look_first or attempt:
                 found = self._find(record)
                 if found is not None:

@@ -187,6 +187,14 @@ def test_a_call_is_tried_as_often_as_its_attempts_allow_and_backs_off(attempts, 
     assert slept == [min(30.0, 2.0 ** k) for k in range(replies.calls - 1)]
 
 
+@pytest.mark.parametrize("attempts", [0, -1])
+def test_fewer_than_one_attempt_is_refused_before_any_call(attempts):
+    """A call is sent at least once: a client built to try it no times is a mistake, said in one
+    line when it is built, not a batch that is silently never created."""
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
+        BatchAPI("http://provider.invalid/v1", "k", attempts=attempts)
+
+
 @pytest.mark.parametrize("headers, wait_s", [({"retry-after": "3"}, 3.0), ({"retry-after-ms": "1500"}, 1.5),
                                              ({"retry-after-ms": "x", "retry-after": "2"}, 2.0),
                                              ({"retry-after": "900"}, 300.0), ({"retry-after": "0"}, 0.0),

@@ -251,6 +251,16 @@ def window_centres(group: list[tuple[int, int]], ys: list[int], xs: list[int], w
     return seeds
 
 
+def reach_box(seeds: np.ndarray, reach: int) -> np.ndarray:
+    """The seeds' bounding box grown by ``reach`` px each way (within the crop): where the post
+    date's outline of a region the seeds lie on can be, if it moved at most ``reach`` px."""
+    box = np.zeros_like(seeds, dtype=bool)
+    sy, sx = np.nonzero(seeds)
+    box[max(0, sy.min() - reach):sy.max() + reach + 1,
+        max(0, sx.min() - reach):sx.max() + reach + 1] = True
+    return box
+
+
 def region_shift(pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
                  group: list[tuple[int, int]], periods: dict, ys: list[int], xs: list[int],
                  win: int, reach: int, limit: float) -> RegionShift:
@@ -270,11 +280,7 @@ def region_shift(pre: np.ndarray, post: np.ndarray, valid: np.ndarray,
     rep_post, kb_full = periodic_mask(post, valid, period)
     least = (win // 2) ** 2
     a_full = _touching(rep_pre, seeds, least)
-    near = np.zeros_like(seeds)
-    sy, sx = np.nonzero(seeds)
-    near[max(0, sy.min() - reach):sy.max() + reach + 1,
-         max(0, sx.min() - reach):sx.max() + reach + 1] = True
-    b_full = _touching(rep_post, near, least)
+    b_full = _touching(rep_post, reach_box(seeds, reach), least)
     if not a_full.any() or not b_full.any():
         return RegionShift(NONE, x=cx, y=cy, period=period)
     yy, xx = np.nonzero(a_full)

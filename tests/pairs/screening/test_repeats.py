@@ -13,7 +13,7 @@ from operators.pairs.screening.repeats import (MOVED, NONE, OUTLINE_FLOOR, OUTLI
                                                UNKNOWN, _beats, canonical, coarse_outline,
                                                outline_disagreement, periodic_mask,
                                                refine_period, region_shift, repeat_period,
-                                               repeated_groups, window_centres)
+                                               reach_box, repeated_groups, window_centres)
 
 pytestmark = pytest.mark.quick
 
@@ -32,6 +32,23 @@ def reference_disagreement(a, ka, b, kb, ox, oy):
     if seen < 0.5 * total:
         return np.inf
     return diff / max(seen, 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 40), st.integers(1, 40), st.integers(0, 12))
+def test_the_post_outline_is_looked_for_within_reach_of_the_seeds(seed, h, w, reach):
+    """Every pixel whose row and column each lie within ``reach`` of some seed's row and column
+    (the seeds' bounding box grown by ``reach``, cut at the crop's edge), and no other."""
+    rng = np.random.default_rng(seed)
+    seeds = rng.random((h, w)) < rng.uniform(0.005, 0.3)
+    seeds[rng.integers(h), rng.integers(w)] = True
+    box = reach_box(seeds, reach)
+    rows, cols = np.nonzero(seeds.any(axis=1))[0], np.nonzero(seeds.any(axis=0))[0]
+    for y in range(h):
+        for x in range(w):
+            near = (rows.min() - reach <= y <= rows.max() + reach
+                    and cols.min() - reach <= x <= cols.max() + reach)
+            assert box[y, x] == near, (y, x)
 
 
 @settings(max_examples=60, deadline=None)
