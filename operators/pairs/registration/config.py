@@ -183,8 +183,10 @@ class ScreeningConfig:
                                        "displacement plus this many standard errors of the "
                                        "prediction stays within the limit", lo=0.0, hi=10.0)
     screen_shift_noise_px: float = _opt(0.3, "least noise (px) assumed for a window's measured "
-                                             "shift when the corner's standard error is computed "
-                                             "(windows that agree perfectly are not exact)",
+                                             "shift: in the corner's standard error (windows that "
+                                             "agree perfectly are not exact), and the least "
+                                             "deviation from the ground field a lean crop's "
+                                             "report reads again without roofs",
                                         lo=0.0, hi=10.0)
     screen_peak_box_px: int = _opt(6, "largest half-side (px) of the box about a window's "
                                       "correlation peak that counts as the peak itself; the "

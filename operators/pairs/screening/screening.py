@@ -876,15 +876,19 @@ def lean_cone(v: np.ndarray, agree_px: float, spread_deg: float,
 def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
                         post: np.ndarray, valid: np.ndarray, win: int,
                         cfg: RegistrationConfig,
-                        max_dev: Optional[float] = None) -> dict[int, Optional[WindowShift]]:
+                        max_dev: Optional[float] = None,
+                        across_px: float = 0.0,
+                        min_dev: float = 0.0) -> dict[int, Optional[WindowShift]]:
     """The ground windows a leaning roof pulls, measured again without it (:mod:`.roofs`):
     ``id(window)`` -> the window with its new displacement, or None for a window mostly roof
     (no ground to measure there; it leaves the evidence).
 
     Only a window within ``max_dev`` (default ``screen_agree_px``) of the ground field and off it
-    along the lean (the way a roof pulls) is measured again, and its new reading is taken only
-    when its ground pixels put it nearer the ground field: at the default nothing here moves a
-    window by more than a roof's pull, so no displacement past the limit can be hidden."""
+    along the lean (the way a roof pulls), or off it across or against the lean by at most
+    ``across_px`` (default: never), is measured again, and its new reading is taken only when its
+    ground pixels put it nearer the ground field: at the default nothing here moves a window by
+    more than a roof's pull, so no displacement past the limit can be hidden. A window nearer the
+    field than ``min_dev`` is left as it is (within a reading's noise there is no pull to tell)."""
     got = ground_field(ground, cfg.screen_agree_px)
     if got is None:
         return {}
@@ -895,7 +899,8 @@ def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
     for s in ground:
         f = np.array([s.x, s.y]) @ M[:, :2].T + M[:, 2] - np.array([s.x, s.y])
         dev = np.array([s.dx, s.dy]) - f
-        if dev @ u <= 0 or np.hypot(*dev) > reach:
+        bound = reach if dev @ u > 0 else across_px
+        if bound <= 0 or not min_dev <= np.hypot(*dev) <= bound:
             continue
         x0, y0 = window_origin(s, win)
         template = pre[y0:y0 + win, x0:x0 + win]     # whole: windows lie inside the crop
@@ -917,16 +922,21 @@ def ground_without_roofs(ground: list[WindowShift], lean: Lean, pre: np.ndarray,
 def ground_as_reported(ground: list[WindowShift], lean: Lean, pre: np.ndarray, post: np.ndarray,
                        valid: np.ndarray, win: int, cfg: RegistrationConfig) -> list[WindowShift]:
     """The ground's windows as the reported residual reads them: those within the limit that lie
-    off the ground field along the lean, by up to the lean's largest magnitude plus
-    ``screen_agree_px``, measured again without their roof pixels (:func:`ground_without_roofs`,
-    the field fitted to those windows). The screen's tests have them read again only within
+    off the ground field along the lean by up to the lean's largest magnitude plus
+    ``screen_agree_px``, or across or against it by up to ``screen_agree_px`` (a facade or a roof's
+    edge in a window pulls it sideways too, 1.0-1.6 px in generated crops; farther off that way is
+    the ground's own displacement, which the report must not read down), and by at least
+    ``screen_shift_noise_px`` (nearer, there is no pull to tell from a reading's noise), measured
+    again without their roof pixels (:func:`ground_without_roofs`, the field fitted to those
+    windows). The screen's tests have them read again only within
     ``screen_agree_px`` of the field, where no reading can cross the limit; a roof pulls a window
     further (3.8 px on exact ground in a generated crop), and that pull is the roof's, not the
     ground's. Report only: windows over the limit are left as they are, and no test of the screen
     reads these readings, so no verdict changes."""
     within = [s for s in ground if np.hypot(s.dx, s.dy) <= cfg.max_residual_px]
     again = ground_without_roofs(within, lean, pre, post, valid, win, cfg,
-                                 max_dev=lean.max_px + cfg.screen_agree_px)
+                                 max_dev=lean.max_px + cfg.screen_agree_px,
+                                 across_px=cfg.screen_agree_px, min_dev=cfg.screen_shift_noise_px)
     read = [again.get(id(s), s) for s in ground]
     return [s for s in read if s is not None]
 

@@ -259,6 +259,19 @@ def test_a_lean_crop_reports_the_ground_s_residual(seed, lean_over):
                                                                              case.lean_deg)
 
 
+@pytest.mark.parametrize("seed", [7, 88, 114])
+def test_a_window_pulled_across_or_against_the_lean_is_read_for_the_report(seed):
+    """Generated lean crops (ground exact) whose largest ground window is pulled 1.1-1.6 px off
+    the ground field across or against the lean (a facade or a roof's edge in it, not the roof's
+    own pull along the lean): read again without them, the report is the ground's, within 1 px.
+    Read along the lean only, they reported 1.09, 1.71 and 1.26 px."""
+    case = make_case("lean", 1024, seed)
+    assert case.truth_px == 0.0
+    r = screen_alignment(case.pre, case.post, case.valid, RegistrationConfig(crop_size=1024))
+    assert r.reject_reason is None and r.lean is not None, r.reject_reason
+    assert r.residual_px <= 1.0, r.residual_px
+
+
 @pytest.mark.parametrize("seed", [9, 12, 29])
 def test_a_lean_under_the_limit_not_set_apart_is_read_for_the_report(seed):
     """Generated lean crops at 1024 px, ground exact, whose leaning windows the screen does not
@@ -313,9 +326,10 @@ def test_generated_lean_crops_report_the_ground_s_residual():
     """Twenty generated lean crops at 1024 px (seeds 0-19: one lean per crop, 3-30 px per building,
     plain and textured roofs, clouds, nodata and new buildings on half of them), ground exact:
     all accepted, and of those most report the ground's residual within 1 px. Measured: 20
-    accepted, 19 within 1 px (seed 7: 1.09 px); 17 when a lean under the limit that the screen
-    does not set apart was reported with its roofs (seeds 9 and 12), 15 when the report read the
-    roof-pulled windows as they were (seeds 6 and 10 too). Issue 48 asks 90 %: the benchmark's
+    accepted, 20 within 1 px; 19 when the report read again only windows pulled along the lean
+    (seed 7: 1.09 px), 17 when a lean under the limit that the screen does not set apart was
+    reported with its roofs (seeds 9 and 12), 15 when the report read the roof-pulled windows as
+    they were (seeds 6 and 10 too). Issue 48 asks 90 %: the benchmark's
     figure, docs/benchmarks/screening-fields.md."""
     cfg = RegistrationConfig(crop_size=1024)
     accepted, ground = [], []
@@ -356,6 +370,26 @@ def test_ground_moved_as_a_whole_enclosing_no_ground_is_no_lean(seed, truth):
     assert case.truth_px == pytest.approx(truth, abs=0.05)
     r = screen_alignment(case.pre, case.post, case.valid, cfg)
     assert r.reject_code == DISPLACED and r.lean is None, r.reject_reason
+
+
+@pytest.mark.parametrize("seed", [1, 3, 5])
+def test_a_region_moved_under_the_limit_against_the_lean_is_reported(seed):
+    """A lean crop whose ground also has a disc moved 6 px against the lean (under the limit):
+    accepted, and the reported residual is the region's, not read down as a roof's pull. The
+    report reads windows again across or against the lean only within ``screen_agree_px``;
+    reading them as far as along it, seed 5 reported 1.62 px."""
+    cfg = RegistrationConfig(crop_size=1024)
+    case = make_case("lean", 1024, seed)
+    u = np.radians(case.lean_deg + 180.0)
+    reg = np.zeros_like(case.pre, np.float32)
+    cv2.circle(reg, (512, 512), 200, 1.0, -1)
+    dx, dy = 6.0 * np.cos(u) * reg, 6.0 * np.sin(u) * reg
+    yy, xx = np.mgrid[0:1024, 0:1024].astype(np.float32)
+    post = cv2.remap(case.post, (xx - dx).astype(np.float32), (yy - dy).astype(np.float32),
+                     cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    r = screen_alignment(case.pre, post, case.valid, cfg)
+    assert r.reject_reason is None, r.reject_reason
+    assert 5.5 <= r.residual_px <= 7.0, r.residual_px
 
 
 def test_one_roof_is_a_disc_as_wide_as_the_widest_roof():
@@ -444,13 +478,18 @@ def test_a_ground_window_is_read_again_when_off_the_field_along_the_lean_within_
 @given(devs=st.lists(DEV, min_size=1, max_size=40), deg=st.sampled_from([0.0, 90.0, 200.0]),
        lean_max=st.sampled_from([1.0, 3.6, 6.0, 17.0]))
 @example(devs=[(8.0, 0.0), (8.5, 0.0), (5.0, 0.0)], deg=0.0, lean_max=17.0)
+@example(devs=[(-1.5, 0.0), (0.0, 1.2), (0.3, -0.4)], deg=0.0, lean_max=17.0)   # against and across
+@example(devs=[(0.3, 0.0), (0.0, -0.29), (-0.3, 0.0), (3.0, 0.0), (3.01, 0.0)], deg=90.0, lean_max=1.0)
+@example(devs=[(-2.0, 0.0), (-2.01, 0.0), (0.0, 2.0), (0.0, -2.5), (6.0, 0.0)], deg=0.0, lean_max=6.0)
 def test_the_report_reads_again_only_windows_within_the_limit(devs, deg, lean_max):
-    """``ground_as_reported``: a window within the limit (8 px, the boundary included) and off the
-    ground field along the lean by up to the lean's largest magnitude plus ``screen_agree_px`` is
-    measured again for the report; a window over the limit never is (it stays as measured, and
-    the report cannot read it down)."""
+    """``ground_as_reported``: a window within the limit (8 px, the boundary included), off the
+    ground field by at least ``screen_shift_noise_px`` (0.3 px), along the lean by up to the
+    lean's largest magnitude plus ``screen_agree_px`` or across or against it by up to
+    ``screen_agree_px`` (2 px), is measured again for the report; a window over the limit never
+    is (it stays as measured, and the report cannot read it down)."""
     lean = Lean(lean_max / 2, lean_max, deg, 3)
     u = np.array([np.cos(np.radians(deg)), np.sin(np.radians(deg))])
     want = [k for k, d in enumerate(devs)
-            if np.hypot(*d) <= 8.0 and np.array(d) @ u > 0 and np.hypot(*d) <= lean_max + 2.0]
+            if np.hypot(*d) <= 8.0 and 0.3 <= np.hypot(*d)
+            and np.hypot(*d) <= (lean_max + 2.0 if np.array(d) @ u > 0 else 2.0)]
     assert examined_windows(devs, lean, report=True) == want
