@@ -462,6 +462,7 @@ DEV = st.tuples(st.floats(-12, 12, allow_nan=False), st.floats(-12, 12, allow_na
        reach=st.sampled_from([None, 2.0, 3.0, 5.5]))
 @example(devs=[(3.0, 0.0), (-1.0, 0.0), (0.0, 1.0), (2.0, 0.0)], deg=0.0, reach=3.0)
 @example(devs=[(2.0, 0.0), (2.0, 0.5), (-0.5, 0.0)], deg=0.0, reach=None)
+@example(devs=[(0.0, 0.0), (0.0, 1.0), (1.0, 0.0)], deg=0.0, reach=None)   # on the field, across
 def test_a_ground_window_is_read_again_when_off_the_field_along_the_lean_within_reach(devs, deg, reach):
     """The rule as documented (``ground_without_roofs``): a window is measured again without its
     roof when it lies off the ground field along the lean (a positive component along it) and
