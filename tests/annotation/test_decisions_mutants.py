@@ -317,3 +317,12 @@ def test_a_rejected_batch_holds_its_merged_pairs_and_leaves_every_other_status_a
     assert {s: d.status for s, d in ds.items()} == {s: ("disagreement" if s == "merged" else s) for s in dc.STATUSES}
     assert ds["merged"].masks is None and ds["unusable"].masks == {"new": 1}
     assert ds["merged"].reason.startswith("batch (project 1) rejected: mean agreement 0.400 over 2 pairs")
+
+
+@pytest.mark.parametrize("grow, agree", [(2, True), (3, False)])
+def test_the_default_boundary_tolerance_is_the_documented_two_pixels(grow, agree):
+    """``--tolerance-px`` defaults to 2 (docs/annotation.md): a checker whose building's walls lie
+    2 px outside the annotator's agrees with it fully; 3 px outside, not."""
+    base, grown = rect(10, 20, 15, 30), rect(10, 20, 15 - grow, 30 + grow)
+    d = decide_pair("p", [row(1, "a", base, 1), row(2, "b", grown, 2)], masks_of, DecisionConfig(noise_px=0))
+    assert (d.agreement == 1.0) is agree, d.agreement

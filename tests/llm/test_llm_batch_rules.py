@@ -138,6 +138,18 @@ def test_files_hold_as_many_lines_as_the_provider_s_limits_allow(tmp_path_factor
         assert len(f) <= max_requests and sum(sizes[j] for j in f) <= max_bytes
 
 
+def test_a_failure_s_reason_is_recorded_to_its_first_thousand_characters(tmp_path):
+    """A provider's error body may be long (an HTML page, a stack): the failed line's record keeps
+    its first 1,000 characters, and a reason that short is kept whole."""
+    state = deferred(tmp_path, [10, 10])
+    driver = BatchDriver(state, MemoryProvider(), BatchSettings(), job="t", run_id="run1")
+    long = "".join(str(i % 10) for i in range(3000))
+    driver._fail("k0000", long)
+    driver._fail("k0001", long[:1000])
+    assert state.read("failed", "k0000")["reason"] == long[:1000]
+    assert state.read("failed", "k0001")["reason"] == long[:1000]
+
+
 def test_a_line_too_large_for_any_file_fails_with_its_size(tmp_path):
     """A 1.25 MB line against a 1 MB file limit: failed for good, its size in the reason; the others go."""
     state = deferred(tmp_path, [10, 1_250_000, 10])

@@ -208,6 +208,14 @@ def test_status_counts_the_latest_release_s_pairs_current_stale_by_cause_and_mis
             shutil.copy(src / role / "train_36_0512_0512.png", src / role / f"train_{k}_0000_0000.png")
     s = status(cfg)
     assert s["missing"] == 7 and s["missing_first"] == [f"train_{k}_0000_0000" for k in range(93, 98)], s
+    # A release made before its pairs' source files were recorded: those pairs are unrecorded, not current.
+    doc_path = next((tmp_path / "rel").rglob("release.json"))
+    doc = json.loads(doc_path.read_text())
+    for pid in ("train_36_0512_0512", "val_27_0000_0256"):
+        del doc["pairs"][pid]["source_files"]
+    doc_path.write_text(json.dumps(doc))
+    s = status(cfg)
+    assert (s["current"], s["stale"], s["unrecorded"], s["failed"]) == (6, 3, 2, 1), s
 
 
 def test_a_folder_that_is_not_a_finished_release_is_said_to_be_one(levir, tmp_path, capsys):
