@@ -372,6 +372,18 @@ def test_ground_moved_as_a_whole_enclosing_no_ground_is_no_lean(seed, truth):
     assert r.reject_code == DISPLACED and r.lean is None, r.reject_reason
 
 
+def with_disc_moved(case, px: float, turn_deg: float) -> np.ndarray:
+    """A 1024 px lean case's post date with a disc of ground (radius 200 px, the crop's centre)
+    moved ``px`` at ``turn_deg`` from the lean's direction (0: along it, 180: against it)."""
+    u = np.radians(case.lean_deg + turn_deg)
+    reg = np.zeros_like(case.pre, np.float32)
+    cv2.circle(reg, (512, 512), 200, 1.0, -1)
+    dx, dy = px * np.cos(u) * reg, px * np.sin(u) * reg
+    yy, xx = np.mgrid[0:1024, 0:1024].astype(np.float32)
+    return cv2.remap(case.post, (xx - dx).astype(np.float32), (yy - dy).astype(np.float32),
+                     cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+
+
 @pytest.mark.parametrize("seed", [1, 3, 5])
 def test_a_region_moved_under_the_limit_against_the_lean_is_reported(seed):
     """A lean crop whose ground also has a disc moved 6 px against the lean (under the limit):
@@ -380,13 +392,7 @@ def test_a_region_moved_under_the_limit_against_the_lean_is_reported(seed):
     reading them as far as along it, seed 5 reported 1.62 px."""
     cfg = RegistrationConfig(crop_size=1024)
     case = make_case("lean", 1024, seed)
-    u = np.radians(case.lean_deg + 180.0)
-    reg = np.zeros_like(case.pre, np.float32)
-    cv2.circle(reg, (512, 512), 200, 1.0, -1)
-    dx, dy = 6.0 * np.cos(u) * reg, 6.0 * np.sin(u) * reg
-    yy, xx = np.mgrid[0:1024, 0:1024].astype(np.float32)
-    post = cv2.remap(case.post, (xx - dx).astype(np.float32), (yy - dy).astype(np.float32),
-                     cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    post = with_disc_moved(case, 6.0, 180.0)
     r = screen_alignment(case.pre, post, case.valid, cfg)
     assert r.reject_reason is None, r.reject_reason
     assert 5.5 <= r.residual_px <= 7.0, r.residual_px
@@ -408,14 +414,7 @@ def test_a_region_moved_with_the_lean_is_still_displacement():
     rejected = []
     for seed, turn in ((1, 0.0), (3, 90.0), (5, 180.0), (1, 30.0)):
         case = make_case("lean", 1024, seed)
-        u = np.radians(case.lean_deg + turn)
-        reg = np.zeros_like(case.pre, np.float32)
-        cv2.circle(reg, (512, 512), 200, 1.0, -1)
-        dx, dy = 9.0 * np.cos(u) * reg, 9.0 * np.sin(u) * reg
-        yy, xx = np.mgrid[0:1024, 0:1024].astype(np.float32)
-        post = cv2.remap(case.post, (xx - dx).astype(np.float32),
-                         (yy - dy).astype(np.float32), cv2.INTER_LINEAR,
-                         borderMode=cv2.BORDER_REFLECT)
+        post = with_disc_moved(case, 9.0, turn)
         r = screen_alignment(case.pre, post, case.valid, cfg)
         rejected.append(r.reject_code == DISPLACED)
     assert all(rejected), rejected
