@@ -370,7 +370,6 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
         big = np.tile(tile, (crop // py + 3, crop // px + 3))
         # The region's pattern, in scene coordinates (so a shift moves it with its edges).
         world = src.copy()
-        ys, xs = np.nonzero(reg)
         sl = (slice(y0, y0 + crop), slice(x0, x0 + crop))
         world[sl] = np.where(reg, big[:crop, :crop], world[sl])
         pre = np.ascontiguousarray(world[sl]).copy()
@@ -397,7 +396,8 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
     elif family == "lean":
         kind = kind or str(rng.choice(["plain", "textured"]))
         mask = footprints(crop, rng, scale=float(rng.uniform(0.8, 1.5)))
-        n, labels = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
+        # Each building's box from the components' stats (not a scan of the crop per building).
+        n, labels, boxes, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         deg = float(rng.uniform(0, 360))
         u = np.array([np.cos(np.radians(deg)), np.sin(np.radians(deg))])
         top = magnitude_px if magnitude_px is not None else float(rng.uniform(3.0, 30.0) * 1.0)
@@ -420,8 +420,8 @@ def make_case(family: str, crop: int, seed: int, limit: float = 8.0,
             L = float(per[b])
             if L <= 0:
                 continue
-            ys, xs = np.nonzero(labels == b)
-            y_lo, y_hi, x_lo, x_hi = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+            x_lo, y_lo, w, h = (int(v) for v in boxes[b, :4])
+            y_hi, x_hi = y_lo + h, x_lo + w
             pad = int(np.ceil(L)) + 2
             ya, yb = max(0, y_lo - pad), min(crop, y_hi + pad)
             xa, xb = max(0, x_lo - pad), min(crop, x_hi + pad)

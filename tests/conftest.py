@@ -15,6 +15,16 @@ from pathlib import Path
 
 import pytest
 
+# Bytecode, even where PYTHONDONTWRITEBYTECODE=1 is set (as on CI's machines): every job the tests run in
+# a process of its own (`python -m jobs.cli ...`) and every Ray worker imports the pipeline, and without
+# cached bytecode each compiles its ~150 modules again (0.5 CPU s of a job's 2.2 s start, measured), and
+# every pytest process rewrites the ~130 test modules' asserts again (5.5 CPU s). The cache lives in
+# __pycache__ (ignored by git); processes that may not write it still read it. Set before anything below
+# imports hypothesis: pytest rewrites the asserts of its ~130 modules (a plugin's), 1.6 CPU s in every
+# pytest process (each xdist worker, each mutant's run) when the rewritten code may not be cached.
+sys.dont_write_bytecode = bool(os.environ.get('NOPYC'))
+
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
@@ -30,7 +40,7 @@ FIXTURE_MARKERS = {
     "label_studio_python": "labelstudio",
     "chromium_path": "browser",
 }
-HEAVY = set(FIXTURE_MARKERS.values()) | {"slow"}
+HEAVY = set(FIXTURE_MARKERS.values()) | {"slow", "seeds"}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -139,14 +149,6 @@ def _register_hypothesis_profiles() -> None:
 _register_hypothesis_profiles()
 
 
-# Bytecode, even where PYTHONDONTWRITEBYTECODE=1 is set (as on CI's machines): every job the tests run in
-# a process of its own (`python -m jobs.cli ...`) and every Ray worker imports the pipeline, and without
-# cached bytecode each compiles its ~150 modules again (0.5 CPU s of a job's 2.2 s start, measured), and
-# every pytest process rewrites the ~130 test modules' asserts again (5.5 CPU s). The cache lives in
-# __pycache__ (ignored by git); processes that may not write it still read it.
-sys.dont_write_bytecode = bool(os.environ.get('NOPYC'))
-
-
 def compile_the_pipeline() -> None:
     """Bytecode for the repository's packages, once per run (the processes the tests start read it)."""
     import compileall
@@ -165,7 +167,9 @@ def pytest_configure(config):
     profile = os.environ.get("HYPOTHESIS_PROFILE")
     if not profile:
         markexpr = (config.getoption("markexpr", default="") or "").strip()
-        profile = "quick" if markexpr == "quick" else "full"
+        # The quick loop and the mutation oracles of the screening modules (their quick tests and the
+        # generated-case tests' further cases: tools/mutation.toml) run each mutant: the small budget.
+        profile = "quick" if markexpr in ("quick", "quick or seeds") else "full"
     settings.load_profile(profile)
 
 

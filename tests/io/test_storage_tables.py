@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from operators.io.storage import Store, gdal_env, read_uri
-from operators.io.tables import (ERRORS_SCHEMA, TableSink, envelope, error_envelope, error_record,
-                                 finished_keys, read_table, write_table_shard)
+from operators.io.tables import (ERRORS_SCHEMA, envelope, error_envelope, error_record, finished_keys,
+                                 read_table, write_table_shard)
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.float64()), ("tags", pa.list_(pa.int64()))])
 
@@ -152,6 +152,7 @@ def test_table_sink_routes_every_row(tmp_path, ray_session):
         return [envelope("t", {"key": f"k{i}", "value": i / 2, "tags": [i]})]
 
     ds = ray.data.range(30, override_num_blocks=4).flat_map(route)
+    from operators.io.tables import TableSink    # Ray Data's import: here, not in every collecting process
     sink = TableSink(str(tmp_path), {"t": SCHEMA}, "r")
     ds.write_datasink(sink)
     assert sink.counts == {"t": 20, "errors": 10}

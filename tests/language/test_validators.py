@@ -1,6 +1,7 @@
 """Grounded validators on the repository's real LEVIR-CD masks: hand-written true and false statements for
 every rule, in both directions, including the all-zero mask; and the --validators policy of the
 captions job's stages (reject: not sent to the judge; flag: sent, verdict stored)."""
+import functools
 import json
 from pathlib import Path
 
@@ -528,7 +529,10 @@ def test_revision8_answers(f, question, answer, mask, expected):
 
 
 # -- issue 32: exception scopes, one object is change, the QA numbers rule (at the paper's 1024 px) --------------
+@functools.cache
 def synth(*boxes, size=1024):
+    """The facts of a 1024 px mask holding ``boxes`` (y, x, h, w); worked out when a test first asks
+    (not at import: every pytest process collects this module, and each set costs 0.2 s)."""
     import numpy as np
     mask = np.zeros((size, size), bool)
     for y, x, h, w in boxes:
@@ -536,12 +540,16 @@ def synth(*boxes, size=1024):
     return mask_facts(mask)
 
 
-NE_AND_SW = synth((100, 800, 120, 120), (800, 100, 120, 120))       # a building in each of two corners
-NE_ONLY = synth((60, 700, 250, 280))                                 # one block in the upper-right corner
-NORTH_AND_ONE_HOUSE = synth((50, 100, 300, 800), (850, 480, 50, 50))  # a development and one house far south
-ONE_HOUSE = synth((120, 820, 55, 55))                                # 3,025 px: 0.29 % of the crop
-THREE_HOUSES = synth((200, 200, 55, 55), (500, 520, 55, 55), (800, 850, 55, 55))  # 0.87 %
-SPECKS = synth(*[(y, x, 6, 6) for y in (100, 500, 900) for x in (100, 500, 900)])  # 9 x 36 px: no object
+def facts_of(boxes):
+    return synth(*boxes)
+
+
+NE_AND_SW = ((100, 800, 120, 120), (800, 100, 120, 120))       # a building in each of two corners
+NE_ONLY = ((60, 700, 250, 280),)                               # one block in the upper-right corner
+NORTH_AND_ONE_HOUSE = ((50, 100, 300, 800), (850, 480, 50, 50))  # a development and one house far south
+ONE_HOUSE = ((120, 820, 55, 55),)                              # 3,025 px: 0.29 % of the crop
+THREE_HOUSES = ((200, 200, 55, 55), (500, 520, 55, 55), (800, 850, 55, 55))  # 0.87 %
+SPECKS = tuple((y, x, 6, 6) for y in (100, 500, 900) for x in (100, 500, 900))  # 9 x 36 px: no object
 
 
 @pytest.mark.parametrize("text,facts_,expected", [
@@ -562,7 +570,7 @@ SPECKS = synth(*[(y, x, 6, 6) for y in (100, 500, 900) for x in (100, 500, 900)]
     ("Apart from the new buildings, nothing has changed.", NE_AND_SW, True),   # no place: no scope to check
 ])
 def test_exception_scope(text, facts_, expected):
-    ok, violations = validate_text(text, facts_)
+    ok, violations = validate_text(text, facts_of(facts_))
     assert ok is expected, violations
     if not expected:
         assert {v.rule for v in violations} == {"location"}
@@ -570,25 +578,26 @@ def test_exception_scope(text, facts_, expected):
 
 def test_one_house_is_change_and_no_change_is_wrong_from_one_object():
     from operators.language.validators import ValidatorConfig
-    assert ONE_HOUSE["car"] == pytest.approx(0.0029, abs=1e-4) and THREE_HOUSES["car"] == pytest.approx(0.0087, abs=1e-4)
+    assert facts_of(ONE_HOUSE)["car"] == pytest.approx(0.0029, abs=1e-4)
+    assert facts_of(THREE_HOUSES)["car"] == pytest.approx(0.0087, abs=1e-4)
     # A correct caption of one new house at 0.29 % passes the change rule (and every other).
     for text in ("A single new house has been built in the upper-right corner.",
                  "Apart from one new house in the north-east corner, the scene is unchanged."):
-        assert validate_text(text, ONE_HOUSE) == (True, [])
-    assert validate_text("Yes, one new house has been built in the north-east corner.", ONE_HOUSE,
+        assert validate_text(text, facts_of(ONE_HOUSE)) == (True, [])
+    assert validate_text("Yes, one new house has been built in the north-east corner.", facts_of(ONE_HOUSE),
                          "Has anything changed between the two images?", "YES/NO") == (True, [])
     # "No, nothing has changed" fails at 0.86 %, and at one house.
-    for facts_ in (THREE_HOUSES, ONE_HOUSE):
+    for facts_ in (facts_of(THREE_HOUSES), facts_of(ONE_HOUSE)):
         ok, violations = validate_text("No, nothing has changed.", facts_, "Has anything changed?", "YES/NO")
         assert not ok and {v.rule for v in violations} & {"change", "existence"}
         ok, violations = validate_text("There are no noticeable changes between the two images.", facts_)
         assert not ok and {v.rule for v in violations} == {"change"}
     # Speckle (no component of one object's size) is no change, and no new house.
-    assert validate_text("No significant change is visible between the two images.", SPECKS) == (True, [])
-    ok, violations = validate_text("Several new houses have been built across the scene.", SPECKS)
+    assert validate_text("No significant change is visible between the two images.", facts_of(SPECKS)) == (True, [])
+    ok, violations = validate_text("Several new houses have been built across the scene.", facts_of(SPECKS))
     assert not ok and violations[0].rule == "change" and "200 px" in violations[0].detail
     # The floor is an option in pixels: raised above one house, the house is speckle.
-    assert validate_text("The scene is unchanged.", ONE_HOUSE, cfg=ValidatorConfig(min_object_px=4000))[0]
+    assert validate_text("The scene is unchanged.", facts_of(ONE_HOUSE), cfg=ValidatorConfig(min_object_px=4000))[0]
     # A single object makes a place changed, however little of it it covers (0.46 % of the left third).
     assert validate_text("A single small house has been built on the left side of the image.",
                          synth((600, 300, 40, 40))) == (True, [])
@@ -606,8 +615,8 @@ def test_one_house_is_change_and_no_change_is_wrong_from_one_object():
 ])
 def test_qa_numbers_rule_rejects_figures_hedged_or_not(answer, ok):
     from operators.language.validators import qa_validator_config
-    got, violations = validate_text(answer, NE_AND_SW, "How much of the image changed?", "HOW MUCH",
+    got, violations = validate_text(answer, facts_of(NE_AND_SW), "How much of the image changed?", "HOW MUCH",
                                     qa_validator_config(), rules=("numbers",))
     assert got is ok, violations
     # Captions and audits keep the estimate rule: a hedged round figure near the CAR passes there.
-    assert validate_text("Roughly 3 percent of the image changed.", NE_AND_SW, rules=("numbers",))[0]
+    assert validate_text("Roughly 3 percent of the image changed.", facts_of(NE_AND_SW), rules=("numbers",))[0]

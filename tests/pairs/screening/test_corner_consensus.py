@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+import pytest
 
 from operators.pairs.screening.screening import WindowShift, corner_residual, msac_cost
+from tests.seeds import quick_first
 
 C, STEP, N = 1024, 64, 15           # 128 px windows at half-window steps: a 15 x 15 grid
 LIMIT = 8.0
@@ -62,17 +64,20 @@ def region_case(i: int) -> list[WindowShift]:
                    noise, rng)
 
 
-CASES = 150     # per test: about 1.5 s each (the known cases and the breaks below lie among them)
+CASES = 150     # per test: about 1.5 s each (the known cases and the breaks below lie among them); the quick loop
+                # runs the first half of them, the full suite all
 
 
-def test_a_region_moved_within_the_limit_puts_no_corner_beyond_it():
+@pytest.mark.parametrize("cases", quick_first([range(CASES // 2), range(CASES)], ids=["half", "all"]))
+def test_a_region_moved_within_the_limit_puts_no_corner_beyond_it(cases):
     """Every true displacement within the limit less 2 px: the corner bound stays within the limit
     in all but 1 of 150 cases (measured: 2 of 3,000, a region of half the windows moved 3-3.5 px,
     which the fit from all windows blends with the ground and the consensus does not clearly
     beat). Fitted over all windows only, a bilinear or quadratic field bent between region and
     ground put corners of such crops at 8-15 px: 589 of 3,000 (57 of 162 generated crops with
-    regions moved 6 px or less were rejected)."""
-    over = [i for i in range(CASES)
+    regions moved 6 px or less were rejected). The quick loop counts the first half of the cases,
+    the full suite all of them."""
+    over = [i for i in cases
             if (lambda e: e is None or e.bound > LIMIT)(corner_residual(region_case(i), C, C))]
     assert len(over) <= 1, over
 
@@ -125,13 +130,15 @@ def corner_case(i: int) -> tuple[list[WindowShift], float]:
 UNDER_READ = {4, 128}
 
 
-def test_a_ground_field_beyond_the_limit_at_a_corner_is_seen_beside_a_region():
+@pytest.mark.parametrize("cases", quick_first([range(CASES // 2), range(CASES // 2, CASES)],
+                                               ids=["first-half", "second-half"]))
+def test_a_ground_field_beyond_the_limit_at_a_corner_is_seen_beside_a_region(cases):
     """The ground beyond the limit at a corner: the corner bound is beyond the limit in every case
     but the known under-read ones (``UNDER_READ``). The consensus a field starts from never hides
     the ground's corner: taken on MSAC's cost alone, without the scatter test, 31 of 2,000 such
     corners were accepted, and of these 150 cases 4 (99 and 106 besides the two)."""
     under = set()
-    for i in range(CASES):
+    for i in cases:
         shifts, true = corner_case(i)
         assert true >= LIMIT + 1.5 - 3.0 * np.sqrt(2) - 1e-3
         est = corner_residual(shifts, C, C)

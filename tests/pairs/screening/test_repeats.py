@@ -282,11 +282,10 @@ def test_window_centres_are_each_window_s_central_half(cells, win):
     size = 4 * win + win
     got = window_centres(sorted(cells), ys, xs, win, (size, size))
     q = win // 4
+    y, x = np.mgrid[0:size, 0:size]          # every pixel's row and column, tested against each window
     want = np.zeros((size, size), bool)
-    for y in range(size):
-        for x in range(size):
-            want[y, x] = any(ys[i] + q <= y < ys[i] + win - q and xs[j] + q <= x < xs[j] + win - q
-                             for i, j in cells)
+    for i, j in cells:
+        want |= (ys[i] + q <= y) & (y < ys[i] + win - q) & (xs[j] + q <= x) & (x < xs[j] + win - q)
     assert np.array_equal(got, want)
 
 

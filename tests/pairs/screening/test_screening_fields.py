@@ -13,6 +13,7 @@ from benchmarks._fields import SHAPES, SMOOTH_KINDS, make_case, smooth_field
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.screening import (DISPLACED, INSUFFICIENT, REPEATS_MOVED,
                                                  screen_alignment)
+from tests.seeds import quick_first
 
 
 def screened(case, **settings):
@@ -20,18 +21,18 @@ def screened(case, **settings):
                             RegistrationConfig(crop_size=case.crop, **settings))
 
 
+@pytest.mark.parametrize("seed", quick_first([0, 1]))
 @pytest.mark.parametrize("kind", SHAPES)
-def test_a_region_moved_9_px_is_rejected_at_the_paper_geometry(kind):
+def test_a_region_moved_9_px_is_rejected_at_the_paper_geometry(kind, seed):
     """Convex, L-shaped, ring and random-polygon regions (one to four, often all one way, what a
     lean looks like) moved 9 px: a displaced region, never taken for a building lean."""
-    for seed in range(2):
-        case = make_case("patches", 1024, seed, kind=kind, magnitude_px=9.0, overlays=False)
-        assert case.truth_px == pytest.approx(9.0, abs=0.01)
-        r = screened(case)
-        assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
+    case = make_case("patches", 1024, seed, kind=kind, magnitude_px=9.0, overlays=False)
+    assert case.truth_px == pytest.approx(9.0, abs=0.01)
+    r = screened(case)
+    assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
 
 
-@pytest.mark.parametrize("kind", SHAPES)
+@pytest.mark.parametrize("kind", quick_first(["ring", "convex", "L", "polygon"]))
 def test_a_region_moved_6_px_is_accepted_at_the_paper_geometry(kind):
     """The same shapes moved 6 px (the limit less 2 px, where a false reject counts): accepted.
     Fitted over all windows, the corner fields bent between the region and the ground and put a
@@ -58,12 +59,13 @@ def test_a_region_moved_20_px_in_any_shape_is_no_lean(kind):
         assert r.reject_code == DISPLACED, (kind, seed, r.reject_reason, r.lean)
 
 
-def test_no_region_moved_at_the_small_geometry_is_taken_for_a_lean():
+@pytest.mark.parametrize("seeds", quick_first([range(0, 10), range(10, 40)], ids=["0-9", "10-39"]))
+def test_no_region_moved_at_the_small_geometry_is_taken_for_a_lean(seeds):
     """At 192 px (24 px windows) what moved is too fragmented to measure its width: 27 of 105
     regions moved 9-60 px were taken for a lean and accepted (seeds 0-199). Lean is not judged
     under LEAN_MIN_WINDOW; drawn regions moved 9-40 px, every shape, none is taken for one."""
     leans = []
-    for seed in range(40):
+    for seed in seeds:
         case = make_case("patches", 192, seed, magnitude_px=9.0 + seed % 32, overlays=False)
         r = screened(case)
         if r.lean is not None:
@@ -71,48 +73,49 @@ def test_no_region_moved_at_the_small_geometry_is_taken_for_a_lean():
     assert not leans, leans
 
 
-def test_lean_is_judged_from_64_px_windows():
+@pytest.mark.parametrize("seed", quick_first([27, 39]))
+def test_lean_is_judged_from_64_px_windows(seed):
     """At a 512 px crop (64 px windows, LEAN_MIN_WINDOW: the smallest at which lean is judged)
     generated roofs leaning 19-26 px on exact ground are a lean, accepted on the ground."""
-    for seed in (27, 39):
-        case = make_case("lean", 512, seed)
-        assert case.lean_px[1] > 8.0
-        r = screened(case)
-        assert r.reject_reason is None and r.lean is not None, (seed, r.reject_reason)
+    case = make_case("lean", 512, seed)
+    assert case.lean_px[1] > 8.0
+    r = screened(case)
+    assert r.reject_reason is None and r.lean is not None, (seed, r.reject_reason)
 
 
+@pytest.mark.parametrize("seed", quick_first([0, 1, 2]))
 @pytest.mark.parametrize("kind", ["tilt", "saddle", "rotation"])
-def test_a_smooth_field_near_the_limit_at_the_corners(kind):
+def test_a_smooth_field_near_the_limit_at_the_corners(kind, seed):
     """A tilt, a saddle and a local rotation whose largest displacement (often at a crop corner)
     is 9 px are rejected; at 6 px (the limit less 2 px, where a false reject counts) accepted,
     the residual within 1 px of the truth. (At 7 px a corner read from few windows plus twice
     its standard error may pass the limit: rejected, by design, on the safe side.)"""
-    for seed in range(3):
-        over = make_case("smooth", 192, seed, kind=kind, magnitude_px=9.0, overlays=False)
-        r = screened(over)
-        assert r.reject_reason is not None, (kind, seed, r.residual_px)
-        under = make_case("smooth", 192, seed, kind=kind, magnitude_px=6.0, overlays=False)
-        r = screened(under)
-        assert r.reject_reason is None, (kind, seed, r.reject_reason)
-        assert abs(r.residual_px - under.truth_px) <= 1.0
+    over = make_case("smooth", 192, seed, kind=kind, magnitude_px=9.0, overlays=False)
+    r = screened(over)
+    assert r.reject_reason is not None, (kind, seed, r.residual_px)
+    under = make_case("smooth", 192, seed, kind=kind, magnitude_px=6.0, overlays=False)
+    r = screened(under)
+    assert r.reject_reason is None, (kind, seed, r.reject_reason)
+    assert abs(r.residual_px - under.truth_px) <= 1.0
 
 
-def test_a_bowl_reaching_9_px_at_a_corner_is_read_from_the_corner_s_neighbourhood():
+@pytest.mark.parametrize("seed", quick_first([0, 1]))
+def test_a_bowl_reaching_9_px_at_a_corner_is_read_from_the_corner_s_neighbourhood(seed):
     """A bowl at the paper's geometry whose 9 px lie at a crop corner: the quadratic read at the
     windows' span said 8.0 px and the crop was accepted (seed 0); read from the windows nearest
     the corner, carried the last half window, it is rejected."""
-    for seed in (0, 1):
-        case = make_case("smooth", 1024, seed, kind="bowl", magnitude_px=9.0, overlays=False)
-        assert screened(case).reject_reason is not None, seed
+    case = make_case("smooth", 1024, seed, kind="bowl", magnitude_px=9.0, overlays=False)
+    assert screened(case).reject_reason is not None, seed
 
 
-def test_every_bowl_reaching_9_px_at_the_corners_is_rejected():
+@pytest.mark.parametrize("crop", quick_first([192, 1024]))
+def test_every_bowl_reaching_9_px_at_the_corners_is_rejected(crop):
     """Bowls at both geometries, their 9 px at a corner: rejected (at the corner, or where the
-    curvature moved windows off the ground field)."""
-    for crop in (192, 1024):
-        for s in range(3):
-            case = make_case("smooth", crop, s, kind="bowl", magnitude_px=9.0, overlays=False)
-            assert screened(case).reject_reason is not None, (crop, s)
+    curvature moved windows off the ground field). At 1024 px seeds 0 and 1 are also the quick
+    loop's (the test above)."""
+    for s in range(3):
+        case = make_case("smooth", crop, s, kind="bowl", magnitude_px=9.0, overlays=False)
+        assert screened(case).reject_reason is not None, (crop, s)
 
 
 @pytest.mark.slow
@@ -133,7 +136,7 @@ def test_generated_bowls_at_the_paper_geometry_near_the_limit():
     assert len(under) <= 2, under
 
 
-@pytest.mark.parametrize("kind", ["orchard", "solar", "parking"])
+@pytest.mark.parametrize("kind", quick_first(["orchard", "solar", "parking"]))
 def test_repeated_texture_moved_by_one_period_of_9_px_is_rejected(kind):
     """An orchard, a solar farm or a parking lot of period 9 px moved by one period with its edges
     (1 px over the limit): inside, its windows match as well as none, so only its outline can
@@ -153,17 +156,17 @@ def test_repeated_texture_moved_by_one_period_of_9_px_is_rejected(kind):
         assert screened(case, screen_repeat_ncc=1.0).reject_reason is None
 
 
-@pytest.mark.parametrize("kind", ["orchard", "solar", "parking"])
-def test_registered_repeated_texture_is_accepted_and_measured(kind):
+@pytest.mark.parametrize("seed", quick_first([0, 1, 2]))
+@pytest.mark.parametrize("kind", quick_first(["parking", "orchard", "solar"]))
+def test_registered_repeated_texture_is_accepted_and_measured(kind, seed):
     """The same regions not moved (0 px; periods 8-64 px): their outline stays, and the crop is
     judged on its other windows (it was insufficient evidence, 99.6 % of such crops, when any
     region of repeated texture rejected the crop)."""
-    for seed in range(3):
-        case = make_case("periodic", 1024, seed, kind=kind, magnitude_px=0.0, overlays=False)
-        assert case.truth_px == 0.0
-        r = screened(case)
-        assert r.reject_reason is None, (seed, case.params, r.reject_reason)
-        assert r.residual_px < 1.0
+    case = make_case("periodic", 1024, seed, kind=kind, magnitude_px=0.0, overlays=False)
+    assert case.truth_px == 0.0
+    r = screened(case)
+    assert r.reject_reason is None, (seed, case.params, r.reject_reason)
+    assert r.residual_px < 1.0
 
 
 @pytest.mark.parametrize("kind", SMOOTH_KINDS)
