@@ -13,7 +13,11 @@ import pytest
 
 
 def quick_first(values: Iterable, quick: int = 1, ids: Iterable | None = None) -> list:
-    """``values`` as pytest params: the first ``quick`` in the quick loop, the others marked ``seeds``."""
+    """``values`` as pytest params: the first ``quick`` in the quick loop, the others marked ``seeds``.
+    A tuple is one case's arguments (for a parametrize of several names). A test keeps at least one
+    case in the quick loop (its rule is checked at every quick run)."""
+    if quick < 1:
+        raise ValueError(f"quick_first: keep at least one case in the quick loop, got quick={quick}")
     ids = list(ids) if ids is not None else None
     return [pytest.param(*(v if isinstance(v, tuple) else (v,)),
                          marks=() if i < quick else pytest.mark.seeds,
