@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -38,7 +39,8 @@ from operators.pairs.selection.pairing import PAIRS_SCHEMA, PairingConfig, lonel
 from operators.pairs.regional.regional_ops import run_regional  # noqa: E402
 from operators.pairs.stage.register_stage import METADATA_SCHEMA, registration_stage  # noqa: E402
 from operators.pairs.registration.registration import RegistrationConfig  # noqa: E402
-from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, settings_key  # noqa: E402
+from operators.pairs.crops.slice_io import SHIFTS_SCHEMA, settings_key, slice_finished  # noqa: E402
+from operators.pairs.screening.rules import screen_rules  # noqa: E402
 from operators.pairs.selection.slicing import slice_rows, slice_windows  # noqa: E402
 from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, parse_fractions, split_conflicts  # noqa: E402
 from operators.io import console  # noqa: E402
@@ -168,15 +170,18 @@ def _iter_slices(work: list[tuple[dict, dict, dict, str]], job: "PairsJobConfig"
 
 
 def _finished(work, job: "PairsJobConfig", reg: RegistrationConfig,
-              keys: dict[str, str | None]) -> set[str]:
-    """Slices a rerun skips: recorded under the settings and inputs this run would use (the
-    metadata's ``settings_key``); rows written before that column existed count as finished."""
-    out = set()
+              recorded: dict[str, tuple]) -> tuple[set[str], Counter]:
+    """Slices a rerun skips (:func:`slice_finished`: recorded under the settings, inputs and
+    screening rules this run would use), and why the others are not (a count per reason)."""
+    out, why = set(), Counter()
+    rules = screen_rules()
     for pair, pre, post, split in work:
         for r in slice_rows(pair, pre, post, job.slice_size, job.stride, split):
-            if r["slice_id"] in keys and keys[r["slice_id"]] in (None, settings_key(r, reg)):
+            done, reason = slice_finished(recorded.get(r["slice_id"]), settings_key(r, reg), rules)
+            why[reason] += 1
+            if done:
                 out.add(r["slice_id"])
-    return out
+    return out, why
 
 
 @dataclass
@@ -314,12 +319,12 @@ def _plan_slices(ctx: _Run, pairs: list[dict], by_id: dict[str, dict]) -> tuple[
     Splits are a pure function of the location and the seed; refuses to contradict the output.
     An accepted pair whose overlap holds no slice is rejected here, before ``pairs`` is written."""
     job, out = ctx.job, ctx.out
-    meta = read_table(out, "metadata", columns=["slice_id", "location", "split", "settings_key"])
+    meta = read_table(out, "metadata", columns=["slice_id", "location", "split", "settings_key", "screen_rules"])
     recorded = {} if meta is None else dict(zip(meta.column("location").to_pylist(),
                                                 meta.column("split").to_pylist()))
-    keys = {} if meta is None else dict(zip(
-        meta.column("slice_id").to_pylist(), meta.column("settings_key").to_pylist()
-        if "settings_key" in meta.column_names else [None] * meta.num_rows))
+    judged = {} if meta is None else dict(zip(meta.column("slice_id").to_pylist(), zip(
+        *[meta.column(c).to_pylist() if c in meta.column_names else [None] * meta.num_rows
+          for c in ("settings_key", "screen_rules")])))
     del meta
     splits = assign_splits({p["location"] for p in pairs if p["status"] == "accepted"}, ctx.fractions, job.seed)
     _check_split_conflicts(splits, recorded, out)
@@ -334,7 +339,10 @@ def _plan_slices(ctx: _Run, pairs: list[dict], by_id: dict[str, dict]) -> tuple[
             p["reason"] = f"footprint intersection is smaller than one {job.slice_size} px slice"
             continue
         work.append((p, pre, post, splits[p["location"]]))
-    finished = _finished(work, job, ctx.reg, keys)
+    finished, why = _finished(work, job, ctx.reg, judged)
+    if why["screen_rules"]:
+        print(f"[build_pairs] {why['screen_rules']} slice(s) recorded by other screening rules than this "
+              f"installation's ({screen_rules()}): judged again", flush=True)
     n_todo = sum(1 for _ in _iter_slices(work, job, finished))
     write_table_shard(out, "pairs", changed_rows(out, "pairs", pairs, ctx.schemas["pairs"]),
                       ctx.schemas["pairs"], ctx.run_id)

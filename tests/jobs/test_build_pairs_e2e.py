@@ -6,6 +6,7 @@ import shutil
 
 import cv2
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,7 +15,9 @@ from operators.io.images import decode_image, encode_png
 from operators.pairs.selection.pairing import PairingConfig
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.io.storage import Store
-from operators.io.tables import read_table
+from operators.io.tables import read_table, run_id_after, with_run_id, write_table_shard
+from operators.pairs.crops.slice_io import METADATA_SCHEMA
+from operators.pairs.screening.rules import screen_rules
 from tests.conftest import DATA
 
 NAIP = {p.name.split("_")[-1][:4]: p for p in sorted((DATA / "naip").glob("*.tif"))}
@@ -191,6 +194,49 @@ def test_rerun_skips_finished_work_and_adds_labels(local_run, tmp_path):
     # The current errors: the scene errors (once each, though both runs hit them) plus the two
     # label errors.
     assert len(errors) == before_errors + 2
+
+
+def test_a_rerun_judges_again_the_slices_another_screen_judged(local_run, tmp_path, capsys):
+    """An output written by an older release: some slices recorded by other screening rules, some
+    from before the column existed. A rerun registers and screens exactly those again (their
+    verdicts and residuals are this screen's), leaves the rest, and writes the same crops; the next
+    rerun has nothing to do."""
+    archive, shared_out, _ = local_run
+    out = tmp_path / "out"
+    shutil.copytree(shared_out, out)
+    store = Store(str(out))
+    meta = read_table(store, "metadata").to_pylist()
+    assert {m["screen_rules"] for m in meta} == {screen_rules()}
+    ids = sorted(m["slice_id"] for m in meta)
+    older, legacy = set(ids[0::3]), set(ids[1::3])      # every third slice each; the rest as they were
+    assert older and legacy and len(ids) > len(older | legacy)
+    # The older release's rows: the same rows (written later, so they are the current state), the
+    # one by other rules, the other without the column at all.
+    run_id = run_id_after(max(m["run_id"] for m in meta))
+    write_table_shard(store, "metadata", [{**m, "screen_rules": "0123456789"} for m in meta
+                                          if m["slice_id"] in older], METADATA_SCHEMA, run_id)
+    legacy_rows = pa.Table.from_pylist([{**m, "run_id": run_id} for m in meta if m["slice_id"] in legacy],
+                                       schema=with_run_id(METADATA_SCHEMA)).drop_columns(["screen_rules"])
+    pq.write_table(legacy_rows.replace_schema_metadata(with_run_id(METADATA_SCHEMA).metadata),
+                   str(out / "metadata" / f"part-{run_id}-legacy.parquet"))
+    crops = {p.relative_to(out): p.read_bytes() for d in ("A", "B") for p in sorted((out / d).glob("*.png"))}
+    assert crops
+    capsys.readouterr()
+
+    summary = run(small_job(archive, out), PairingConfig(reference_date="2021-01-01"), RegistrationConfig(crop_size=CROP))
+    assert summary["slices_this_run"] == len(older | legacy)
+    assert summary["slices_skipped_as_finished"] == len(ids) - len(older | legacy)
+    assert f"{len(older | legacy)} slice(s) recorded by other screening rules" in capsys.readouterr().out
+    now = {m["slice_id"]: m for m in read_table(store, "metadata").to_pylist()}
+    assert sorted(now) == ids and {m["screen_rules"] for m in now.values()} == {screen_rules()}
+    redone = {m["slice_id"] for m in now.values() if m["run_id"] == summary["run_id"]}
+    assert redone == older | legacy
+    for m in meta:     # the same screen judged them, so the same verdicts and figures
+        assert (now[m["slice_id"]]["status"], now[m["slice_id"]]["residual_px"]) == (m["status"], m["residual_px"])
+    assert {p.relative_to(out): p.read_bytes() for d in ("A", "B") for p in sorted((out / d).glob("*.png"))} == crops
+
+    again = run(small_job(archive, out), PairingConfig(reference_date="2021-01-01"), RegistrationConfig(crop_size=CROP))
+    assert again["slices_this_run"] == 0 and again["slices_skipped_as_finished"] == len(ids)
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from operators.pairs.registration.registration import (HomographyFit, Registrati
                                                        homography_positions, homography_problem,
                                                        nodata_fraction, remap_bands)
 from operators.pairs.registration.config import SchedulingConfig, without_later_defaults
+from operators.pairs.screening.rules import screen_rules
 from operators.pairs.screening.screening import rescue_field, rescued_homography, screen_alignment
 
 STAGE = "registration"
@@ -68,6 +69,7 @@ METADATA_SCHEMA = pa.schema([
     ("post_hrefs", pa.list_(pa.string())),
     ("cloud_fraction", pa.float64()),         # kept crop, cloudy in either date (--cloud-mask)
     ("settings_key", pa.string()),            # hash of the settings and inputs that decided it
+    ("screen_rules", pa.string()),            # digest of the screening code that judged it
     ("shift_rmse_px", pa.float64()),          # screening: RMS of the kept windows' shifts
     ("pixel_size_m", pa.float64()),           # grid pixel side in metres (null: geographic CRS)
     ("residual_m", pa.float64()),             # residual_px in metres
@@ -138,6 +140,25 @@ def settings_key(row: dict, cfg: RegistrationConfig) -> str:
     slices (and accepted ones) instead of keeping a verdict made under other settings."""
     settings = without_later_defaults({k: v for k, v in cfg.flat().items() if k not in SCHEDULING})
     return _hash({"settings": settings, **{k: row.get(k) for k in RESULT_KEYS}})
+
+
+def slice_finished(recorded: Optional[tuple[Optional[str], Optional[str]]], key: str,
+                   rules: str) -> tuple[bool, str]:
+    """Whether a rerun skips a slice, datatrove's ``(keep, reason)`` shape: ``recorded`` is the
+    ``(settings_key, screen_rules)`` of its metadata row (None: never recorded), ``key`` and
+    ``rules`` what this run would record. Finished only under the same settings and inputs and
+    the same screening rules. A row from before ``settings_key`` existed passes the key (the
+    outputs of that release resume); a row without ``screen_rules`` was judged by a screen
+    before that column, so it is judged again. Reasons: ``finished``, ``new``, ``settings``,
+    ``screen_rules``."""
+    if recorded is None:
+        return False, "new"
+    recorded_key, recorded_rules = recorded
+    if recorded_key is not None and recorded_key != key:
+        return False, "settings"
+    if recorded_rules != rules:
+        return False, "screen_rules"
+    return True, "finished"
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -314,6 +335,7 @@ def slice_record(row: dict, cfg: RegistrationConfig, run_id: str, clock: Clock, 
         "run_id": run_id,
         **lineage_columns(row),
         "settings_key": settings_key(row, cfg),
+        "screen_rules": screen_rules(),
     }
 
 
