@@ -147,10 +147,10 @@ def slice_finished(recorded: Optional[tuple[Optional[str], Optional[str]]], key:
     """Whether a rerun skips a slice, datatrove's ``(keep, reason)`` shape: ``recorded`` is the
     ``(settings_key, screen_rules)`` of its metadata row (None: never recorded), ``key`` and
     ``rules`` what this run would record. Finished only under the same settings and inputs and
-    the same screening rules. A row from before ``settings_key`` existed passes the key (the
-    outputs of that release resume); a row without ``screen_rules`` was judged by a screen
-    before that column, so it is judged again. Reasons: ``finished``, ``new``, ``settings``,
-    ``screen_rules``."""
+    the same screening rules. A row without ``settings_key`` (written before it existed) is not
+    judged by its key, which it lacks; a row without ``screen_rules`` was judged by a screen
+    before that column, so it is judged again (and so is every row older than both). Reasons:
+    ``finished``, ``new``, ``settings``, ``screen_rules``."""
     if recorded is None:
         return False, "new"
     recorded_key, recorded_rules = recorded
