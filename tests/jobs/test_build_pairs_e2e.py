@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 
 import cv2
 import numpy as np
@@ -222,6 +223,9 @@ def test_a_rerun_judges_again_the_slices_another_screen_judged(local_run, tmp_pa
     crops = {p.relative_to(out): p.read_bytes() for d in ("A", "B") for p in sorted((out / d).glob("*.png"))}
     assert crops
     capsys.readouterr()
+    # Run ids sort by their second, then a random suffix: the rerun must start in a later second than
+    # these rows, as a real older release's rows are (in CI one drew a smaller suffix in the same second).
+    time.sleep(1.1)
 
     summary = run(small_job(archive, out), PairingConfig(reference_date="2021-01-01"), RegistrationConfig(crop_size=CROP))
     assert summary["slices_this_run"] == len(older | legacy)
