@@ -187,3 +187,76 @@ def test_the_far_search_starts_from_cells_of_2_x_2_windows(scene, monkeypatch): 
     missed = cells[0]
     assert missed and all(i // 2 == ci and j // 2 == cj for (ci, cj), ws in missed.items() for i, j in ws)
     assert max(len(ws) for ws in missed.values()) == 4
+
+
+def _stayed_put_reference(pre, post, x, y, shape, hit, near, cfg):
+    """docs (stayed_put's docstring): a far hit whose whole window, moved by the hit, lies in the
+    crop, where post and pre both have texture, is a look-alike when post-there correlates with
+    pre-there at least as well as the forward match less the peak margin. Anything else stands."""
+    dx, dy, ncc = hit
+    h, w = post.shape
+    wh, ww = shape
+    bx, by = x + int(round(dx)), y + int(round(dy))
+    if np.hypot(dx, dy) <= near or not (0 <= bx <= w - ww and 0 <= by <= h - wh):
+        return False
+    a = post[by:by + wh, bx:bx + ww].astype(np.float64).ravel()
+    b = pre[by:by + wh, bx:bx + ww].astype(np.float64).ravel()
+    if min(a.std(), b.std()) < cfg.screen_min_texture:
+        return False
+    return float(np.corrcoef(a, b)[0, 1]) >= ncc - cfg.screen_peak_margin
+
+
+def test_the_shift_back_compares_whole_windows_inside_the_crop_only():
+    """stayed_put against its documented rule over 3,000 generated far hits (seeded): landing
+    places flush with or 1-8 px past each of the crop's four edges (a window cut at the edge would
+    be compared on what is left of it), hits at exactly ``near``, and places where the ground
+    stayed, moved, changed in part, is flat, or is hazed in one date; the forward match's
+    correlation either anywhere or within 0.03 of the rule's margin. CI's moving sample (3ebebde)
+    showed the bottom edge's guard (`by + wh > h` -> `by ^ wh > h`) passing every test: no far
+    hit had left the crop downwards."""
+    from operators.pairs.screening.screening import stayed_put
+
+    rng = np.random.default_rng(7)
+    h, w, win, near = 160, 192, 40, 13                  # 5-12-13: a hit exactly at ``near``
+    pre = rng.random((h, w)).astype(np.float32)
+    post = pre.copy()                                   # the edges stayed put: a cut window there
+    post[30:90, 70:140] = rng.random((60, 70))          # correlates as a look-alike would
+    post[100:150, 130:190] += 0.6 * rng.random((50, 60))    # changed in part: correlates ~0.85
+    haze = rng.random((50, 60))                         # one date hazed: the same ground, too
+    pre[100:150, 60:120], post[100:150, 60:120] = 0.5 + 0.05 * (haze - 0.5), haze   # faint to judge
+    pre[100:150, 0:60], post[100:150, 0:60] = haze, 0.5 + 0.05 * (haze - 0.5)
+    pre[20:70, 8:58] = post[20:70, 8:58] = 0.5          # flat in both dates
+    blocks = [(70, 30, 60, 70), (130, 100, 50, 60), (60, 100, 50, 60), (0, 100, 50, 60), (8, 20, 50, 50)]
+    sides = ["inside", "at near", "block", "left", "right", "top", "bottom"]
+    seen = dict.fromkeys(sides + ["flush", "look-alike", "near the margin"], 0)
+    for case in range(3000):
+        side = sides[case % len(sides)]
+        x, y = int(rng.integers(0, w - win + 1)), int(rng.integers(0, h - win + 1))
+        past = int(rng.integers(0, 9))                  # 0: flush with the edge, else px past it
+        bx, by = int(rng.integers(0, w - win + 1)), int(rng.integers(0, h - win + 1))
+        if side == "at near":
+            ox, oy = [(13, 0), (0, -13), (-5, 12), (12, -5)][case % 4]
+            x, y = int(np.clip(x, max(0, -ox), w - win - max(0, ox))), int(np.clip(y, max(0, -oy), h - win - max(0, oy)))
+            bx, by = x + ox, y + oy
+        elif side == "block":
+            bx0, by0, bh, bw = blocks[case % len(blocks)]
+            bx, by = bx0 + int(rng.integers(0, bw - win + 1)), by0 + int(rng.integers(0, bh - win + 1))
+        elif side != "inside":
+            bx = {"left": -past, "right": w - win + past}.get(side, bx)
+            by = {"top": -past, "bottom": h - win + past}.get(side, by)
+            seen["flush"] += past == 0
+        fx, fy = (0.0, 0.0) if side == "at near" else rng.choice([0.0, 0.25, -0.25, 0.49, -0.49], 2)
+        dx, dy = bx - x + fx, by - y + fy
+        ncc = float(rng.uniform(0.3, 1.0))
+        if case % 2 and 0 <= bx <= w - win and 0 <= by <= h - win:      # near the rule's margin
+            a, b = post[by:by + win, bx:bx + win].ravel(), pre[by:by + win, bx:bx + win].ravel()
+            if min(a.std(), b.std()) > 0:
+                there = np.corrcoef(a, b)[0, 1]
+                ncc = float(there + CFG.screen_peak_margin + rng.uniform(-0.03, 0.03))
+                seen["near the margin"] += 1
+        hit = (dx, dy, ncc)
+        want = _stayed_put_reference(pre, post, x, y, (win, win), hit, near, CFG)
+        assert stayed_put(pre, post, x, y, (win, win), hit, near, CFG) == want, (case, side, x, y, hit)
+        seen[side] += np.hypot(dx, dy) > near or side == "at near"
+        seen["look-alike"] += want
+    assert min(seen.values()) >= 100, seen
