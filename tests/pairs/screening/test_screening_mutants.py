@@ -207,7 +207,7 @@ def _stayed_put_reference(pre, post, x, y, shape, hit, near, cfg):
 
 
 def test_the_shift_back_compares_whole_windows_inside_the_crop_only():
-    """stayed_put against its documented rule over 3,000 generated far hits (seeded): landing
+    """stayed_put against its documented rule over 1,500 generated far hits (seeded): landing
     places flush with or 1-8 px past each of the crop's four edges (a window cut at the edge would
     be compared on what is left of it), hits at exactly ``near``, and places where the ground
     stayed, moved, changed in part, is flat, or is hazed in one date; the forward match's
@@ -229,7 +229,7 @@ def test_the_shift_back_compares_whole_windows_inside_the_crop_only():
     blocks = [(70, 30, 60, 70), (130, 100, 50, 60), (60, 100, 50, 60), (0, 100, 50, 60), (8, 20, 50, 50)]
     sides = ["inside", "at near", "block", "left", "right", "top", "bottom"]
     seen = dict.fromkeys(sides + ["flush", "look-alike", "near the margin"], 0)
-    for case in range(3000):
+    for case in range(1500):
         side = sides[case % len(sides)]
         x, y = int(rng.integers(0, w - win + 1)), int(rng.integers(0, h - win + 1))
         past = int(rng.integers(0, 9))                  # 0: flush with the edge, else px past it
@@ -259,4 +259,4 @@ def test_the_shift_back_compares_whole_windows_inside_the_crop_only():
         assert stayed_put(pre, post, x, y, (win, win), hit, near, CFG) == want, (case, side, x, y, hit)
         seen[side] += np.hypot(dx, dy) > near or side == "at near"
         seen["look-alike"] += want
-    assert min(seen.values()) >= 100, seen
+    assert min(seen.values()) >= 50, seen
