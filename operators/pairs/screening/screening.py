@@ -247,6 +247,11 @@ def distinct_peak(surface: np.ndarray, px: int, py: int, peak_margin: float,
     return top >= float(mean) + test.sigma * float(rest.std(mean=mean))
 
 
+# The share of a window that must lie inside the crop, shifted by its offset, for the round trip
+# to search it back: half a window still holds the texture the forward search matched on.
+ROUND_TRIP_MIN_SHARE = 0.5
+
+
 def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: float,
                dy: float, radius: int, min_ncc: float, peak_margin: float,
                test: PeakTest, flats: Optional["FlatMaps"] = None) -> bool:
@@ -254,17 +259,28 @@ def round_trip(pre: np.ndarray, post: np.ndarray, x0: int, y0: int, win, dx: flo
     within ``radius`` of the pre window, must give a trusted peak of its own (the same tests)
     within ``test.confirm_px`` of where the offset says its content came from. NCC is symmetric,
     so this adds what the other date holds: a post object that has a better (or an equal) twin
-    near the pre window, as when one of a row of look-alike roofs is matched, does not return."""
+    near the pre window, as when one of a row of look-alike roofs is matched, does not return.
+
+    Where the shifted window reaches past the crop's edge, the part of it inside the crop is
+    searched back (from where that part's content sat in pre); with less than
+    ``ROUND_TRIP_MIN_SHARE`` of the window inside, the offset is not confirmed (too little to
+    search back: the window gives no evidence, rather than unchecked evidence)."""
     h, w = post.shape
     bx, by = x0 + int(round(dx)), y0 + int(round(dy))
     wh, ww = (win, win) if np.isscalar(win) else win      # a region's joint window: (h, w)
-    if bx < 0 or by < 0 or bx + ww > w or by + wh > h:
-        return True     # the shifted window leaves the crop: nothing to check it with
-    back = np.ascontiguousarray(post[by:by + wh, bx:bx + ww])
+    cx0, cy0, cx1, cy1 = max(bx, 0), max(by, 0), min(bx + ww, w), min(by + wh, h)
+    if cx1 <= cx0 or cy1 <= cy0 or (cx1 - cx0) * (cy1 - cy0) < ROUND_TRIP_MIN_SHARE * wh * ww:
+        return False
+    clipped = (cx0, cy0, cx1, cy1) != (bx, by, bx + ww, by + wh)
+    back = np.ascontiguousarray(post[cy0:cy1, cx0:cx1])
     # Where the post window's best match lies is what counts here, not how unique it is (the
     # forward search judged that): no margin, no sigma test.
     lenient = PeakTest(test.box_px, 0.0, 0.0)
-    hit, _ = search_window(back, pre, x0, y0, radius, min_ncc, 0.0, None, lenient, flats=flats)
+    # Searched around where the (clipped) window's content sat in pre; the flat maps are kept
+    # per template size, so a clipped window (a size of its own) is judged on its own region.
+    px0, py0 = x0 + cx0 - bx, y0 + cy0 - by
+    hit, _ = search_window(back, pre, px0, py0, radius, min_ncc, 0.0, None, lenient,
+                           flats=None if clipped else flats)
     if hit is None:
         return False
     # The post content at bx sits in pre at bx - dx, i.e. at x0 + (round(dx) - dx).

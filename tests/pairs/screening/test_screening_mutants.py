@@ -260,3 +260,72 @@ def test_the_shift_back_compares_whole_windows_inside_the_crop_only():
         seen[side] += np.hypot(dx, dy) > near or side == "at near"
         seen["look-alike"] += want
     assert min(seen.values()) >= 50, seen
+
+
+def test_the_round_trip_searches_back_the_part_of_a_shifted_window_inside_the_crop():
+    """round_trip where the window, shifted by its offset, reaches past the crop's edge (issue 48:
+    the round trip is never skipped silently at the border). Over generated cases with known
+    truth on real texture (NAIP, post = pre moved by a whole-pixel shift, content continuing past
+    the edges), at both geometries: windows whose shifted place lies 0-100 % past one of the four
+    edges (the offset toward it that far or a few px farther: a near or a far hit), the offset
+    claimed either the true one or 5-12 px off it. Documented rule: less than half a window
+    inside is never confirmed; a wrong offset is never confirmed where the content's true place
+    is in the pre crop (at the border it once was, whatever it was); the true offset with half a window or more inside is confirmed (the clipped
+    part searched back; counted, as flat parts of the texture can fail it)."""
+    from benchmarks._fields import scene
+
+    from operators.pairs.screening.screening import PeakTest, round_trip
+
+    rng = np.random.default_rng(11)
+    counts = {"inside too little": 0, "wrong": 0, "true, enough inside": 0, "true confirmed": 0,
+              "true, exactly half inside": 0, "true, exactly half, confirmed": 0}
+    for crop in (192, 1024):
+        cfg = RegistrationConfig(crop_size=crop)
+        win, near = cfg.screen_window(), int(np.ceil(cfg.screen_near_factor * cfg.max_residual_px))
+        src = scene("naip", crop)
+        peak = PeakTest.of(cfg)
+        for case in range(200):
+            side = case % 4                                 # the edge the shifted window reaches past
+            past = int(rng.integers(0, win + 1))            # px of the window past it
+            toward = past + int(rng.integers(0, 9))         # the offset's component toward the edge
+            across = int(rng.integers(-12, 13))
+            if case % 8 == 0:                                # exactly half the window inside
+                past, toward, across = win // 2, win // 2 + int(rng.integers(0, 9)), 0
+            claim = np.array([(-toward, across), (toward, across), (across, -toward), (across, toward)][side])
+            along = int(rng.integers(0, crop - win + 1))
+            bx, by = [(-past, along), (crop - win + past, along), (along, -past), (along, crop - win + past)][side]
+            x0, y0 = bx - int(claim[0]), by - int(claim[1])
+            if not (0 <= x0 <= crop - win and 0 <= y0 <= crop - win):   # the window itself in the crop
+                x0, y0 = int(np.clip(x0, 0, crop - win)), int(np.clip(y0, 0, crop - win))
+                claim = np.array([bx - x0, by - y0])
+            wrong = case % 3 == 2
+            e = np.zeros(2, int)
+            if wrong:
+                e[int(rng.integers(0, 2))] = int(rng.integers(5, 13)) * int(rng.choice([-1, 1]))
+            d = claim - e                                   # the true shift
+            ox = int(rng.integers(190, src.shape[1] - crop - 190))
+            oy = int(rng.integers(190, src.shape[0] - crop - 190))
+            pre = src[oy:oy + crop, ox:ox + crop]
+            post = src[oy - d[1]:oy - d[1] + crop, ox - d[0]:ox - d[0] + crop]     # post(p) = pre(p - d)
+            confirmed = round_trip(pre, post, x0, y0, win, float(claim[0]), float(claim[1]), near,
+                                   cfg.screen_min_ncc, cfg.screen_peak_margin, peak)
+            cx0, cy0 = max(bx, 0), max(by, 0)                      # the part inside the crop
+            cx1, cy1 = min(bx + win, crop), min(by + win, crop)
+            inside = (cx1 - cx0) * (cy1 - cy0) / win ** 2
+            # Where that part's content truly sat in pre: a wrong offset can be told only when
+            # it is in the pre crop (else nothing there says where it came from).
+            told = 0 <= cx0 - d[0] and cx1 - d[0] <= crop and 0 <= cy0 - d[1] and cy1 - d[1] <= crop
+            if inside < 0.5:                                 # "half a window": the documented share
+                counts["inside too little"] += 1
+                assert not confirmed, (crop, case, claim, inside)
+            elif wrong and told:
+                counts["wrong"] += 1
+                assert not confirmed, (crop, case, d, claim, inside)
+            elif not wrong:
+                counts["true, enough inside"] += 1
+                counts["true confirmed"] += confirmed
+                counts["true, exactly half inside"] += inside == 0.5
+                counts["true, exactly half, confirmed"] += inside == 0.5 and confirmed
+    assert counts["inside too little"] >= 50 and counts["wrong"] >= 50, counts
+    assert counts["true confirmed"] >= 0.9 * counts["true, enough inside"] >= 50, counts
+    assert counts["true, exactly half, confirmed"] >= 0.9 * counts["true, exactly half inside"] >= 10, counts
