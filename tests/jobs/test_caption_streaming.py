@@ -10,7 +10,8 @@ import pytest
 
 from operators.llm.job_passes import run_stages
 from operators.io.storage import Store
-from operators.io.tables import TableSink, envelope, read_table
+from operators.io import tables   # its TableSink (a Ray Data sink) is read in the tests: collection stays without Ray Data
+from operators.io.tables import envelope, read_table
 from operators.llm.client import LLMConfig, LLMRequest, Secret
 from operators.llm.stage import PoolConfig, StageSpec
 from operators.llm.usage import USAGE_SCHEMA
@@ -58,7 +59,7 @@ def test_rows_reach_the_tables_while_pairs_are_still_worked_on(ray_session, open
     second = StageSpec(**{**stage.__dict__, "name": "again", "input_table": "_again",
                           "handle_result": shards_seen(tmp_path / "errors")})
     stage.handle_result = lambda record, result: [envelope("_again", record)]
-    run_stages(todo, slow_prepare, {}, [stage, second], PoolConfig(batch_size=4, concurrent_batches=2), TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"),
+    run_stages(todo, slow_prepare, {}, [stage, second], PoolConfig(batch_size=4, concurrent_batches=2), tables.TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"),
                work=Store(str(tmp_path)), job="streaming", run_id="run1",
                limiter=None, progress_every_s=60)
     rows = read_table(Store(str(tmp_path)), "errors").to_pylist()
@@ -86,7 +87,7 @@ def test_prepared_images_stay_in_the_actor_and_out_of_the_object_store(ray_sessi
     with store_created() as created:
         run_stages(todo, pid_prepare, {}, [ask_stage(openai_server, pid_result)],
                    PoolConfig(batch_size=4, concurrent_batches=2),
-                   TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"), work=Store(str(tmp_path)),
+                   tables.TableSink(str(tmp_path), {"usage": USAGE_SCHEMA}, "run1"), work=Store(str(tmp_path)),
                    job="inactor", run_id="run1", limiter=None, progress_every_s=60)
     rows = read_table(Store(str(tmp_path)), "errors").to_pylist()
     assert sorted(r["item"] for r in rows) == [t["pair_id"] for t in todo]
