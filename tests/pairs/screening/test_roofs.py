@@ -491,3 +491,44 @@ def test_the_report_reads_again_only_windows_within_the_limit(devs, deg, lean_ma
             if np.hypot(*d) <= 8.0 and 0.3 <= np.hypot(*d)
             and np.hypot(*d) <= (lean_max + 2.0 if np.array(d) @ u > 0 else 2.0)]
     assert examined_windows(devs, lean, report=True) == want
+
+
+def test_one_leaning_window_is_read_however_few():
+    """read_lean reads the windows off the ground field whose moved content is roof-sized
+    "however few" (its docstring): lean_split, not the reading, decides whether a lean is set
+    apart, and the report reads the lean of one building too. Generated: on real texture at the
+    paper's geometry, one roof-sized patch (14-28 px) in one window moved 4-12 px in a random
+    direction in the post date, that window's measured shift its roof's, the others on the
+    ground (0, 0). Each reading has that one window off, its direction within 10 degrees and
+    its magnitude within 0.5 px of the roof's. CI's mutation sample (seed 35, drawn over a
+    larger scope) showed `idx.size == 0` -> `== 1` surviving every test: a single window off
+    the field returned no reading."""
+    from operators.pairs.screening.screening import WindowShift, read_lean, window_starts
+
+    cfg = RegistrationConfig(crop_size=1024)
+    win = cfg.screen_window()
+    src = scene("naip", 1024)
+    rng = np.random.default_rng(5)
+    starts = window_starts(1024, win)
+    for case in range(12):
+        oy, ox = (int(v) for v in rng.integers(0, np.array(src.shape) - 1024))
+        pre = np.ascontiguousarray(src[oy:oy + 1024, ox:ox + 1024])
+        post = pre.copy()
+        r, c = (int(v) for v in rng.integers(2, len(starts) - 2, 2))
+        side = int(rng.integers(14, 29))
+        mag, ang = float(rng.uniform(4, 12)), float(rng.uniform(0, 2 * np.pi))
+        dx, dy = int(round(mag * np.cos(ang))), int(round(mag * np.sin(ang)))
+        y0 = starts[r] + win // 2 - side // 2
+        x0 = starts[c] + win // 2 - side // 2
+        post[y0 + dy:y0 + dy + side, x0 + dx:x0 + dx + side] = pre[y0:y0 + side, x0:x0 + side]
+        trusted = [WindowShift(sx + win / 2, sy + win / 2, float(dx) if (i, j) == (r, c) else 0.0,
+                               float(dy) if (i, j) == (r, c) else 0.0, 0.9, i, j)
+                   for i, sy in enumerate(starts) for j, sx in enumerate(starts)]
+        reading = read_lean(trusted, pre, post, np.ones_like(pre, bool), win, cfg)
+        assert reading is not None and reading.off == 1 and reading.core == 1, (case, dx, dy)
+        want = np.degrees(np.arctan2(dy, dx)) % 360
+        assert abs((reading.lean.deg - want + 180) % 360 - 180) < 10, (case, reading.lean, want)
+        assert abs(reading.lean.max_px - np.hypot(dx, dy)) < 0.5, (case, reading.lean)
+
+
+# equivalent mutant: core/NumberReplacer on `if idx.size == 0:`: (== -1, never true) with no window off the field, moved_layer gets no window, no window is narrow, and lean_cone of no deviation returns None, so read_lean returns None as the guard does (the guard only spares that work); == 1 is killed by test_one_leaning_window_is_read_however_few
