@@ -79,16 +79,33 @@ def project_of(task: dict, project_id: int = 0) -> int:
                or project_id or 0)
 
 
+def annotation_id(ann: dict) -> int | None:
+    """The annotation's id when it is one Label Studio could have given (a positive integer), else None:
+    a missing, zero, negative or non-integer id would collide with another version's key or with a task
+    row's (:data:`TASK_ROW`), so such an annotation is refused rather than counted."""
+    aid = ann.get("id")
+    if isinstance(aid, bool) or not isinstance(aid, (int, str)):
+        return None
+    try:
+        aid = int(aid)
+    except ValueError:
+        return None
+    return aid if aid > 0 else None
+
+
 def history_rows(tasks: list[dict], pairs: dict[str, dict], project_id: int = 0, instance: str = "",
                  server: str = "") -> tuple[list[dict], list[dict]]:
-    """(history rows, [{task_id, item}] of tasks naming no pair of the dataset)."""
-    rows, unknown = [], []
+    """(history rows, refused: [{task_id, item, error_type, message}] of tasks naming no pair of the
+    dataset and of annotations whose id is not a positive integer; the rest of such a task is kept)."""
+    rows, refused = [], []
     for task in tasks:
         data = task.get("data") or {}
         task_id = int(task.get("id") or 0)
         pair = match_pair(data, pairs)
         if pair is None:
-            unknown.append({"task_id": task_id, "item": str(data.get("item_id") or data.get("pair_id"))})
+            refused.append({"task_id": task_id, "item": str(data.get("item_id") or data.get("pair_id")),
+                            "error_type": "UnknownPair", "message": f"task {task_id} names a pair that is not "
+                            "in the dataset"})
             continue
         queue = REVIEW_QUEUE if data.get("queue") == REVIEW_QUEUE else "annotate"
         anns = task.get("annotations") or []
@@ -102,18 +119,24 @@ def history_rows(tasks: list[dict], pairs: dict[str, dict], project_id: int = 0,
                      "result": None if pred is None else json.dumps(pred["result"], sort_keys=True),
                      "prelabel_model": None if pred is None else pred.get("model_version")})
         for ann in anns:
+            aid = annotation_id(ann)
+            if aid is None:
+                refused.append({"task_id": task_id, "item": pair["pair_id"], "error_type": "BadAnnotationId",
+                                "message": f"task {task_id}: annotation id {ann.get('id')!r} is not a positive "
+                                "integer (Label Studio's are); that annotation is not ingested"})
+                continue
             result = ann.get("result") or []
             created = str(ann.get("created_at") or "")
             rows.append({
                 **where, "project": int(ann.get("project") or project), "task_id": task_id, "withdrawn": False,
                 "updated_by": user_of(ann.get("updated_by")) or None,
-                "annotation_id": int(ann.get("id") or 0), "updated_at": str(ann.get("updated_at") or created),
+                "annotation_id": aid, "updated_at": str(ann.get("updated_at") or created),
                 "created_at": created, "queue": queue, "annotator": annotator_of(ann),
                 "ground_truth": bool(ann.get("ground_truth")), "was_cancelled": bool(ann.get("was_cancelled")),
                 "lead_time_s": None if ann.get("lead_time") is None else float(ann["lead_time"]),
                 "quality": json.dumps(quality_choices(result)), "result": json.dumps(result, sort_keys=True),
                 "prelabel_model": None if pred is None else pred.get("model_version")})
-    return rows, unknown
+    return rows, refused
 
 
 def new_rows(rows: list[dict], seen: set[tuple]) -> list[dict]:
@@ -155,7 +178,7 @@ def withdrawals(tasks: list[dict], history: list[dict], instance: str = "", proj
         task = present.get(project, {}).get(task_id)
         if task is None or not known.get(project, set()) <= set(present[project]) or not _complete(task):
             continue
-        listed = {int(a.get("id") or 0) for a in task.get("annotations") or []}
+        listed = {annotation_id(a) for a in task.get("annotations") or []}
         if aid not in listed and str(v.get("updated_at") or "") <= str(task["updated_at"]):
             out.append({**v, "updated_at": str(task["updated_at"]), "withdrawn": True, "result": None,
                         "pixels": None, "prelabel_iou": None, "run_id": None})

@@ -276,10 +276,11 @@ def check_server(history: list[dict], instance: str, server: str) -> None:
 
 def new_history(history: list[dict], tasks: list[dict], pairs: dict, project_id: int = 0, instance: str = "",
                 server: str = "") -> tuple[list[dict], list[dict]]:
-    """(the rows an export adds to ``history``: new versions, then withdrawals; tasks naming no pair)."""
-    rows, unknown = history_rows(tasks, pairs, project_id, instance, server)
+    """(the rows an export adds to ``history``: new versions, then withdrawals; what it refused, as
+    :func:`history_rows` says)."""
+    rows, refused = history_rows(tasks, pairs, project_id, instance, server)
     fresh = new_rows(rows, {history_key(r) for r in history})
-    return fresh + new_rows(withdrawals(tasks, history, instance, project_id), set()), unknown
+    return fresh + new_rows(withdrawals(tasks, history, instance, project_id), set()), refused
 
 
 def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: DecisionConfig, run_id: str,
@@ -291,10 +292,10 @@ def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: D
     errors: list[dict] = []
     history = read_history(dataset)
     check_server(history, instance, server)
-    fresh, unknown = new_history(history, tasks, pairs, project_id, instance, server)
-    for u in unknown:
-        errors.append(error_record(u["item"], "annotate_ingest", f"task {u['task_id']} names a pair that is not "
-                                   f"in {dataset.uri()}", error_type="UnknownPair", job=JOB, run_id=run_id))
+    fresh, refused = new_history(history, tasks, pairs, project_id, instance, server)
+    for u in refused:
+        errors.append(error_record(u["item"], "annotate_ingest", u["message"] + f" ({dataset.uri()})",
+                                   error_type=u["error_type"], job=JOB, run_id=run_id))
     decoder = _Decoder(dataset, pairs, classes)
     _annotate_rows(fresh, decoder, classes, errors, run_id)
     write_table_shard(dataset, "annotations", fresh, HISTORY_SCHEMA, run_id)

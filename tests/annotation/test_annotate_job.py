@@ -257,6 +257,31 @@ def test_a_file_export_with_prediction_ids_takes_the_prelabels_from_tasks_json(d
     assert summary["prelabel"] == {"method": "folder", "median_iou": pytest.approx((drawn & pre).sum() / (drawn | pre).sum())}
 
 
+def test_an_export_with_a_broken_annotation_id_and_a_foreign_task_loses_nothing_else(dataset, tmp_path):
+    """An annotation whose id is not a positive integer, and a task naming no pair, each become one error
+    row with its reason; the good annotations of the same task are merged as if the bad one were absent,
+    and the same export again adds no error twice over (the errors are this run's, the state unchanged)."""
+    _, tasks = export(dataset, tmp_path / "r1")
+    by = {t["data"]["pair_id"]: dict(t, id=100 + i, project=1) for i, t in enumerate(tasks)}
+    s0 = dict(by["s0"], annotations=[annotation(-1, "ghost@x", [brush("new", "post", S2_B)], 1),
+                                     annotation(4, "ann@x", [brush("new", "post", S0_ANNOTATOR)], 2),
+                                     annotation("x7", "odd@x", [], 3),
+                                     annotation(3, "chk@x", [brush("new", "post", S0_CHECKER)], 4)])
+    foreign = dict(by["s1"], id=999, data=dict(by["s1"]["data"], item_id="elsewhere", pair_id="elsewhere"))
+    ingest(dataset, [s0, foreign], tmp_path / "a.json")
+    st = state(dataset)["s0"]
+    assert (st["status"], st["annotations"], st["annotator"], st["checker"]) == ("merged", 2, "ann@x", "chk@x")
+    assert sorted(r["annotation_id"] for r in history(dataset)) == [-1, 3, 4]     # the task row, the two good
+    errors = pq.read_table(dataset / "errors").to_pylist()
+    assert sorted((e["item"], e["error_type"], e["message"].split(" (")[0]) for e in errors) == sorted([
+        ("elsewhere", "UnknownPair", "task 999 names a pair that is not in the dataset"),
+        ("s0", "BadAnnotationId", "task 100: annotation id -1 is not a positive integer"),
+        ("s0", "BadAnnotationId", "task 100: annotation id 'x7' is not a positive integer")])
+    before = tree_digest(dataset / "annotation_state")
+    ingest(dataset, [s0, foreign], tmp_path / "a.json")
+    assert tree_digest(dataset / "annotation_state") == before
+
+
 def test_a_third_class_is_never_dropped(dataset, tmp_path):
     _, tasks = export(dataset, tmp_path / "r1", classes="building:post,road:post,demolished:pre")
     drawn = {"building": rect(0, 10, 0, 10), "road": rect(20, 24, 0, 56), "demolished": rect(30, 40, 40, 50)}

@@ -299,6 +299,7 @@ def test_the_overlap_of_masks_that_do_not_cover_each_other_is_computed_without_a
 # equivalent mutant: core/NumberReplacer on `def compare(first: dict, second: dict, tolerance_px: int, noise_px: int = 0) -> tuple[float, dict]:`: class_agreement floors noise_px at 1 (max(1, noise_px)), so a default of 0 and of 1 mean the same
 # equivalent mutant: core/ReplaceComparisonOperator_NotEq_IsNot on `if d.status != "merged" or (d.instance, d.batch) not in batches:`: a decision's status is always one of the module's string literals, which Python interns, so identity and equality agree
 # equivalent mutant: core/ReplaceComparisonOperator_Eq_Is on `if int(r["annotation_id"]) == TASK_ROW:`: TASK_ROW is -1, and CPython keeps one object for every int from -5 to 256, so int(x) is -1 exactly when int(x) == -1 (found by CI's moving sample, seed 2856212253)
+# equivalent mutant: core/ReplaceComparisonOperator_Eq_LtE on `if int(r["annotation_id"]) == TASK_ROW:`: no history row has an id below TASK_ROW (-1): ingest refuses every annotation whose id is not a positive integer (operators.annotation.history.annotation_id; test_an_annotation_whose_id_is_not_a_positive_integer_is_refused_and_the_rest_of_its_task_kept), so <= -1 is == -1 (found by CI's moving sample, seed 609321803)
 
 
 def test_a_rejected_batch_holds_its_merged_pairs_and_leaves_every_other_status_alone():

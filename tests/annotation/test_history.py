@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from operators.annotation.decisions import DecisionConfig, decide_all, latest_versions
 from operators.annotation.history import history_rows, withdrawals
@@ -128,3 +130,46 @@ def test_a_server_export_names_its_users_by_email():
     name_users(export, {4: "a@x", 7: "q@x"})
     rows, _ = history_rows(export, PAIRS)
     assert [(r["annotator"], r["updated_by"]) for r in rows if r["annotation_id"] > 0] == [("a@x", "q@x"), ("9", None)]
+
+
+# An annotation id Label Studio could have given (a positive integer, as a JSON number or a digit string),
+# each drawn with its truth; the rest are ids an edited or foreign export can hold.
+_GOOD_IDS = st.one_of(st.integers(1, 10**12), st.integers(1, 10**12).map(str))
+_BAD_IDS = st.one_of(st.integers(-10**12, 0), st.integers(-10**12, 0).map(str), st.none(), st.booleans(),
+                     st.floats(allow_nan=False),
+                     st.sampled_from(["", "abc", "1.5", "0x10", " "]), st.just([3]))
+_DRAWN_ID = st.one_of(_GOOD_IDS.map(lambda i: (i, True)), _BAD_IDS.map(lambda i: (i, False)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(tasks=st.lists(st.tuples(st.sampled_from(["p", "q", "nowhere"]), st.lists(_DRAWN_ID, max_size=5)),
+                      min_size=1, max_size=4),
+       full=st.booleans())
+def test_an_annotation_whose_id_is_not_a_positive_integer_is_refused_and_the_rest_of_its_task_kept(tasks, full):
+    """Label Studio's annotation ids are positive integers. A missing, zero, negative or non-integer id
+    (an edited or foreign export) would share a key with a task row (-1) or with another broken one, and
+    a task row is never a version: each such annotation is refused with its reason, and every good one
+    of the same task is ingested as a version that counts, however many bad ones sit beside it."""
+    export, minute = [], 1
+    for n, (item, drawn) in enumerate(tasks):
+        anns = []
+        for aid, _ in drawn:
+            anns.append(ann(aid, f"u{minute}", minute))
+            minute += 1
+        export.append(task(100 + n, item, anns, minute, counts=full))
+    history, refused = new_history([], json.loads(json.dumps(export)), PAIRS)
+    want_kept = sorted((100 + n, int(aid)) for n, (item, drawn) in enumerate(tasks) if item in PAIRS
+                       for aid, good in drawn if good)
+    want_refused = sorted((100 + n, repr(aid)) for n, (item, drawn) in enumerate(tasks) if item in PAIRS
+                          for aid, good in drawn if not good)
+    assert sorted((r["task_id"], r["annotation_id"]) for r in history if r["annotation_id"] != -1) == want_kept
+    assert all(r["annotation_id"] == -1 or r["annotation_id"] > 0 for r in history)
+    assert sorted({(v["task_id"], v["annotation_id"]) for v in latest_versions(history)}) == sorted(set(want_kept))
+    bad = [r for r in refused if r["error_type"] == "BadAnnotationId"]
+    assert sorted((r["task_id"], r["message"].split("annotation id ", 1)[1].split(" is not")[0]) for r in bad) \
+        == want_refused
+    assert sorted(r["task_id"] for r in refused if r["error_type"] == "UnknownPair") == \
+        [100 + n for n, (item, _) in enumerate(tasks) if item not in PAIRS]
+    # the same export again (a full one can withdraw): nothing new, nothing withdrawn, no crash on a bad id
+    again, _ = new_history(history, json.loads(json.dumps(export)), PAIRS)
+    assert again == []
