@@ -46,7 +46,7 @@ from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, 
 from operators.io import console  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, changed_rows,  # noqa: E402
-                                 error_record, keyed, new_run_id, read_table, resolve_errors, split_envelopes,
+                                 error_record, keyed, latest_run_id, read_table, resolve_errors, run_id_after, split_envelopes,
                                  stream_dataset_to_tables, write_table_shard)
 
 log = logging.getLogger("changeforge.build_pairs")
@@ -230,13 +230,15 @@ def _start_run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationCon
         raise SystemExit("--input and --output are required")
     t0 = time.time()
     out = Store(job.output)
-    run_id = new_run_id()
     fractions = parse_fractions(job.split_fractions)
     if reg.crop_size > job.slice_size:
         raise SystemExit(f"--crop-size {reg.crop_size} is larger than --slice-size {job.slice_size}")
     # Today's date is the paper's meaning, but it is fixed once per run and recorded everywhere.
     pairing = dataclasses.replace(pairing, reference_date=pairing.reference().isoformat())
     schemas = table_schemas()
+    # After every run id already in the output (shards are read in run-id order): a rerun in the same
+    # second as the last writer, whose random suffix drew smaller, would not supersede its rows.
+    run_id = run_id_after(latest_run_id(out, schemas))
     run_row = {"run_id": run_id, "job": JOB, "status": "started", "started": _now(), "input": job.input,
                "reference_date": pairing.reference_date, "seed": job.seed,
                "split_fractions": ",".join(f"{f:g}" for f in fractions),

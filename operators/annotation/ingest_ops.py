@@ -33,7 +33,7 @@ from operators.annotation.summary import SUMMARY_FILE, build_summary
 from operators.io.images import decode_image, encode_png
 from operators.io.layout import discover_pairs
 from operators.io.storage import Store
-from operators.io.tables import (ERRORS_SCHEMA, error_record, keyed, read_table, records_to_table,
+from operators.io.tables import (ERRORS_SCHEMA, error_record, keyed, latest_run_id, read_table, records_to_table,
                                  write_table_shard)
 from operators.pairs.labels.labels import LABELS_SCHEMA, merge_label_maps
 
@@ -63,12 +63,7 @@ def ordered_run_id(store: Store, tables=TABLES) -> str:
     """A run id (``<time>-<hex>``, millisecond time) after every run id of ``tables``: readers take the latest
     row per key in shard-name order, and two ingests within one second must not swap places."""
     import uuid
-    last = ""
-    for table in tables:
-        for rel in store.list(table, suffixes=(".parquet",)):
-            name = posixpath.basename(rel)
-            if name.startswith("part-") and len(name) > len("part--0123456789abcdef.parquet"):
-                last = max(last, name[len("part-"):-len("-0123456789abcdef.parquet")])
+    last = latest_run_id(store, tables)
     while True:
         now = time.time()
         rid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{uuid.uuid4().hex[:6]}"

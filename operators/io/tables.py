@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import logging
+import posixpath
 import time
 import traceback
 import uuid
@@ -406,6 +407,18 @@ def stream_dataset_to_tables(ds, writer: StreamingTableWriter) -> None:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def latest_run_id(store: Store, tables: Iterable[str]) -> str:
+    """The largest run id among the shards of ``tables`` in ``store`` ('' when there are none): from
+    the shards' names (``part-<run_id>-...``), so rows any writer left count, not only recorded runs."""
+    latest = ""
+    for table in tables:
+        for rel in store.list(table, suffixes=(".parquet",)):
+            name = posixpath.basename(rel)
+            if name.startswith("part-"):
+                latest = max(latest, "-".join(name[len("part-"):].split("-")[:2]))
+    return latest
 
 
 def run_id_after(latest: str) -> str:

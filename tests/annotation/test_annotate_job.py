@@ -378,3 +378,16 @@ def test_a_given_mask_of_a_pair_marked_unusable_is_set_aside(tmp_path):
     before = tree_digest(ds)
     ingest(ds, [dict(t, id=1, project=1, annotations=[annotation(1, "a", [quality("cloud")], 1)])], tmp_path / "a.json")
     assert tree_digest(ds) == before
+
+
+def test_an_ingest_run_id_sorts_after_every_shard_even_one_from_a_clock_ahead(tmp_path):
+    """Readers take the latest row per key in shard-name order: an ingest's run id sorts after every
+    run id of the annotation tables, here one written by a clock 0.3 s ahead with the largest suffix."""
+    import time
+    from operators.annotation.ingest_ops import TABLES, ordered_run_id
+    store = Store(str(tmp_path))
+    now = time.time() + 0.3
+    ahead = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-ffffff"
+    store.write_bytes(f"{TABLES[-1]}/part-{ahead}-0123456789abcdef.parquet", b"")
+    store.write_bytes(f"{TABLES[0]}/part-20260101T000000000-000000-0123456789abcdef.parquet", b"")
+    assert ordered_run_id(store) > ahead

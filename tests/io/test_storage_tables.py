@@ -9,7 +9,7 @@ import pytest
 
 from operators.io.storage import Store, gdal_env, read_uri
 from operators.io.tables import (ERRORS_SCHEMA, envelope, error_envelope, error_record, finished_keys,
-                                 read_table, write_table_shard)
+                                 latest_run_id, read_table, run_id_after, write_table_shard)
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.float64()), ("tags", pa.list_(pa.int64()))])
 
@@ -73,6 +73,21 @@ def test_runs_accumulate_and_one_call_gives_the_current_state(tmp_path):
                    "c": (2.0, "20260102T000000-bbbbbb")}
     assert read_table(store, "t", current=False).num_rows == 4  # the history stays
     assert pq.read_table(str(tmp_path / "t")).num_rows == 4
+
+
+def test_the_latest_run_id_is_read_from_every_shard_of_the_tables_named(tmp_path):
+    """A rerun's id must sort after every row already in the output, whoever wrote it: the largest
+    run id among the shards' names of the tables asked about, '' for none."""
+    store = Store(str(tmp_path))
+    assert latest_run_id(store, ["t", "u"]) == ""
+    write_table_shard(store, "t", [{"key": "a", "value": 1.0, "tags": []}], SCHEMA, "20260101T000005-000001")
+    write_table_shard(store, "t", [{"key": "a", "value": 2.0, "tags": []}], SCHEMA, "20260101T000004-ffffff")
+    store.write_bytes("u/part-20260101T000005-aaaaaa-legacy.parquet", b"")   # another writer's name
+    store.write_bytes("v/part-20990101T000000-000000-x.parquet", b"")        # a table not asked about
+    store.write_bytes("u/notes.txt", b"")
+    assert latest_run_id(store, ["t"]) == "20260101T000005-000001"
+    assert latest_run_id(store, ["t", "u"]) == "20260101T000005-aaaaaa"
+    assert run_id_after(latest_run_id(store, ["t", "u"])) > "20260101T000005-aaaaaa"
 
 
 def test_a_rerun_writes_only_new_or_changed_rows(tmp_path):

@@ -16,7 +16,7 @@ from operators.io.images import decode_image, encode_png
 from operators.pairs.selection.pairing import PairingConfig
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.io.storage import Store
-from operators.io.tables import read_table, run_id_after, with_run_id, write_table_shard
+from operators.io.tables import read_table, with_run_id, write_table_shard
 from operators.pairs.crops.slice_io import METADATA_SCHEMA
 from operators.pairs.screening.rules import screen_rules
 from tests.conftest import DATA
@@ -212,8 +212,11 @@ def test_a_rerun_judges_again_the_slices_another_screen_judged(local_run, tmp_pa
     older, legacy = set(ids[0::3]), set(ids[1::3])      # every third slice each; the rest as they were
     assert older and legacy and len(ids) > len(older | legacy)
     # The older release's rows: the same rows (written later, so they are the current state), the
-    # one by other rules, the other without the column at all.
-    run_id = run_id_after(max(m["run_id"] for m in meta))
+    # one by other rules, the other without the column at all. Their run id is the largest of its
+    # second, a second ahead of this clock (a writer whose clock ran ahead; or one in the rerun's own
+    # second whose suffix drew larger, as in a CI run): the rerun's rows must still supersede them.
+    run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() + 1)) + "-ffffff"
+    assert run_id > max(m["run_id"] for m in meta)
     write_table_shard(store, "metadata", [{**m, "screen_rules": "0123456789"} for m in meta
                                           if m["slice_id"] in older], METADATA_SCHEMA, run_id)
     legacy_rows = pa.Table.from_pylist([{**m, "run_id": run_id} for m in meta if m["slice_id"] in legacy],
@@ -223,9 +226,6 @@ def test_a_rerun_judges_again_the_slices_another_screen_judged(local_run, tmp_pa
     crops = {p.relative_to(out): p.read_bytes() for d in ("A", "B") for p in sorted((out / d).glob("*.png"))}
     assert crops
     capsys.readouterr()
-    # Run ids sort by their second, then a random suffix: the rerun must start in a later second than
-    # these rows, as a real older release's rows are (in CI one drew a smaller suffix in the same second).
-    time.sleep(1.1)
 
     summary = run(small_job(archive, out), PairingConfig(reference_date="2021-01-01"), RegistrationConfig(crop_size=CROP))
     assert summary["slices_this_run"] == len(older | legacy)
