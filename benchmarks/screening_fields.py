@@ -11,7 +11,8 @@ at that crop size: 128 px windows at 1024 px, 24 px at 192 px). Counted per fami
 * false rejects: true ground displacement <= limit - 2 px, rejected (lean crops apart);
 * lean (ground exact): accepted, and the reported ``residual_px`` (the ground's) within 1 px of
   the truth (0);
-* CPU seconds per crop of the screen (process time; generation not included).
+* CPU seconds per crop of the screen (process time, OpenCV single-threaded as in the pipeline's
+  tasks; generation not included).
 
 Crops between limit - 2 and limit + 1 px are in the grey zone and only counted. Work is spread
 over ``--jobs`` processes (default: every core); each crop is deterministic in its seed, so a run
@@ -43,7 +44,9 @@ def screen_one(args: tuple) -> dict:
     family, crop, seed = args
     from benchmarks._fields import make_case
     from operators.pairs.registration.registration import RegistrationConfig
+    from operators.pairs.crops.slice_io import single_thread
     from operators.pairs.screening.screening import screen_alignment
+    single_thread()     # as in the pipeline's tasks: OpenCV's own threads only add CPU here (docs/benchmarks)
     case = make_case(family, crop, seed, LIMIT)
     cfg = RegistrationConfig(crop_size=crop)
     t = time.process_time()
