@@ -95,8 +95,9 @@ def annotation_id(ann: dict) -> int | None:
 
 def history_rows(tasks: list[dict], pairs: dict[str, dict], project_id: int = 0, instance: str = "",
                  server: str = "") -> tuple[list[dict], list[dict]]:
-    """(history rows, refused: [{task_id, item, error_type, message}] of tasks naming no pair of the
-    dataset and of annotations whose id is not a positive integer; the rest of such a task is kept)."""
+    """(history rows, refused: [{task_id, item, error_type, message, stage?}] of tasks naming no pair of
+    the dataset, and one per task holding annotations whose id is not a positive integer (the rest of
+    such a task is kept))."""
     rows, refused = [], []
     for task in tasks:
         data = task.get("data") or {}
@@ -118,12 +119,16 @@ def history_rows(tasks: list[dict], pairs: dict[str, dict], project_id: int = 0,
                      "lead_time_s": None, "quality": "[]",
                      "result": None if pred is None else json.dumps(pred["result"], sort_keys=True),
                      "prelabel_model": None if pred is None else pred.get("model_version")})
+        bad = [ann.get("id") for ann in anns if annotation_id(ann) is None]
+        if bad:
+            # One row per task (errors/ keeps one current row per item and stage), every bad id named.
+            refused.append({"task_id": task_id, "item": pair["pair_id"], "error_type": "BadAnnotationId",
+                            "stage": "annotation_ids",
+                            "message": f"task {task_id}: annotation id(s) {', '.join(repr(b) for b in bad)} not "
+                            "positive integers (Label Studio's are); those annotations are not ingested"})
         for ann in anns:
             aid = annotation_id(ann)
             if aid is None:
-                refused.append({"task_id": task_id, "item": pair["pair_id"], "error_type": "BadAnnotationId",
-                                "message": f"task {task_id}: annotation id {ann.get('id')!r} is not a positive "
-                                "integer (Label Studio's are); that annotation is not ingested"})
                 continue
             result = ann.get("result") or []
             created = str(ann.get("created_at") or "")

@@ -289,7 +289,7 @@ def ingest(dataset: Store, tasks: list[dict], classes: list[ChangeClass], cfg: D
     check_server(history, instance, server)
     fresh, refused = new_history(history, tasks, pairs, project_id, instance, server)
     for u in refused:
-        errors.append(error_record(u["item"], "annotate_ingest", u["message"] + f" ({dataset.uri()})",
+        errors.append(error_record(u["item"], u.get("stage", "annotate_ingest"), u["message"] + f" ({dataset.uri()})",
                                    error_type=u["error_type"], job=JOB, run_id=run_id))
     decoder = _Decoder(dataset, pairs, classes)
     _annotate_rows(fresh, decoder, classes, errors, run_id)

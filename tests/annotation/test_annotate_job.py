@@ -272,11 +272,10 @@ def test_an_export_with_a_broken_annotation_id_and_a_foreign_task_loses_nothing_
     st = state(dataset)["s0"]
     assert (st["status"], st["annotations"], st["annotator"], st["checker"]) == ("merged", 2, "ann@x", "chk@x")
     assert sorted(r["annotation_id"] for r in history(dataset)) == [-1, 3, 4]     # the task row, the two good
-    errors = pq.read_table(dataset / "errors").to_pylist()
-    assert sorted((e["item"], e["error_type"], e["message"].split(" (")[0]) for e in errors) == sorted([
-        ("elsewhere", "UnknownPair", "task 999 names a pair that is not in the dataset"),
-        ("s0", "BadAnnotationId", "task 100: annotation id -1 is not a positive integer"),
-        ("s0", "BadAnnotationId", "task 100: annotation id 'x7' is not a positive integer")])
+    errors = read_table(Store(str(dataset)), "errors").to_pylist()        # the current state, as users read it
+    assert sorted((e["item"], e["stage"], e["error_type"], e["message"].split(" (")[0]) for e in errors) == [
+        ("elsewhere", "annotate_ingest", "UnknownPair", "task 999 names a pair that is not in the dataset"),
+        ("s0", "annotation_ids", "BadAnnotationId", "task 100: annotation id(s) -1, 'x7' not positive integers")]
     before = tree_digest(dataset / "annotation_state")
     ingest(dataset, [s0, foreign], tmp_path / "a.json")
     assert tree_digest(dataset / "annotation_state") == before
