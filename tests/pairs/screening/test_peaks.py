@@ -1,7 +1,9 @@
 """A correlation peak judged as the screen's docstrings say (``distinct_peak``, ``peak_half_width``
 and their helpers), against references written from those docstrings, over generated surfaces
 whose peaks, rivals and ridges sit on either side of each threshold. Every window the screen
-searches is judged by these functions; they were reached only through whole crops before."""
+searches is judged by these functions; they were reached only through whole crops before. The
+first 1,000 surfaces of each test run in the quick loop, all 4,000 in the full suite and in
+screening's mutation oracle."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +12,7 @@ from scipy import ndimage
 
 from operators.pairs.screening.screening import (PeakTest, _cov_eigvals, _median, distinct_peak,
                                                  peak_half_width)
+from tests.seeds import quick_first
 
 
 def ref_half_width(surface: np.ndarray, px: int, py: int, cap: int) -> int:
@@ -92,6 +95,8 @@ def surfaces(n: int, seed: int):
         h, w = (int(v) for v in rng.integers(5, 41, 2))
         if kind == "thin":
             h, w = (int(v) for v in rng.permutation([int(rng.integers(1, 5)), int(rng.integers(5, 40))]))
+            if rng.random() < 0.5:      # one row of 11-14: 6-9 values outside a 5 px box
+                h, w = (int(v) for v in rng.permutation([1, int(rng.integers(11, 15))]))
         elif kind == "small":
             h, w = (int(v) for v in rng.integers(3, 10, 2))
         yy, xx = np.mgrid[:h, :w].astype(np.float64)
@@ -109,7 +114,7 @@ def surfaces(n: int, seed: int):
         elif kind != "noise":
             surf += 0.9 * gauss(xx, yy, cx, cy, width)
         if kind in ("thin", "small"):
-            box = int(rng.integers(0, 4))
+            box = int(rng.integers(0, 3))
             if rng.random() < 0.5:
                 margin = 0.0
         if kind == "constant":
@@ -138,13 +143,15 @@ def surfaces(n: int, seed: int):
         yield kind, surf, px, py, margin, PeakTest(box, sigma, 3.0)
 
 
-N = 4000
+N = 1000             # surfaces per chunk; the first chunk runs in the quick loop, the others as `seeds`
+CHUNKS = quick_first(range(4))
 
 
-def test_the_peak_box_reaches_as_far_as_the_surface_stays_above_half_way_down():
-    rng = np.random.default_rng(7)
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_the_peak_box_reaches_as_far_as_the_surface_stays_above_half_way_down(chunk):
+    rng = np.random.default_rng(7 + chunk)
     n = 0
-    for kind, surf, px, py, _, _ in surfaces(N, 11):
+    for kind, surf, px, py, _, _ in surfaces(N, 11 + 100 * chunk):
         for x, y in ((px, py), (int(rng.integers(surf.shape[1])), int(rng.integers(surf.shape[0])))):
             cap = int(rng.integers(0, 12))
             assert peak_half_width(surf, x, y, cap) == ref_half_width(surf, x, y, cap), (kind, x, y, cap)
@@ -152,23 +159,24 @@ def test_the_peak_box_reaches_as_far_as_the_surface_stays_above_half_way_down():
     assert n == 2 * N
 
 
-def test_a_peak_is_distinct_exactly_as_documented_on_either_side_of_every_threshold():
-    """4,000 generated surfaces: the screen's verdict equals the docstring's on each, and each of
-    the rule's decisive tests (a rival region, a ridge, the standard score, too little outside the
-    box, the lenient form) decides both ways often enough to have been tried at its edge."""
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_a_peak_is_distinct_exactly_as_documented_on_either_side_of_every_threshold(chunk):
+    """1,000 generated surfaces per chunk (4,000 in the full suite and the mutation oracle): the
+    screen's verdict equals the docstring's on each, and each of the rule's decisive tests (a rival
+    region, a ridge, the standard score, too little outside the box, the lenient form) decides both
+    ways often enough to have been tried at its edge."""
     seen: dict[tuple[str, bool], int] = {}
     near_sigma = 0
-    for kind, surf, px, py, margin, test in surfaces(N, 3):
+    for kind, surf, px, py, margin, test in surfaces(N, 3 + 100 * chunk):
         want, why = ref_distinct(surf, px, py, margin, test)
         assert distinct_peak(surf, px, py, margin, test) == want, (kind, why, margin, test, px, py, surf.shape)
         seen[(why, want)] = seen.get((why, want), 0) + 1
         z = z_score(surf, px, py, test.box_px) if why == "sigma" else None
         near_sigma += z is not None and test.sigma > 0 and abs(test.sigma / z - 1) < 0.006
-    assert seen.get(("rival", False), 0) >= 100 and seen.get(("ridge", False), 0) >= 40, seen
-    assert seen.get(("no rest", False), 0) >= 5, seen
-    assert seen.get(("sigma", True), 0) >= 300 and seen.get(("sigma", False), 0) >= 300, seen
-    assert seen.get(("lenient", True), 0) >= 50, seen
-    assert near_sigma >= 300, near_sigma
+    assert seen.get(("rival", False), 0) >= 100 and seen.get(("ridge", False), 0) >= 10, seen
+    assert seen.get(("no rest", False), 0) >= 15 and seen.get(("lenient", True), 0) >= 25, seen
+    assert seen.get(("sigma", True), 0) >= 300 and seen.get(("sigma", False), 0) >= 75, seen
+    assert near_sigma >= 150, near_sigma
 
 
 def test_the_helpers_give_numpy_s_values():
@@ -194,3 +202,10 @@ def test_the_helpers_give_numpy_s_values():
 # equivalent mutant: core/ReplaceBinaryOperator_Div_FloorDiv on `if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):`: (1.0 // 12 = 0) the floor of the smaller eigenvalue matters only where ev[1] <= 9/12 = 0.75, and a region of 5 or more pixels (the test above this one) that is that nearly straight (ev[0] < 1/12) lies along a line with distinct integer steps, whose larger variance is at least 2
 # equivalent mutant: core/NumberReplacer on `if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):`: (the floor 1.0 / 12 made 0, 2/12, 1/11 or 1/13; the box max(1, ...) made max(0, ...) or max(2, ...)) as the line above: where the aspect test holds, ev[1] > 9 x the floor and the region of 5 or more pixels is nearly straight, so ev[1] >= 2 and its length 2 sqrt(3 ev[1]) > 4, past either box (the factors 2 and 9.0 are killed here)
 # equivalent mutant: core/NumberReplacer on `g = peak_half_width(surface, px, py, max(1, test.box_px))`: (max(2, ...)) peak_half_width's result is at least 2 and at most max(2, cap): a cap of 1 and of 2 give the same half-side
+# equivalent mutant: core/ReplaceBinaryOperator_Add_FloorDiv on `for ray in (surface[py, px + 1:px + 1 + cap], surface[py, max(0, px - cap):px][::-1],`: (px // 1 + cap = px + cap) the ray's far end one value shorter, as NumberReplacer's on this line (the start, px // 1, is killed)
+# equivalent mutant: core/ReplaceBinaryOperator_Add_Pow on `for ray in (surface[py, px + 1:px + 1 + cap], surface[py, max(0, px - cap):px][::-1],`: (px ** 1 + cap = px + cap) as the line above
+# equivalent mutant: core/ReplaceBinaryOperator_Add_Mul on `for ray in (surface[py, px + 1:px + 1 + cap], surface[py, max(0, px - cap):px][::-1],`: (px * 1 + cap = px + cap) as the line above
+# equivalent mutant: core/ReplaceBinaryOperator_Add_FloorDiv on `surface[py + 1:py + 1 + cap, px], surface[max(0, py - cap):py, px][::-1]):`: (py // 1 + cap) as along x
+# equivalent mutant: core/ReplaceBinaryOperator_Add_Pow on `surface[py + 1:py + 1 + cap, px], surface[max(0, py - cap):py, px][::-1]):`: (py ** 1 + cap) as along x
+# equivalent mutant: core/ReplaceBinaryOperator_Add_Mul on `surface[py + 1:py + 1 + cap, px], surface[max(0, py - cap):py, px][::-1]):`: (py * 1 + cap) as along x
+# equivalent mutant: core/ReplaceComparisonOperator_Gt_GtE on `if length > 2 * max(1, test.box_px) and ev[1] > 9.0 * max(ev[0], 1.0 / 12):`: (ev[1] >= 9 x ...) an exact tie of two computed variances: 0.75 is below what a region of 5 or more nearly collinear pixels reaches (2), and a ratio of exactly 9 takes a region no grid gives as a bar (a x b pixels: a² = 9b² - 8 has only a = b = 1); none of the 4,000 generated regions met it (drawn by the sample of seed 4243)
