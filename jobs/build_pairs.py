@@ -46,7 +46,7 @@ from operators.pairs.selection.splits import SPLITS, assign_splits, list_files, 
 from operators.io import console  # noqa: E402
 from operators.io.storage import Store  # noqa: E402
 from operators.io.tables import (ERRORS_SCHEMA, StreamingTableWriter, changed_rows,  # noqa: E402
-                                 error_record, keyed, latest_run_id, read_table, resolve_errors, run_id_after, split_envelopes,
+                                 error_record, keyed, ordered_run_id, read_table, resolve_errors, split_envelopes,
                                  stream_dataset_to_tables, write_table_shard)
 
 log = logging.getLogger("changeforge.build_pairs")
@@ -238,7 +238,7 @@ def _start_run(job: PairsJobConfig, pairing: PairingConfig, reg: RegistrationCon
     schemas = table_schemas()
     # After every run id already in the output (shards are read in run-id order): a rerun in the same
     # second as the last writer, whose random suffix drew smaller, would not supersede its rows.
-    run_id = run_id_after(latest_run_id(out, schemas))
+    run_id = ordered_run_id(out, schemas)
     run_row = {"run_id": run_id, "job": JOB, "status": "started", "started": _now(), "input": job.input,
                "reference_date": pairing.reference_date, "seed": job.seed,
                "split_fractions": ",".join(f"{f:g}" for f in fractions),

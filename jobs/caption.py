@@ -63,7 +63,7 @@ from operators.io.sources import write_source
 from operators.io.storage import Store
 from operators.io.work_list import delete_stale_work_lists
 from operators.io import lineage
-from operators.io.tables import current_error_items, new_run_id, read_table, resolve_errors
+from operators.io.tables import current_error_items, ordered_run_id, read_table, resolve_errors
 from operators.language.resume import job_lineage, plan as resume_plan, run_prompts
 
 log = logging.getLogger("changeforge.caption")
@@ -113,7 +113,7 @@ def run(cfg: CaptionJobConfig) -> dict:
     from operators.io.tables import TableSink
 
     out = Store(cfg.output)
-    run_id = new_run_id()
+    run_id = ordered_run_id(out, TABLE_SCHEMAS)   # after every earlier run's shards
     # Which dataset was captioned, so that the QA job, the review and the report find it from here.
     write_source(out, JOB, input=cfg.input, dataset=cfg.input, list_file=cfg.list_file)
     prompts, resume, n_found, skipped = plan_run(cfg, out, run_id)

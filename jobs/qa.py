@@ -37,7 +37,7 @@ from operators.io import console
 from operators.io.sources import SOURCE_FILE, read_source, write_source
 from operators.io import lineage
 from operators.io.storage import Store
-from operators.io.tables import current_error_items, new_run_id, read_table, resolve_errors
+from operators.io.tables import current_error_items, ordered_run_id, read_table, resolve_errors
 from operators.io.work_list import delete_stale_work_lists
 from operators.language.caption_ops import PrepareConfig, find_dataset_pairs
 from operators.language.qa import OVERALL_MODES, QUESTION_TYPES, vqa_rows, write_vqa
@@ -155,7 +155,7 @@ def run(cfg: QAJobConfig) -> dict:
     from operators.io.tables import TableSink
 
     out = Store(cfg.output)
-    run_id = new_run_id()
+    run_id = ordered_run_id(out, TABLE_SCHEMAS)   # after every earlier run's shards
     write_source(out, JOB, input=cfg.input, dataset=dataset, captions=captions_source, list_file=cfg.list_file)
     prompts, resume, n_found, n_context, skipped = plan_run(cfg, out, dataset, captions_source, run_id)
     for reason, n in skipped.items():

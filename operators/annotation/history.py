@@ -119,15 +119,15 @@ def history_rows(tasks: list[dict], pairs: dict[str, dict], project_id: int = 0,
                      "lead_time_s": None, "quality": "[]",
                      "result": None if pred is None else json.dumps(pred["result"], sort_keys=True),
                      "prelabel_model": None if pred is None else pred.get("model_version")})
-        bad = [ann.get("id") for ann in anns if annotation_id(ann) is None]
+        ids = [annotation_id(ann) for ann in anns]
+        bad = [ann.get("id") for ann, aid in zip(anns, ids) if aid is None]
         if bad:
             # One row per task (errors/ keeps one current row per item and stage), every bad id named.
             refused.append({"task_id": task_id, "item": pair["pair_id"], "error_type": "BadAnnotationId",
                             "stage": "annotation_ids",
                             "message": f"task {task_id}: annotation id(s) {', '.join(repr(b) for b in bad)} not "
                             "positive integers (Label Studio's are); those annotations are not ingested"})
-        for ann in anns:
-            aid = annotation_id(ann)
+        for ann, aid in zip(anns, ids):
             if aid is None:
                 continue
             result = ann.get("result") or []

@@ -33,8 +33,9 @@ from operators.annotation.summary import SUMMARY_FILE, build_summary
 from operators.io.images import decode_image, encode_png
 from operators.io.layout import discover_pairs
 from operators.io.storage import Store
-from operators.io.tables import (ERRORS_SCHEMA, error_record, keyed, latest_run_id, read_table, records_to_table,
+from operators.io.tables import (ERRORS_SCHEMA, error_record, keyed, read_table, records_to_table,
                                  write_table_shard)
+from operators.io.tables import ordered_run_id as tables_ordered_run_id
 from operators.pairs.labels.labels import LABELS_SCHEMA, merge_label_maps
 
 JOB = "annotate"
@@ -60,16 +61,9 @@ TABLES = ("annotations", "annotation_state", "annotation_pending", "annotation_e
 
 
 def ordered_run_id(store: Store, tables=TABLES) -> str:
-    """A run id (``<time>-<hex>``, millisecond time) after every run id of ``tables``: readers take the latest
-    row per key in shard-name order, and two ingests within one second must not swap places."""
-    import uuid
-    last = latest_run_id(store, tables)
-    while True:
-        now = time.time()
-        rid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{uuid.uuid4().hex[:6]}"
-        if rid > last:
-            return rid
-        time.sleep(0.002)
+    """A run id after every run id of the annotation tables: readers take the latest row per key in
+    shard-name order, and two ingests within one second must not swap places."""
+    return tables_ordered_run_id(store, tables)
 
 
 # -- the scheme --------------------------------------------------------------------------------------

@@ -406,7 +406,11 @@ def stream_dataset_to_tables(ds, writer: StreamingTableWriter) -> None:
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    """``<UTC time to the millisecond>-<6 hex>``, e.g. ``20261207T071500123-3fa9c2``. Shards are read in
+    run-id order; an id of the older second-precision form (``20261207T071500-...``) sorts before every
+    millisecond id of its second and after every earlier second, so old outputs keep their order."""
+    ms = int(time.time() * 1000)   # both parts from one integer, so they always agree
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f"{ms % 1000:03d}-" + uuid.uuid4().hex[:6]
 
 
 def latest_run_id(store: Store, tables: Iterable[str]) -> str:
@@ -426,9 +430,15 @@ def run_id_after(latest: str) -> str:
     second as the last run must not draw a smaller one (its rows would not supersede)."""
     run_id = new_run_id()
     while run_id <= latest:
-        time.sleep(0.05)
+        time.sleep(0.002)
         run_id = new_run_id()
     return run_id
+
+
+def ordered_run_id(store: Store, tables: Iterable[str]) -> str:
+    """A run id after every run id among the shards of ``tables``: a job writing to those tables draws
+    its run id here, so its rows supersede every earlier run's (and a clock a little ahead's)."""
+    return run_id_after(latest_run_id(store, tables))
 
 
 def split_envelopes(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict]]:

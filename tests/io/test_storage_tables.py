@@ -6,6 +6,8 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from operators.io.storage import Store, gdal_env, read_uri
 from operators.io.tables import (ERRORS_SCHEMA, envelope, error_envelope, error_record, finished_keys,
@@ -88,6 +90,62 @@ def test_the_latest_run_id_is_read_from_every_shard_of_the_tables_named(tmp_path
     assert latest_run_id(store, ["t"]) == "20260101T000005-000001"
     assert latest_run_id(store, ["t", "u"]) == "20260101T000005-aaaaaa"
     assert run_id_after(latest_run_id(store, ["t", "u"])) > "20260101T000005-aaaaaa"
+
+
+def _ids_at(t: float, hexes: str) -> tuple[str, str]:
+    """The run ids a writer at time ``t`` draws: the second-precision form older outputs hold, and the
+    millisecond form every job now draws (written here from new_run_id's docstring)."""
+    import time
+    ms = int(t * 1000)
+    sec = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000))
+    return f"{sec}-{hexes}", f"{sec}{ms % 1000:03d}-{hexes}"
+
+
+@pytest.mark.quick
+@settings(deadline=None)
+@given(offsets=st.lists(st.tuples(st.floats(-5.0, 0.05), st.booleans(), st.sampled_from(["000000", "ffffff", "7a7a7a"])),
+                        min_size=0, max_size=6))
+def test_every_job_draws_a_run_id_after_every_shard_of_its_tables_old_form_or_new(tmp_path_factory, offsets):
+    """Shards written up to 5 s ago or by a clock up to 50 ms ahead, in either run-id form and with the
+    largest suffix: the drawn id sorts after every one (readers take the latest row per key in
+    shard-name order), and ids drawn one after another by the jobs keep their order."""
+    import time
+    from operators.io import tables
+    store = Store(str(tmp_path_factory.mktemp("ids")))
+    now = time.time()
+    written = []
+    for i, (dt, old_form, hexes) in enumerate(offsets):
+        rid = _ids_at(now + dt, hexes)[0 if old_form else 1]
+        store.write_bytes(f"{'tu'[i % 2]}/part-{rid}-0123456789abcdef.parquet", b"")
+        written.append(rid)
+    first = tables.ordered_run_id(store, ["t", "u"])
+    assert all(first > rid for rid in written), (first, written)
+    store.write_bytes(f"u/part-{first}-0123456789abcdef.parquet", b"")
+    assert tables.ordered_run_id(store, ["t", "u"]) > first
+
+
+# Times as second, millisecond and the rest: the ends of a second and of a millisecond come up often.
+TIMES = st.builds(lambda s, ms, frac: 1_700_000_000 + s + (ms + frac) / 1000, st.integers(0, 2),
+                  st.one_of(st.integers(0, 999), st.sampled_from([0, 999])),
+                  st.one_of(st.floats(0, 1, exclude_max=True), st.just(0.9999999)))
+
+
+@pytest.mark.quick
+@settings(max_examples=500, deadline=None)
+@given(t1=TIMES, t2=TIMES)
+def test_run_ids_sort_in_time_order_across_the_old_and_the_new_form(t1, t2):
+    """new_run_id is the millisecond form; an old second-form id sorts before every new id of its
+    second and later ones, after every new id of earlier seconds; new ids sort by millisecond."""
+    from unittest import mock
+    from operators.io import tables
+    with mock.patch.object(tables.time, "time", return_value=t2):
+        drawn = tables.new_run_id()
+    assert drawn[:-6] == _ids_at(t2, "")[1] and len(drawn) == 25
+    old1, new1 = _ids_at(t1, "ffffff")
+    ms1, ms2 = int(t1 * 1000), int(t2 * 1000)
+    assert (old1 < drawn) == (ms1 // 1000 <= ms2 // 1000)
+    if ms1 != ms2:
+        assert (new1 < drawn) == (ms1 < ms2)
 
 
 def test_a_rerun_writes_only_new_or_changed_rows(tmp_path):

@@ -51,19 +51,22 @@ def ref_distinct(surface: np.ndarray, px: int, py: int, margin: float, test: Pea
             ev = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
             if 2 * np.sqrt(3 * max(ev[1], 0)) > 2 * box and ev[1] > 9 * max(ev[0], 1 / 12):
                 return False, "ridge"
-    g = ref_half_width(surface, px, py, box)
-    yy, xx = np.mgrid[:surface.shape[0], :surface.shape[1]]
-    rest = surface[(np.abs(yy - py) > g) | (np.abs(xx - px) > g)]
+    rest = outside_box(surface, px, py, box)
     if rest.size < 8:
         return False, "no rest"
     return top >= float(rest.mean()) + test.sigma * float(rest.std()), "sigma"
 
 
+def outside_box(surface: np.ndarray, px: int, py: int, box: int) -> np.ndarray:
+    """The surface's values outside the peak's own box (half-width from ``ref_half_width``)."""
+    g = ref_half_width(surface, px, py, box)
+    yy, xx = np.mgrid[:surface.shape[0], :surface.shape[1]]
+    return surface[(np.abs(yy - py) > g) | (np.abs(xx - px) > g)]
+
+
 def z_score(surface: np.ndarray, px: int, py: int, box: int) -> float | None:
     """How many standard deviations the top stands above the rest (outside the peak's box)."""
-    g = ref_half_width(surface, px, py, max(1, box))
-    yy, xx = np.mgrid[:surface.shape[0], :surface.shape[1]]
-    rest = surface[(np.abs(yy - py) > g) | (np.abs(xx - px) > g)]
+    rest = outside_box(surface, px, py, max(1, box))
     if rest.size < 8 or float(rest.std()) == 0:
         return None
     return (float(surface[py, px]) - float(rest.mean())) / float(rest.std())
