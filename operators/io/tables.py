@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import posixpath
+import re
 import time
 import traceback
 import uuid
@@ -413,15 +414,23 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f"{ms % 1000:03d}-" + uuid.uuid4().hex[:6]
 
 
+# A run id in either form (second or millisecond time) at the start of a shard's name.
+RUN_ID = re.compile(r"part-(\d{8}T\d{6}(?:\d{3})?-[0-9a-f]{6})(?:-|\.parquet$)")
+# How far ahead of this machine's clock an output's latest run id may be before a job refuses to
+# start: waiting out a clock a few seconds fast is cheap, waiting out a wrong one would never end.
+MAX_CLOCK_AHEAD_S = 120
+
+
 def latest_run_id(store: Store, tables: Iterable[str]) -> str:
     """The largest run id among the shards of ``tables`` in ``store`` ('' when there are none): from
-    the shards' names (``part-<run_id>-...``), so rows any writer left count, not only recorded runs."""
+    the shards' names (``part-<run_id>-...``), so rows any writer left count, not only recorded runs.
+    A name that holds no run id (``part-legacy.parquet``) is not one."""
     latest = ""
     for table in tables:
         for rel in store.list(table, suffixes=(".parquet",)):
-            name = posixpath.basename(rel)
-            if name.startswith("part-"):
-                latest = max(latest, "-".join(name[len("part-"):].split("-")[:2]))
+            found = RUN_ID.match(posixpath.basename(rel))
+            if found:
+                latest = max(latest, found.group(1))
     return latest
 
 
@@ -429,6 +438,10 @@ def run_id_after(latest: str) -> str:
     """A run id that sorts after ``latest``: shards are read in run-id order, so a rerun within the same
     second as the last run must not draw a smaller one (its rows would not supersede)."""
     run_id = new_run_id()
+    ahead = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() + MAX_CLOCK_AHEAD_S))
+    if latest > ahead:
+        raise SystemExit(f"the output's latest run id {latest} is more than {MAX_CLOCK_AHEAD_S} s ahead of this "
+                         f"machine's clock (now {run_id[:18]} UTC): one of the clocks is wrong; fix it and run again")
     while run_id <= latest:
         time.sleep(0.002)
         run_id = new_run_id()

@@ -90,6 +90,35 @@ def test_the_latest_run_id_is_read_from_every_shard_of_the_tables_named(tmp_path
     assert latest_run_id(store, ["t"]) == "20260101T000005-000001"
     assert latest_run_id(store, ["t", "u"]) == "20260101T000005-aaaaaa"
     assert run_id_after(latest_run_id(store, ["t", "u"])) > "20260101T000005-aaaaaa"
+    # Names that hold no run id are not one ('legacy' and 'run2' sort after every date: a job
+    # would wait for its clock to pass them, for ever).
+    for name in ("part-legacy.parquet", "part-run2-0123.parquet", "part-20260101T000009-xyz123-a.parquet",
+                 "part-20260101T00000-aaaaaa-a.parquet", "part-20260101T000009-aaaaaa.tmp.parquet"):
+        store.write_bytes(f"u/{name}", b"")
+    assert latest_run_id(store, ["t", "u"]) == "20260101T000005-aaaaaa"
+    store.write_bytes("u/part-20260101T000007123-aaaaaa.parquet", b"")         # no hash: still a run id
+    assert latest_run_id(store, ["t", "u"]) == "20260101T000007123-aaaaaa"
+
+
+@pytest.mark.quick
+def test_a_run_id_far_ahead_of_the_clock_stops_the_job_in_one_line_instead_of_waiting(tmp_path, monkeypatch):
+    """An output whose latest run id is more than MAX_CLOCK_AHEAD_S ahead (a writer with a wrong
+    clock): waiting it out could take days, so the job refuses at once, naming both times; a clock
+    ahead by less is waited out. (The limit made 3 s here, so that the case under it waits 1 s.)"""
+    import time
+    from operators.io import tables
+    assert tables.MAX_CLOCK_AHEAD_S == 120
+    monkeypatch.setattr(tables, "MAX_CLOCK_AHEAD_S", 3)
+    store = Store(str(tmp_path))
+    for ahead_s, refused in ((4.5, True), (86400 * 400, True), (1.0, False)):
+        rid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() + ahead_s)) + "000-ffffff"
+        store.write_bytes(f"t/part-{rid}-0123.parquet", b"")
+        if refused:
+            with pytest.raises(SystemExit, match=f"latest run id {rid} is more than 3 s ahead of this machine's clock"):
+                tables.ordered_run_id(store, ["t"])
+            store.delete(f"t/part-{rid}-0123.parquet")
+        else:
+            assert tables.ordered_run_id(store, ["t"]) > rid
 
 
 def _ids_at(t: float, hexes: str) -> tuple[str, str]:
