@@ -411,7 +411,12 @@ def new_run_id() -> str:
     run-id order; an id of the older second-precision form (``20261207T071500-...``) sorts before every
     millisecond id of its second and after every earlier second, so old outputs keep their order."""
     ms = int(time.time() * 1000)   # both parts from one integer, so they always agree
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f"{ms % 1000:03d}-" + uuid.uuid4().hex[:6]
+    return _utc_second(ms // 1000) + f"{ms % 1000:03d}-" + uuid.uuid4().hex[:6]
+
+
+def _utc_second(t: float) -> str:
+    """A run id's time to the second (``20261207T071500``), the part both forms share."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(t))
 
 
 # A run id in either form (second or millisecond time) at the start of a shard's name.
@@ -435,10 +440,11 @@ def latest_run_id(store: Store, tables: Iterable[str]) -> str:
 
 
 def run_id_after(latest: str) -> str:
-    """A run id that sorts after ``latest``: shards are read in run-id order, so a rerun within the same
-    second as the last run must not draw a smaller one (its rows would not supersede)."""
+    """A run id that sorts after ``latest``: shards are read in run-id order, so a rerun right after the
+    last run (or after a writer whose clock ran a little ahead) must not draw a smaller one (its rows
+    would not supersede); a ``latest`` more than MAX_CLOCK_AHEAD_S ahead stops the job instead."""
     run_id = new_run_id()
-    ahead = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() + MAX_CLOCK_AHEAD_S))
+    ahead = _utc_second(time.time() + MAX_CLOCK_AHEAD_S)
     if latest > ahead:
         raise SystemExit(f"the output's latest run id {latest} is more than {MAX_CLOCK_AHEAD_S} s ahead of this "
                          f"machine's clock (now {run_id[:18]} UTC): one of the clocks is wrong; fix it and run again")
