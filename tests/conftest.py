@@ -252,6 +252,11 @@ def _quick_tests_start_no_ray(request, _environment_restored, monkeypatch):
 
 # Kept here too: other test modules import them from tests.conftest.
 from tests.equipment import free_port, start_announced, stop, wait_for_port  # noqa: E402,F401
+from tests.equipment import guard_this_process  # noqa: E402
+
+# Nothing this process starts outlives it, teardown or not (a SIGKILLed run left its servers, cluster and
+# jobs running: tests/equipment.py). Kept for the process's life: its exit closes the watchdog's pipe.
+WATCHDOG = guard_this_process()
 
 MOTO_READY = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
 

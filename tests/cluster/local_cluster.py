@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.equipment import reaper, release
+
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -67,6 +69,8 @@ class LocalRayCluster:
         self.env = {**base, "PATH": path, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
                     "RAY_USAGE_STATS_ENABLED": "0", "RAY_free_objects_period_milliseconds": "100",
                     **self.env}   # as cluster.yaml
+        # Killed without its teardown (SIGTERM, SIGKILL), the test process leaves no cluster running.
+        self._watchdog = reaper((self.temp_dir, f":{self.gcs_port}"), remove=self.temp_dir)
         try:
             self._start_head()
         except BaseException:
@@ -254,6 +258,7 @@ class LocalRayCluster:
     def shutdown(self) -> None:
         self._kill(self._own_processes())
         shutil.rmtree(self.temp_dir, ignore_errors=True)   # sessions, logs, spilled objects
+        release(self._watchdog)
 
     def _ray(self, *args: str, check: bool = True, timeout: float = 180, both: bool = False) -> str:
         """Run the ``ray`` CLI; its stdout (and stderr, where it logs statuses, with ``both``)."""

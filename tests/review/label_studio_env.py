@@ -23,10 +23,10 @@ import urllib.request
 from pathlib import Path
 
 try:
-    from tests.equipment import free_port, wait_for_port
+    from tests.equipment import die_with_parent, free_port, wait_for_port
 except ModuleNotFoundError:   # run as a script (python tests/review/label_studio_env.py): the checkout on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.equipment import free_port, wait_for_port
+    from tests.equipment import die_with_parent, free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = ("label-studio==1.23.2", "label-studio-sdk==2.1.2")
@@ -127,7 +127,8 @@ class LabelStudioServer:
         self.proc = subprocess.Popen(
             [str(venv / "bin" / "label-studio"), "start", "--no-browser", "--host", "127.0.0.1",
              "--internal-host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir)],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(self.data_dir))
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=str(self.data_dir),
+            preexec_fn=die_with_parent)
         self._deadline = time.time() + self.startup_s
         return self
 
