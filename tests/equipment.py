@@ -128,7 +128,9 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
 # runs no fixture's teardown: every server and cluster it started kept running, re-parented to init, and
 # the cluster's jobs kept working (seen: an interrupted cluster test left two raylets, a GCS, Ray's
 # client server, the S3 server and the test server up, the machine at load average 31, and the next
-# run's timings twice what they were). Two guards, for the two kinds of process the tests start.
+# run's killed-driver test waited over four minutes for work that takes seconds). Three guards: servers that are one process die with their
+# starter (``die_with_parent``); each test process has a watchdog for what carries its token
+# (``guard_this_process``); a cluster, which ``ray start`` daemonizes, has one for its marks (``reaper``).
 
 PR_SET_PDEATHSIG = 1
 # Looked up here, in the parent: between fork and exec the child only calls it (loading a library there,
@@ -197,7 +199,7 @@ def kill_marked(marks: tuple[str, ...], token: str | None = None, timeout: float
     finds none alive; how many were signalled."""
     import psutil
     n = 0
-    for scan in range(1 + RESCANS):
+    for _ in range(1 + RESCANS):
         procs = [q for q in marked_processes(marks, token) if _alive(q)]
         if not procs:
             break
