@@ -182,7 +182,7 @@ def marked_processes(marks: tuple[str, ...], token: str | None = None) -> list:
     return list(found.values())
 
 
-RESCANS = 3          # a process started while the first scan ran (Ray spawning its agents) is found by the next
+RESCANS = 3          # a net: a process started while a scan ran (a last spawn of a dying parent) is found by the next
 RESCAN_PAUSE_S = 0.5
 
 
