@@ -4,6 +4,8 @@ was made from (file contents, caption set, templates, models, settings) is uncha
 read again only when their stamps changed; a row made before lineage was kept is left alone."""
 from __future__ import annotations
 
+import json
+
 import cv2
 import pytest
 import numpy as np
@@ -62,7 +64,9 @@ def histories(draw):
         else:
             truth[pid] = ("missing", [])
         pairs.append(item)
-    return pairs, recorded, job_now, truth
+    # The recorded lineage as the job reads it back (stored, then parsed): equal stamps are equal strings,
+    # not the same objects (an `is` for `==` in moved_files survived a generator that shared them).
+    return pairs, json.loads(json.dumps(recorded)), job_now, truth
 
 
 @settings(RULE_BUDGET)
