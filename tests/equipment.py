@@ -164,7 +164,7 @@ def marked_processes(marks: tuple[str, ...], token: str | None = None) -> list:
         if p.pid == own:
             continue
         try:
-            environ = p.environ()
+            environ = p.environ() if paths or token else {}     # read only when a rule looks there
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             environ = {}
         # Marks are looked for in the environment too, where a process's title has not overwritten it.

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.equipment import reaper, release
+from tests.equipment import kill_marked, marked_processes, reaper, release
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -70,7 +70,7 @@ class LocalRayCluster:
                     "RAY_USAGE_STATS_ENABLED": "0", "RAY_free_objects_period_milliseconds": "100",
                     **self.env}   # as cluster.yaml
         # Killed without its teardown (SIGTERM, SIGKILL), the test process leaves no cluster running.
-        self._watchdog = reaper((self.temp_dir, f":{self.gcs_port}"), remove=self.temp_dir)
+        self._watchdog = reaper(self.marks, remove=self.temp_dir)
         try:
             self._start_head()
         except BaseException:
@@ -102,7 +102,7 @@ class LocalRayCluster:
                     raise
                 print(f"[cluster] ray start attempt {attempt} failed ({str(exc).strip().splitlines()[-1][:120]}); "
                       f"again", flush=True)
-                self._kill(self._own_processes(marks=(own_dir,)))
+                kill_marked((own_dir,))
                 time.sleep(self.RETRY_PAUSE_S)
 
     # -- nodes ------------------------------------------------------------------------------------
@@ -165,8 +165,11 @@ class LocalRayCluster:
 
     def _raylet_of(self, name: str) -> psutil.Process:
         """The raylet whose static resources carry ``node_<name>``."""
-        for p in self._own_processes():
-            cmd = p.info["cmdline"] or []
+        for p in marked_processes(self.marks):
+            try:
+                cmd = p.cmdline()
+            except psutil.NoSuchProcess:
+                continue
             if cmd and cmd[0].endswith("raylet") and any(
                     a.startswith("--static_resource_list=") and f"node_{name}," in a for a in cmd):
                 return p
@@ -232,31 +235,14 @@ class LocalRayCluster:
         self.client.stop_job(job_id)
 
     # -- teardown ---------------------------------------------------------------------------------
-    def _own_processes(self, marks: tuple[str, ...] = ()) -> list[psutil.Process]:
-        marks = marks or (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
-        own = []
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if any(m in cmd for m in marks):
-                own.append(p)
-        return own
-
-    @staticmethod
-    def _kill(procs: list[psutil.Process]) -> None:
-        for p in procs:
-            try:
-                family = [p] + p.children(recursive=True)
-            except psutil.NoSuchProcess:
-                continue
-            for q in family:
-                try:
-                    q.send_signal(signal.SIGKILL)
-                except psutil.NoSuchProcess:
-                    pass
-        psutil.wait_procs(procs, timeout=10)
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """What marks this cluster's processes (``tests.equipment.marked_processes``): its temp dir and
+        its GCS port (Ray's client server carries only the port)."""
+        return (self.temp_dir, f":{self.gcs_port}", f"={self.gcs_port}")
 
     def shutdown(self) -> None:
-        self._kill(self._own_processes())
+        kill_marked(self.marks)
         shutil.rmtree(self.temp_dir, ignore_errors=True)   # sessions, logs, spilled objects
         release(self._watchdog)
 
