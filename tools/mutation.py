@@ -233,15 +233,26 @@ def collect(session: Path, module: Module, root: Path) -> Outcome:
     return out
 
 
+def unmutated_seconds(module: Module, work: Path, env: dict, baselines: dict[str, float]) -> float:
+    """The module's oracle run on the unmutated checkout, which must pass; its wall time. Run once per
+    test command: modules judged by the same tests (screening's parts) share the run, since the
+    checkout is the same unmutated tree between modules (cosmic-ray restores each mutant)."""
+    command = test_command(module)
+    if command not in baselines:
+        t0 = time.time()
+        base = run(shlex.split(command), work, env)
+        if base.returncode != 0:
+            raise SystemExit(f"{module.path}: its tests fail without a mutation (exit {base.returncode}):\n"
+                             f"{base.stdout[-3000:]}\n{base.stderr[-2000:]}")
+        baselines[command] = time.time() - t0
+    return baselines[command]
+
+
 def mutate(module: Module, work: Path, sample: int | None, seed: int, log=print,
-           lines: set[int] | None = None) -> Outcome:
+           lines: set[int] | None = None, baselines: dict[str, float] | None = None) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.time()
-    base = run(shlex.split(test_command(module)), work, env)       # the oracle passes unmutated
-    if base.returncode != 0:
-        raise SystemExit(f"{module.path}: its tests fail without a mutation (exit {base.returncode}):\n"
-                         f"{base.stdout[-3000:]}\n{base.stderr[-2000:]}")
-    baseline_s = time.time() - t0
+    baseline_s = unmutated_seconds(module, work, env, {} if baselines is None else baselines)
     timeout = max(module.timeout_s, 4 * baseline_s + 10)
     cfg = write_config(work, module, timeout)
     session = work / f"cr-{Path(module.path).stem}.sqlite"
@@ -368,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cf-mutation-") as tmp:
         work = Path(tmp)
         copy_checkout(work)
-        outcomes = [mutate(m, work, args.sample, args.seed, lines=lines[m.path]) for m in modules]
+        baselines: dict[str, float] = {}
+        outcomes = [mutate(m, work, args.sample, args.seed, lines=lines[m.path], baselines=baselines)
+                    for m in modules]
     report(outcomes)
     code, out = verdict(outcomes, args.fail_on_survivor, args.min_score, args.min_judged,
                         none_ok=bool(args.changed_since))

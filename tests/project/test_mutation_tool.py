@@ -153,3 +153,24 @@ def test_the_commit_seed_is_the_commit_s_and_the_environment_s_when_given(monkey
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     if head:
         assert mutation.commit_seed() == int(head[:8], 16)
+
+
+def test_modules_judged_by_the_same_tests_run_them_unmutated_once(monkeypatch, tmp_path):
+    # Screening's five modules share one oracle: its unmutated run (about 100 s) once, not five times;
+    # another oracle runs its own, and an oracle that fails unmutated stops the run.
+    ran = []
+
+    def run(cmd, cwd, env):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1 if "tests/b.py" in cmd else 0, "", "")
+    monkeypatch.setattr(mutation, "run", run)
+    shared = [mutation.Module(path=f"m{k}.py", tests=["tests/a.py"]) for k in range(3)]
+    baselines = {}
+    for m in shared:
+        assert mutation.unmutated_seconds(m, tmp_path, {}, baselines) >= 0
+    assert len(ran) == 1
+    other = mutation.Module(path="m.py", tests=["tests/a.py"], marker="quick or seeds")
+    mutation.unmutated_seconds(other, tmp_path, {}, baselines)
+    assert len(ran) == 2
+    with pytest.raises(SystemExit, match="its tests fail without a mutation"):
+        mutation.unmutated_seconds(mutation.Module(path="n.py", tests=["tests/b.py"]), tmp_path, {}, baselines)
