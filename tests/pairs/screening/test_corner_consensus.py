@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
-from operators.pairs.screening.screening import WindowShift, corner_residual, msac_cost
+from operators.pairs.screening.fields import corner_residual, msac_cost
+from operators.pairs.screening.windows import WindowShift
 from tests.seeds import quick_first
 
 C, STEP, N = 1024, 64, 15           # 128 px windows at half-window steps: a 15 x 15 grid
@@ -165,7 +166,8 @@ def test_a_corner_far_from_every_window_is_read_at_their_span_with_the_span_s_st
     decides six (seeds 1, 9, 14, 27, 31, 37: the field's value at the span's farthest corner, to
     within 0.3 px); in the others an affine field's looser bound at the true corners is larger and
     wins. (With the span's standard error computed as sigma / sqrt(...) it read 1.09 px.)"""
-    from operators.pairs.screening.screening import WindowShift, corner_residual
+    from operators.pairs.screening.fields import corner_residual
+    from operators.pairs.screening.windows import WindowShift
     decided = []
     for seed in range(40):
         rng = np.random.default_rng(seed)

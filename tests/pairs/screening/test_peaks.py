@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from operators.pairs.screening.screening import (PeakTest, _cov_eigvals, _median, distinct_peak,
-                                                 peak_half_width)
+from operators.pairs.screening.peaks import PeakTest, _cov_eigvals, _median, distinct_peak, peak_half_width
 from tests.seeds import quick_first
 
 

@@ -14,9 +14,9 @@ from benchmarks._fields import make_case, scene
 from operators.pairs.registration.registration import RegistrationConfig
 from operators.pairs.screening.roofs import (ROOF_GROW_PX, UNEXPLAINED_FLOOR, masked_shift,
                                             offset_error, roof_pixels)
-from operators.pairs.screening.screening import (DISPLACED, Lean, LeanReading, lean_cone,
-                                                 lean_seen, lean_split, one_roof_share,
-                                                 screen_alignment, window_centre)
+from operators.pairs.screening.lean import Lean, LeanReading, lean_cone, lean_seen, lean_split, one_roof_share
+from operators.pairs.screening.screening import DISPLACED, screen_alignment
+from operators.pairs.screening.windows import window_centre
 from tests.seeds import quick_first
 
 WIN = 128           # the screening window at the paper's 1024 px crop
@@ -430,7 +430,7 @@ def examined_windows(devs, lean, reach=None, report=False):
     """Which of the windows at ``WIN_GRID`` with displacements ``devs`` (the ground field held at
     exactly zero, so a displacement is its deviation) the roof-less reading examines: roof_pixels
     is recorded and finds no roof, so nothing else happens."""
-    import operators.pairs.screening.screening as S
+    import operators.pairs.screening.lean as S
     cfg = RegistrationConfig(crop_size=1024)
     ground = [S.WindowShift(x, y, float(dx), float(dy), 0.9, k // 7, k % 7)
               for k, ((x, y), (dx, dy)) in enumerate(zip(WIN_GRID, devs))]
@@ -503,7 +503,8 @@ def test_one_leaning_window_is_read_however_few():
     its magnitude within 0.5 px of the roof's. CI's mutation sample (seed 35, drawn over a
     larger scope) showed `idx.size == 0` -> `== 1` surviving every test: a single window off
     the field returned no reading."""
-    from operators.pairs.screening.screening import WindowShift, read_lean, window_starts
+    from operators.pairs.screening.lean import read_lean
+    from operators.pairs.screening.windows import WindowShift, window_starts
 
     cfg = RegistrationConfig(crop_size=1024)
     win = cfg.screen_window()

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands, translation
-from operators.pairs.screening.screening import (WindowShift, confirmed, corner_residual, match_window, rescue_field, screen_alignment,
-                                                 supported, window_starts)
+from operators.pairs.screening.fields import corner_residual
+from operators.pairs.screening.peaks import match_window
+from operators.pairs.screening.screening import rescue_field, screen_alignment
+from operators.pairs.screening.windows import WindowShift, confirmed, supported, window_starts
 from tests.pairs.registration.test_registration import known_homography, naip_rgb
 
 C = 1024                     # the paper's crop: windows of 128 px (1/8), half-window steps
@@ -401,7 +403,7 @@ def test_a_window_s_centre_and_origin_are_each_other_s_inverse(x, y, win):
     width, the moved layer, a region's joint template): the centre is the mean of the window's
     pixel coordinates, and the origin read back from it is the start, for even and odd sizes (a
     window read 1 px off includes a column of its neighbour)."""
-    from operators.pairs.screening.screening import window_centre, window_origin
+    from operators.pairs.screening.windows import window_centre, window_origin
     cx, cy = window_centre(x, win), window_centre(y, win)
     assert cx == pytest.approx(np.arange(x, x + win).mean())
     assert cy == pytest.approx(np.arange(y, y + win).mean())
@@ -429,7 +431,7 @@ def test_a_window_with_exactly_the_usable_share_counts(scene):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_flat_positions_are_the_windows_whose_standard_deviation_is_under_flat_std(data):
-    from operators.pairs.screening.screening import FLAT_STD, FlatMaps, flat_positions
+    from operators.pairs.screening.peaks import FLAT_STD, FlatMaps, flat_positions
     h, w = data.draw(st.integers(8, 48)), data.draw(st.integers(8, 48))
     th, tw = data.draw(st.integers(2, 8)), data.draw(st.integers(2, 8))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -485,7 +487,7 @@ def test_a_window_moved_far_is_found_beside_a_nodata_edge():
     """200 drawn cases (:func:`moved_beside_nodata`): the far search (the whole crop) finds the
     pre window where it moved, never elsewhere, in at least 195 (measured: 199). With the flat
     places left in, the zero band's spurious rivals (up to 1.0) left 183 found."""
-    from operators.pairs.screening.screening import PeakTest, search_window
+    from operators.pairs.screening.peaks import PeakTest, search_window
     found = 0
     for seed in range(200):
         case = moved_beside_nodata(seed)

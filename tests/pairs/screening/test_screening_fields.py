@@ -11,8 +11,7 @@ import pytest
 
 from benchmarks._fields import SHAPES, SMOOTH_KINDS, make_case, smooth_field
 from operators.pairs.registration.registration import RegistrationConfig
-from operators.pairs.screening.screening import (DISPLACED, INSUFFICIENT, REPEATS_MOVED,
-                                                 screen_alignment)
+from operators.pairs.screening.screening import DISPLACED, INSUFFICIENT, REPEATS_MOVED, screen_alignment
 from tests.seeds import quick_first
 
 
@@ -208,7 +207,7 @@ def test_what_moved_is_ground_when_wider_than_a_roof_or_cut_by_the_crop_edge():
     """``wide_areas``: a roof-sized blob is not ground; a disc as wide as the widest roof is; a
     thin strip inside the crop is a row of roofs' size (not ground) unless the crop's edge cuts
     it, where its width may lie outside (a region mostly beyond the crop shows as a sliver)."""
-    from operators.pairs.screening.screening import wide_areas
+    from operators.pairs.screening.lean import wide_areas
     width = 30.0
     for edge in ("top", "left", "bottom", "right", None):
         m = np.zeros((192, 192), bool)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from operators.pairs.registration.registration import RegistrationConfig
-from operators.pairs.screening.screening import AGREE_PX, WindowShift, confirmed, supported
+from operators.pairs.screening.windows import AGREE_PX, WindowShift, confirmed, supported
 from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
 
@@ -83,7 +83,7 @@ def test_each_shift_is_placed_at_its_windows_centre(scene):  # noqa: F811
     # The corner fields extrapolate from where the windows are: a centre half a pixel off
     # ((win / 1) / 2 for (win - 1) / 2) moves every corner estimate. Pixel centres are integers, so
     # a window starting at x covering win pixels is centred at x + (win - 1) / 2.
-    from operators.pairs.screening.screening import window_starts
+    from operators.pairs.screening.windows import window_starts
     r = screen(pre_of(scene), pre_of(scene))
     win = CFG.screen_window()
     starts = window_starts(C, win)
@@ -106,6 +106,7 @@ def test_nothing_measured_is_insufficient_evidence_even_when_no_share_is_asked(s
 
 
 # equivalent mutant: core/ReplaceBinaryOperator_Add_LShift on `grid = np.full((rows.max() + 3, cols.max() + 3, 2), np.nan)`: (<< 3 for + 3) the rows and columns are offset by 2, so their maximum m >= 2 and 8 m >= m + 3: the grid only grows, with NaN (no window) in the extra cells.
+# equivalent mutant: core/ReplaceBinaryOperator_Add_Sub on `other = grid[rows + dr, cols + dc]`: (rows - dr, or cols - dc) the ring of offsets, max(|dr|, |dc|) == 2, is the same set mirrored, and a window is kept when any neighbour on the ring agrees (the OR over all of it): the same neighbours in another order (3,000 random grids, both mirrors: the same windows kept)
 # equivalent mutant: core/ReplaceBinaryOperator_Mul_Pow on `if count[i, j] < win * win:     # unusable pixels take the window's mean`: (win ** win) the mean fill then runs on fully usable windows too, where np.where(valid, a, mean) with valid everywhere is a itself (same values, same dtype): only a copy more.
 # equivalent mutant: core/ReplaceComparisonOperator_Lt_LtE on `if count[i, j] < win * win:     # unusable pixels take the window's mean`: with count[i, j] == win * win every pixel is usable, and np.where(valid, a, mean) with valid everywhere is a itself (same values, same dtype)
 # equivalent mutant: core/ReplaceComparisonOperator_Lt_NotEq on `if count[i, j] < win * win:     # unusable pixels take the window's mean`: count[i, j] counts usable pixels of the window, never more than win * win, so != and < agree
@@ -133,7 +134,8 @@ def test_a_hull_covering_exactly_the_share_asked_passes():
     asked has its evidence spread enough; a hair more asked, not."""
     from dataclasses import replace
 
-    from operators.pairs.screening.screening import Evidence, hull_share, too_little_spread
+    from operators.pairs.screening.fields import hull_share
+    from operators.pairs.screening.screening import Evidence, too_little_spread
 
     trusted = [w(r, c, 0.3, -0.2) for r in (1, 5, 14) for c in (1, 7, 14)]
     share = hull_share(trusted, C, C)
@@ -274,7 +276,7 @@ def test_the_round_trip_searches_back_the_part_of_a_shifted_window_inside_the_cr
     part searched back; counted, as flat parts of the texture can fail it)."""
     from benchmarks._fields import scene
 
-    from operators.pairs.screening.screening import PeakTest, round_trip
+    from operators.pairs.screening.peaks import PeakTest, round_trip
 
     rng = np.random.default_rng(11)
     counts = {"inside too little": 0, "wrong": 0, "true, enough inside": 0, "true confirmed": 0,

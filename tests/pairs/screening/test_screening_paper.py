@@ -11,8 +11,11 @@ import pytest
 
 from benchmarks.registration_real import planted_pair
 from operators.pairs.registration.registration import RegistrationConfig, grey_from_bands
-from operators.pairs.screening.screening import (DISPLACED, LEAN_MIN_WINDOW, WindowShift, corner_residual, match_window,
-                                                 screen_alignment)
+from operators.pairs.screening.fields import corner_residual
+from operators.pairs.screening.lean import LEAN_MIN_WINDOW
+from operators.pairs.screening.peaks import match_window
+from operators.pairs.screening.screening import DISPLACED, screen_alignment
+from operators.pairs.screening.windows import WindowShift
 from tests.conftest import DATA
 from tests.pairs.registration.test_registration import naip_rgb
 
