@@ -562,7 +562,7 @@ class BatchDriver:
                     (b.get("metadata") or {}).get("submission") == record["id"]:
                 return b
             created = b.get("created_at")
-            if isinstance(created, (int, float)) and created < record.get("begun", 0) - 3600:
+            if isinstance(created, (int, float)) and created < record["begun"] - 3600:
                 return None
         return None
 

@@ -15,7 +15,7 @@ import os
 import urllib.error
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import operators.llm.batch as batch
 from operators.llm.batch import (BatchAPI, BatchAPIError, BatchDriver, BatchSettings, BatchState,
@@ -272,6 +272,42 @@ def test_a_lost_creation_is_found_by_its_input_file_when_the_provider_keeps_no_m
     provider = LosesAnswersAndMetadata()
     driver = BatchDriver(state, provider, BatchSettings(), job="t", run_id="run1", sleep=lambda s: None)
     assert driver.submit() == ["batch-0"] and len(provider.created) == 1
+
+
+BEGUN = 1_790_000_000.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(ages=st.lists(st.one_of(st.integers(-600, 7300), st.none()), max_size=12), at=st.integers(0, 12))
+@example(ages=[3600, 3600], at=2)           # created exactly an hour before the submission began: looked past
+@example(ages=[3601, 0], at=2)              # a second more: the search ends there
+def test_a_lost_batch_is_looked_for_back_to_an_hour_before_its_submission_began(tmp_path_factory, ages, at):
+    """The account's batches, newest first, created ``ages`` seconds before the submission began
+    (None: no creation time), this submission's batch among them at ``at`` (after the last: not
+    there): it is found when no batch before it in the list was created more than an hour
+    (3,600 s) before the submission began; the search reads the list only that far."""
+    others = [{"id": f"other-{i}", "input_file_id": f"file-x{i}", "metadata": {},
+               **({} if age is None else {"created_at": BEGUN - age})} for i, age in enumerate(ages)]
+    ours = {"id": "ours", "input_file_id": "file-0", "metadata": {}, "created_at": BEGUN + 1}
+    listed = others[:at] + [ours] + others[at:] if at <= len(others) else others
+    read: list[str] = []
+
+    class Lists(MemoryProvider):
+        def list_batches(self, limit=100):
+            for b in listed:
+                read.append(b["id"])
+                yield b
+
+    record = {"id": "sub-1", "file_id": "file-0", "begun": BEGUN}
+    driver = BatchDriver(deferred(tmp_path_factory.mktemp("s"), []), Lists(), BatchSettings(), job="t",
+                         run_id="run1", sleep=lambda s: None)
+    # The reference, from the documented rule: the first batch made from the file, unless one
+    # created more than an hour before the submission began comes first.
+    stop = next((i for i, b in enumerate(listed) if b["id"] == "ours" or
+                 ("created_at" in b and b["created_at"] < BEGUN - 3600)), len(listed))
+    found = stop < len(listed) and listed[stop]["id"] == "ours"
+    assert driver._find(record) == (ours if found else None)
+    assert read == [b["id"] for b in listed[:stop + 1]]
 
 
 @settings(max_examples=40, deadline=None)
