@@ -5,7 +5,8 @@ the oracle (cosmic-ray 8): does a test fail when a line of the code is wrong?
     python tools/mutation.py --sample 40 --seed 35 --fail-on-survivor     # CI: a fixed sample
     python tools/mutation.py --module operators/scoring/confusion.py      # one module
 
-For each module (``[[module]]`` in ``tools/mutation.toml``: its path and the quick tests that cover it)
+For each module (``[[module]]`` in ``tools/mutation.toml``: its path and the quick tests that cover it,
+or the name of an ``[oracle.<name>]`` holding the tests that modules split from one rule share)
 cosmic-ray writes each mutant (an operator swapped, a constant changed, a condition negated, ...) into
 a copy of the checkout and runs the tests against it: a failing run kills the mutant; a mutant the
 tests pass is a survivor. Printed per module: killed / survived / timeouts / incompetent (mutants
@@ -78,10 +79,23 @@ class Outcome:
 
 
 def load_modules(path: Path = CONFIG) -> list[Module]:
+    """The ``[[module]]`` entries. A module names its tests (and their marker) itself, or names an
+    ``[oracle.<name>]`` table that holds them, shared by the modules one set of tests judges whole (a
+    module split into parts); a module with both, or naming an oracle not declared, is refused."""
     doc = tomllib.loads(path.read_text())
-    return [Module(path=m["path"], tests=list(m["tests"]), timeout_s=float(m.get("timeout_s", 240)),
-                   only=list(m.get("only", ())), marker=str(m.get("marker", "quick")))
-            for m in doc["module"]]
+    oracles = doc.get("oracle", {})
+    out = []
+    for m in doc["module"]:
+        own = {k: m[k] for k in ("tests", "marker") if k in m}
+        if "oracle" in m:
+            if own:
+                raise ValueError(f"{path}: {m['path']}: names oracle {m['oracle']!r} and its own {sorted(own)}")
+            if m["oracle"] not in oracles:
+                raise ValueError(f"{path}: {m['path']}: no [oracle.{m['oracle']}] declared")
+            own = oracles[m["oracle"]]
+        out.append(Module(path=m["path"], tests=list(own["tests"]), timeout_s=float(m.get("timeout_s", 240)),
+                          only=list(m.get("only", ())), marker=str(own.get("marker", "quick"))))
+    return out
 
 
 def equivalents(tests: list[str], root: Path = REPO) -> dict[tuple[str, str], str]:

@@ -55,6 +55,26 @@ def test_every_listed_module_and_oracle_exists_and_only_names_real_definitions()
             mutation.definition_spans((REPO / m.path).read_text(), m.only)
 
 
+def test_modules_share_an_oracle_by_name_and_a_wrong_name_is_refused(tmp_path):
+    """Modules naming ``[oracle.<name>]`` get its tests and marker; their own ``only`` stays theirs. A
+    module naming an oracle not declared, or both an oracle and tests of its own, is refused by path."""
+    cfg = tmp_path / "m.toml"
+    oracle = '[oracle.o]\ntests = ["t1.py", "t2.py"]\nmarker = "quick or seeds"\n'
+    cfg.write_text('[[module]]\npath = "a.py"\noracle = "o"\nonly = ["f"]\n\n'
+                   '[[module]]\npath = "b.py"\noracle = "o"\n\n'
+                   '[[module]]\npath = "c.py"\ntests = ["t3.py"]\n\n' + oracle)
+    a, b, c = mutation.load_modules(cfg)
+    assert (a.tests, a.marker, a.only) == (["t1.py", "t2.py"], "quick or seeds", ["f"])
+    assert (b.tests, b.marker, b.only) == (["t1.py", "t2.py"], "quick or seeds", [])
+    assert (c.tests, c.marker) == (["t3.py"], "quick")
+    cfg.write_text('[[module]]\npath = "a.py"\noracle = "p"\n\n' + oracle)
+    with pytest.raises(ValueError, match=r"a\.py: no \[oracle\.p\] declared"):
+        mutation.load_modules(cfg)
+    cfg.write_text('[[module]]\npath = "a.py"\noracle = "o"\ntests = ["t3.py"]\n\n' + oracle)
+    with pytest.raises(ValueError, match=r"a\.py: names oracle 'o' and its own \['tests'\]"):
+        mutation.load_modules(cfg)
+
+
 def _sample(tmp_path: Path, name: str, n: int | None, lines: set[int] | None = None) -> list[tuple]:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome
