@@ -62,6 +62,8 @@ CASES = [
     ("pairs-stride-type", P + ["--stride", "abc"], "--stride abc: not a whole number"),
     ("pairs-abbreviation", P + ["--strid", "512"], "unknown option --strid (did you mean --stride?)"),
     ("pairs-slice-negative", P + ["--slice-size", "-1"], "--slice-size -1: must be at least 1"),
+    # the rescue's field needs redundancy: the floor was a silent max(setting, 8) in the screen
+    ("pairs-rescue-min-windows-7", P + ["--rescue-min-windows", "7"], "--rescue-min-windows 7: must be at least 8"),
     ("pairs-crop-above-slice", P + ["--crop-size", "4000"], "--crop-size 4000 is larger than --slice-size 3000"),
     ("pairs-cloud-cover-150", P + ["--max-cloud-cover", "150"], "--max-cloud-cover 150: must be between 0 and 100"),
     ("pairs-crop-cloud-fraction", P + ["--max-crop-cloud", "1.5"], "--max-crop-cloud 1.5: must be between 0 and 1"),

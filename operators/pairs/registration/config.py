@@ -253,7 +253,9 @@ class RescueConfig:
     rescue: bool = _opt(True, "refit a crop rejected for a displaced region or corner from its "
                               "screening shift field when that field is smooth and well "
                               "supported, then screen the re-warped crop again from scratch")
-    rescue_min_windows: int = _opt(12, "agreeing screening windows a rescue needs")
+    rescue_min_windows: int = _opt(12, "agreeing screening windows a rescue needs (at least 8: twice the "
+                                       "4 a projective field fits exactly, so the field can disagree with "
+                                       "some and its smoothness is tested, not given)", lo=8)
     rescue_min_agreement: float = _opt(0.9, "share of those windows one affine (else projective) "
                                             "field must explain within 2 px (smoothness) for a "
                                             "rescue")

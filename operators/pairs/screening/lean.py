@@ -23,11 +23,16 @@ class Lean:
     share: float = 0.0    # share of the crop seen moving with the roofs (their moved layer)
 
 
+# Windows the ground field needs: twice the 3 an affine field fits exactly, so RANSAC's consensus
+# can leave some out (roofs, a moved region) and still be checked by others.
+GROUND_MIN_WINDOWS = 6
+
+
 def ground_field(shifts: list[WindowShift], agree_px: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """The crop's ground field: the affine field (crop px -> where the content sits in the post
     crop) most windows agree with within ``agree_px`` (RANSAC, seeded), and which windows do.
     Robust where a least-squares fit is pulled by roofs or a moved region."""
-    if len(shifts) < 6:
+    if len(shifts) < GROUND_MIN_WINDOWS:
         return None
     src = np.array([[s.x, s.y] for s in shifts], np.float64)
     dst = src + np.array([[s.dx, s.dy] for s in shifts])

@@ -444,7 +444,7 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
         return None
     trusted = result.shifts
     quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
-    if len(trusted) < max(cfg.rescue_min_windows, 8) or quadrants < cfg.screen_min_quadrants or \
+    if len(trusted) < cfg.rescue_min_windows or quadrants < cfg.screen_min_quadrants or \
             hull_share(trusted, w, h) < cfg.screen_min_coverage:
         return None
     src = np.array([[s.x, s.y] for s in trusted], np.float64)
