@@ -49,8 +49,9 @@ from operators.pairs.screening.lean import (LEAN_MIN_WINDOW, Lean, ground_as_rep
 from operators.pairs.screening.peaks import FlatMaps, PeakTest, search_window
 from operators.pairs.screening.repeats import (MOVED, NONE, REPEAT_MIN_WINDOW, UNKNOWN, RegionShift,
                                                repeat_period, repeated_groups, region_shift)
-from operators.pairs.screening.windows import (WindowShift, confirmed, displaced_groups, supported,
-                                               window_centre, window_origin, window_starts, window_stats)
+from operators.pairs.screening.windows import (WindowShift, confirmed, displaced_groups, quadrants_reached,
+                                               supported, window_centre, window_origin, window_starts,
+                                               window_stats)
 
 
 @dataclass
@@ -372,7 +373,7 @@ def too_little_spread(ev: Evidence) -> Optional[tuple[str, str]]:
     """Too few agreeing windows, or windows that leave a quadrant or most of the crop unseen (a
     scale or rotation error grows towards a far corner no window sees)."""
     n, cfg = len(ev.trusted), ev.cfg
-    quadrants = len({(s.x >= ev.w / 2, s.y >= ev.h / 2) for s in ev.trusted})
+    quadrants = quadrants_reached(ev.trusted, ev.w, ev.h)
     coverage = ev.coverage
     if n >= cfg.screen_min_windows and quadrants >= cfg.screen_min_quadrants and \
             coverage >= cfg.screen_min_coverage:
@@ -443,7 +444,7 @@ def rescue_field(result: ScreeningResult, w: int, h: int,
     if not cfg.rescue or result.reject_code not in RESCUABLE:
         return None
     trusted = result.shifts
-    quadrants = len({(s.x >= w / 2, s.y >= h / 2) for s in trusted})
+    quadrants = quadrants_reached(trusted, w, h)
     if len(trusted) < cfg.rescue_min_windows or quadrants < cfg.screen_min_quadrants or \
             hull_share(trusted, w, h) < cfg.screen_min_coverage:
         return None

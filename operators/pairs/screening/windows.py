@@ -49,6 +49,14 @@ def window_starts(size: int, window: int) -> list[int]:
     return starts
 
 
+def quadrants_reached(shifts: list[WindowShift], w: int, h: int) -> int:
+    """Quadrants of a ``w`` x ``h`` crop (of 4) holding a window's centre: a scale or rotation
+    error grows towards a far corner, and a quadrant no window reaches leaves its corner unseen.
+    The screen and the rescue both count them here (the hull's share of the crop, beside it,
+    says how far the evidence spreads; the quadrants, which corners it reaches)."""
+    return len({(s.x >= w / 2, s.y >= h / 2) for s in shifts})
+
+
 def supported(shifts: list[WindowShift], agree_px: float = AGREE_PX) -> list[WindowShift]:
     """Windows whose displacement an adjacent, non-overlapping window agrees with (within
     ``AGREE_PX``): two grid steps away, so the two share no pixels.

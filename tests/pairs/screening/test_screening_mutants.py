@@ -6,12 +6,28 @@ from __future__ import annotations
 import numpy as np
 
 from operators.pairs.registration.registration import RegistrationConfig
-from operators.pairs.screening.windows import AGREE_PX, WindowShift, confirmed, supported
+from operators.pairs.screening.windows import AGREE_PX, WindowShift, confirmed, quadrants_reached, supported
 from tests.pairs.screening.test_screening import CFG, C, pre_of, scene, screen  # noqa: F401 - scene: a fixture
 
 
 def w(row, col, dx=0.5, dy=0.0):
     return WindowShift(64.0 * col, 64.0 * row, dx, dy, 0.9, row, col)
+
+
+def test_quadrants_reached_are_the_halves_a_centre_lies_in_the_centre_line_counting_right_and_below():
+    """Generated window centres on a crop (odd and even sides; 40 % of them on a centre line or a
+    quarter pixel either side of it): the quadrants counted are those of the reference, a centre on the line x = w / 2 (y = h / 2)
+    in the right (lower) half."""
+    rng = np.random.default_rng(48)
+    for _ in range(2000):
+        W, H = (int(v) for v in rng.integers(16, 1100, 2))
+        n = int(rng.integers(0, 7))
+        near = [0.0, -0.25, 0.25]      # on the line, or a quarter pixel either side of it
+        xs = np.where(rng.random(n) < 0.4, W / 2 + rng.choice(near, n), rng.uniform(0, W, n))
+        ys = np.where(rng.random(n) < 0.4, H / 2 + rng.choice(near, n), rng.uniform(0, H, n))
+        shifts = [WindowShift(float(x), float(y), 0.0, 0.0, 0.9, 0, 0) for x, y in zip(xs, ys)]
+        halves = {("left" if 2 * x < W else "right", "top" if 2 * y < H else "bottom") for x, y in zip(xs, ys)}
+        assert quadrants_reached(shifts, W, H) == len(halves), (W, H, xs, ys)
 
 
 def test_support_comes_from_two_steps_away_in_every_direction():
